@@ -1,0 +1,125 @@
+"""What the audit trail stores, and how each record is hashed into the chain.
+
+A record's hash covers the previous record's hash and the RFC 8785 canonical JSON of
+every field (seq and time included), so changing, removing or moving any record breaks
+the chain from that point on (RFC 6962 uses a Merkle tree; a chain is enough here
+because the log is only ever verified from the start, never by inclusion proofs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, fields as dataclass_fields
+from typing import Any
+
+import rfc8785
+
+KINDS = ("authorize", "verify", "approval", "outcome")
+GENESIS_HASH = "0" * 64
+_DOMAIN = b"toolauthz/audit/v1\n"
+
+
+def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
+    # Round-trip through canonical JSON now, so that the record hashed at append time is
+    # exactly the one read back from storage (1.0 becomes 1, tuples become lists), and a
+    # value that cannot be canonicalized fails at the caller, not inside a shared batch.
+    if not isinstance(value, dict):
+        raise TypeError(f"audit `{name}` must be a dict")
+    try:
+        return json.loads(rfc8785.dumps(value))
+    except rfc8785.CanonicalizationError as exc:
+        raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """What a caller submits. There is deliberately no field for the tool's arguments:
+    only `fields` (those the catalog allow-lists) and the digest can ever be stored."""
+
+    kind: str
+    time: float
+    decision_id: str = ""
+    request_id: str = ""
+    call_id: str = ""
+    tenant: str = ""
+    principal: str = ""
+    tool: str = ""
+    resource: str = ""
+    result: str = ""
+    reasons: tuple[str, ...] = ()
+    error_codes: tuple[str, ...] = ()
+    digest: str = ""
+    policy_version: str = ""
+    jti: str = ""
+    approval_id: str = ""
+    approver: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown audit kind `{self.kind}`")
+        if isinstance(self.time, bool) or not math.isfinite(self.time):
+            raise ValueError("audit time must be a finite number of seconds")
+        for f in dataclass_fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and not isinstance(value, str):
+                raise TypeError(f"audit `{f.name}` must be a string")
+        set_ = object.__setattr__  # frozen: normalize once, here
+        set_(self, "time", float(self.time))
+        for name in ("reasons", "error_codes"):
+            items = tuple(getattr(self, name))
+            if not all(isinstance(i, str) for i in items):
+                raise TypeError(f"audit `{name}` must hold strings")
+            set_(self, name, items)
+        set_(self, "fields", _canonical_copy(self.fields, "fields"))
+        set_(self, "detail", _canonical_copy(self.detail, "detail"))
+
+    @classmethod
+    def from_storage(cls, **values: Any) -> AuditEvent:
+        """Rebuild a stored event without validating it: a tampered row must still load
+        so that verification can name it; the chain says whether the values are genuine."""
+        event = object.__new__(cls)
+        for f in dataclass_fields(cls):
+            object.__setattr__(event, f.name, values[f.name])
+        return event
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """An event as committed: its place in the log and its link in the chain."""
+
+    seq: int
+    event: AuditEvent
+    prev_hash: str
+    hash: str
+
+    def body(self) -> bytes:
+        return canonical_body(self.seq, self.event)
+
+
+def canonical_body(seq: int, event: AuditEvent) -> bytes:
+    """RFC 8785 JSON of every event field plus seq (the hashes are not part of it)."""
+    body: dict[str, Any] = {f.name: getattr(event, f.name) for f in dataclass_fields(event)}
+    body["reasons"] = list(event.reasons)
+    body["error_codes"] = list(event.error_codes)
+    body["seq"] = seq
+    return rfc8785.dumps(body)
+
+
+def record_hash(prev_hash: str, body: bytes) -> str:
+    return hashlib.sha256(_DOMAIN + prev_hash.encode("ascii") + b"\n" + body).hexdigest()
+
+
+def chain(events: list[AuditEvent], head_seq: int, head_hash: str) -> list[AuditRecord]:
+    """Number and link `events` after the given head; backends call this inside the
+    transaction that read the head, so concurrent appenders cannot fork the chain."""
+    records = []
+    for event in events:
+        head_seq += 1
+        head_hash_next = record_hash(head_hash, canonical_body(head_seq, event))
+        records.append(AuditRecord(head_seq, event, head_hash, head_hash_next))
+        head_hash = head_hash_next
+    return records

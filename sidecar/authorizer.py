@@ -1,0 +1,220 @@
+"""The authorizer: the engine's verdict plus the call ledger, tokens and the audit trail.
+
+Fail closed: any error between the verdict and the response means no token. The audit
+record of every answer is committed before the answer is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from ulid import ULID
+
+from sidecar.audit.records import AuditEvent
+from sidecar.bundle import Bundle
+from sidecar.bundle.catalog import resolve_pointer
+from sidecar.clock import Clock
+from sidecar.digest import call_digest
+from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
+from sidecar.errors import InputError, NotFoundError
+from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
+from sidecar.store.ledger import OUTCOMES, CallEntry, CallLedger
+from sidecar.strict_json import parse_strict_json
+from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
+
+log = logging.getLogger("toolauthz.authorizer")
+MAX_VERIFY_INPUT_BYTES = 1 << 20
+
+
+class BundleHolder:
+    """The current bundle. A reload swaps the reference; a request reads it once, so it
+    finishes on the version it started with."""
+
+    def __init__(self, bundle: Bundle):
+        self._bundle = bundle
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> Bundle:
+        return self._bundle
+
+    def swap(self, bundle: Bundle) -> None:
+        with self._lock:
+            self._bundle = bundle
+
+
+@dataclass(frozen=True)
+class AuthorizeResult:
+    decision: Decision
+    decision_id: str
+    policy_version: str
+    reasons: tuple[str, ...] = ()
+    errors: tuple[ErrorDetail, ...] = ()
+    digest: str = ""
+    token: IssuedToken | None = None
+    approval_id: str = ""
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    valid: bool
+    code: str
+    decision_id: str = ""
+
+
+@dataclass(frozen=True)
+class OutcomeResult:
+    decision_id: str
+    unverified: bool
+
+
+@dataclass
+class Authorizer:
+    bundles: BundleHolder
+    ledger: CallLedger
+    issuer: TokenIssuer
+    verifier: TokenVerifier
+    audit: "AuditSink"
+    clock: Clock
+    _ids_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def new_id(self) -> str:
+        return str(ULID.from_timestamp(self.clock.now()))
+
+    # -- Authorize ---------------------------------------------------------------------
+
+    def authorize(self, ctx: TrustedContext, call: ProposedCall) -> AuthorizeResult:
+        ctx.check()
+        call.check()
+        bundle = self.bundles.current
+        decision_id = self.new_id()
+        base = dict(kind="authorize", decision_id=decision_id, request_id=ctx.request_id, call_id=call.call_id,
+                    tenant=ctx.tenant, principal=str(ctx.principal), tool=call.name[:64],
+                    policy_version=bundle.version)
+        try:
+            prepared = prepare(bundle, ctx, call)
+        except InputError as exc:
+            verdict = deny(exc.code, exc.message)
+            self._record(base, verdict)
+            return AuthorizeResult(Decision.DENY, decision_id, bundle.version, errors=verdict.errors)
+
+        base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
+        entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
+        now = self.clock.now()
+        reservation = self.ledger.reserve(CallEntry(
+            ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
+            str(ctx.principal), now))
+        if reservation.existing is not None:
+            return self._replay(base, ctx, prepared, reservation.existing)
+
+        verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
+        self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value, decision_id=decision_id,
+                             policy_version=bundle.version, reasons=verdict.reasons,
+                             errors=tuple((e.code, e.message) for e in verdict.errors))
+        token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version) if verdict.decision is Decision.ALLOW else None
+        self._record(base, verdict, jti=token.jti if token else "")
+        return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
+                               prepared.digest, token)
+
+    def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry) -> AuthorizeResult:
+        version = base["policy_version"]
+        if entry.digest != prepared.digest:
+            verdict = deny("call_id_reused", "this call id was already used for a different call")
+            self._record(base, verdict, detail={"original_decision_id": entry.decision_id})
+            return AuthorizeResult(Decision.DENY, base["decision_id"], version, errors=verdict.errors,
+                                   digest=prepared.digest)
+        if not entry.decided:
+            verdict = deny("call_in_progress", "this call is still being decided; retry shortly")
+            self._record(base, verdict)
+            return AuthorizeResult(Decision.DENY, base["decision_id"], version, errors=verdict.errors,
+                                   digest=prepared.digest)
+        decision = Decision(entry.decision)
+        errors = tuple(ErrorDetail(c, m) for c, m in entry.errors)
+        # A token only while the call has not been executed: Verify consumes per call.
+        token = None
+        if decision is Decision.ALLOW and not entry.verified_jti:
+            token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)
+        verdict = Verdict(decision, entry.reasons, errors)
+        self._record({**base, "decision_id": entry.decision_id, "policy_version": entry.policy_version},
+                     verdict, jti=token.jti if token else "", detail={"replayed": True})
+        return AuthorizeResult(decision, entry.decision_id, entry.policy_version, entry.reasons, errors,
+                               prepared.digest, token, entry.approval_id, replayed=True)
+
+    def _issue(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, decision_id: str,
+               version: str) -> IssuedToken:
+        claims = CallClaims(ctx.tenant, ctx.principal.type, ctx.principal.id, prepared.slice.tool.name, call_id)
+        return self.issuer.issue(claims, prepared.digest, decision_id=decision_id, policy_version=version)
+
+    # -- Verify ------------------------------------------------------------------------
+
+    def verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> VerifyResult:
+        ctx.check()
+        call.check()
+        base = dict(kind="verify", request_id=ctx.request_id, call_id=call.call_id, tenant=ctx.tenant,
+                    principal=str(ctx.principal), tool=call.name[:64])
+        try:
+            value = parse_strict_json(call.input_json, max_bytes=MAX_VERIFY_INPUT_BYTES)
+            digest = call_digest(tool=call.name, input=value, principal_type=ctx.principal.type,
+                                 principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
+        except InputError:
+            digest = ""  # no token was ever issued for input that does not parse
+        expected = CallClaims(ctx.tenant, ctx.principal.type, ctx.principal.id, call.name, call.call_id)
+        if digest:
+            checked = self.verifier.verify(token, digest, expected)
+            code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
+        else:
+            code, jti, decision_id = "bad_signature", "", ""
+        if code == "ok":
+            code = self.ledger.consume(ctx.tenant, call.call_id, jti, self.clock.now())
+        self._write(AuditEvent(time=self.clock.now(), decision_id=decision_id, result=code, digest=digest, jti=jti, **base))
+        return VerifyResult(code == "ok", code, decision_id)
+
+    # -- ReportOutcome -----------------------------------------------------------------
+
+    def report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
+                       output_digest: str = "") -> OutcomeResult:
+        ctx.check()
+        ProposedCall(call_id, "-", b"").check()
+        if status not in OUTCOMES:
+            raise InputError("invalid_outcome", f"outcome must be one of {', '.join(OUTCOMES)}")
+        entry = self.ledger.get(ctx.tenant, call_id)
+        if entry is None or entry.principal != str(ctx.principal):
+            raise NotFoundError(f"no call `{call_id}` for this principal in tenant `{ctx.tenant}`")
+        entry = self.ledger.record_outcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now())
+        unverified = not entry.verified_jti
+        detail = {"error_code": error_code, "output_digest": output_digest}
+        if unverified:
+            detail["flags"] = ["unverified_outcome"]
+        self._write(AuditEvent(kind="outcome", time=self.clock.now(), decision_id=entry.decision_id,
+                               request_id=entry.request_id, call_id=call_id, tenant=ctx.tenant,
+                               principal=entry.principal, tool=entry.tool, result=status, digest=entry.digest,
+                               jti=entry.verified_jti, detail=detail))
+        return OutcomeResult(entry.decision_id, unverified)
+
+    # -- audit helpers -----------------------------------------------------------------
+
+    def _fields(self, prepared: PreparedCall) -> dict:
+        out = {}
+        for pointer in prepared.slice.tool.audit_fields:
+            found, value = resolve_pointer(prepared.input, pointer)
+            if found:
+                out[pointer] = value
+        return out
+
+    def _record(self, base: dict, verdict: Verdict, *, jti: str = "", detail: dict | None = None) -> None:
+        self._write(AuditEvent(
+            time=self.clock.now(), result=verdict.decision.value, reasons=verdict.reasons,
+            error_codes=tuple(e.code for e in verdict.errors), jti=jti,
+            detail={**verdict.detail, **(detail or {})}, **base))
+
+    def _write(self, event: AuditEvent) -> None:
+        self.audit.write(event)  # raises StoreUnavailable: the caller sends no token
+
+
+class AuditSink:
+    """What the authorizer needs of the audit trail: write one event, return once committed."""
+
+    def write(self, event: AuditEvent): ...

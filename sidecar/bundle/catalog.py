@@ -1,0 +1,244 @@
+"""The tool catalog: `tools/*.yaml` (or .json), one file per tool, the single source of
+truth for the tool's schema, resource mapping, limits and audit allow-list."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import yaml
+from jsonschema import Draft202012Validator
+
+from sidecar.errors import Problem
+
+SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_MAX_INPUT_BYTES = 65536
+MAX_INPUT_BYTES_CEILING = 1 << 20
+_FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+_KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
+               "resource", "limits", "audit"}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    side_effect: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    resource_type: str  # Cedar entity type of the resource
+    resource_pointer: str | None  # JSON pointer into the input; None means Tool::"<name>"
+    max_input_bytes: int
+    max_calls_per_run: int | None
+    audit_fields: tuple[str, ...]  # JSON pointers recorded in clear
+    source: str  # file name, for messages
+    validator: Draft202012Validator = field(repr=False, compare=False)
+
+
+def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, Tool]:
+    tools: dict[str, Tool] = {}
+    if not tools_dir.is_dir():
+        problems.append(Problem(str(tools_dir), "the bundle has no `tools/` directory"))
+        return tools
+    files = sorted(p for p in tools_dir.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+    for path in files:
+        rel = f"tools/{path.name}"
+        raw = _read_document(path, rel, problems)
+        if raw is None:
+            continue
+        tool = _parse_tool(raw, rel, problems)
+        if tool is None:
+            continue
+        if tool.name in tools:
+            problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})", pointer="/name"))
+            continue
+        tools[tool.name] = tool
+    return tools
+
+
+def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(rel, f"cannot read file: {exc}"))
+        return None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        problems.append(Problem(rel, f"cannot parse YAML: {getattr(exc, 'problem', None) or exc}", line, col))
+        return None
+    except json.JSONDecodeError as exc:
+        problems.append(Problem(rel, f"cannot parse JSON: {exc.msg}", exc.lineno, exc.colno))
+        return None
+    if not isinstance(data, dict):
+        problems.append(Problem(rel, "a tool file must hold a mapping"))
+        return None
+    return data
+
+
+def _parse_tool(raw: dict, rel: str, problems: list[Problem]) -> Tool | None:
+    before = len(problems)
+
+    def bad(pointer: str, message: str) -> None:
+        problems.append(Problem(rel, message, pointer=pointer))
+
+    for key in sorted(set(raw) - _KNOWN_KEYS):
+        bad(f"/{key}", f"unknown key `{key}`")
+    name = raw.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        bad("/name", "tool name must match `^[a-z][a-z0-9_]{0,63}$`")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        bad("/description", "description must be a string")
+    side_effect = raw.get("side_effect")
+    if side_effect not in SIDE_EFFECTS:
+        bad("/side_effect", f"unknown side-effect class `{side_effect}`; expected one of {', '.join(SIDE_EFFECTS)}")
+
+    input_schema = _check_schema(raw.get("input_schema"), "/input_schema", bad, required=True)
+    output_schema = _check_schema(raw.get("output_schema"), "/output_schema", bad, required=False)
+    if input_schema is not None and input_schema.get("type") != "object":
+        bad("/input_schema/type", "input_schema must describe an object (`type: object`)")
+
+    resource_type, pointer = _parse_resource(raw.get("resource"), input_schema, bad)
+    max_bytes, max_calls = _parse_limits(raw.get("limits"), bad)
+    audit_fields = _parse_audit(raw.get("audit"), input_schema, bad)
+
+    if len(problems) > before or input_schema is None:
+        return None
+    return Tool(
+        name=name, description=description, side_effect=side_effect,
+        input_schema=input_schema, output_schema=output_schema,
+        resource_type=resource_type, resource_pointer=pointer,
+        max_input_bytes=max_bytes, max_calls_per_run=max_calls,
+        audit_fields=audit_fields, source=rel,
+        validator=Draft202012Validator(input_schema, format_checker=_FORMAT_CHECKER),
+    )
+
+
+def _check_schema(schema: Any, pointer: str, bad, *, required: bool) -> dict | None:
+    if schema is None:
+        if required:
+            bad(pointer, "missing JSON Schema")
+        return None
+    if not isinstance(schema, dict):
+        bad(pointer, "a JSON Schema must be a mapping")
+        return None
+    if schema.get("$schema") != DRAFT_2020_12:
+        bad(f"{pointer}/$schema", f"the schema must declare `$schema: {DRAFT_2020_12}`")
+        return None
+    try:
+        Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = pointer + "".join(f"/{p}" for p in exc.path)
+        bad(where, f"invalid JSON Schema: {exc.message}")
+        return None
+    # A format the checker cannot assert would silently pass everything: refuse it.
+    for where, fmt in _formats(schema, pointer):
+        if fmt not in _FORMAT_CHECKER.checkers:
+            bad(where, f"format `{fmt}` cannot be asserted by this sidecar; remove it or use `pattern`")
+            return None
+    return schema
+
+
+def _formats(node: Any, pointer: str):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            child = f"{pointer}/{key}"
+            if key == "format" and isinstance(value, str):
+                yield child, value
+            else:
+                yield from _formats(value, child)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _formats(value, f"{pointer}/{i}")
+
+
+def schema_at(schema: dict, pointer: str) -> tuple[dict | None, bool]:
+    """The sub-schema a JSON pointer into an *instance* lands on, and whether every step
+    is a required property (so the pointer always resolves on a valid input)."""
+    node, always = schema, True
+    for token in pointer.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        props = node.get("properties") if isinstance(node, dict) else None
+        if not isinstance(props, dict) or token not in props:
+            return None, False
+        always = always and token in node.get("required", [])
+        node = props[token]
+    return node, always
+
+
+def _parse_resource(raw: Any, input_schema: dict | None, bad) -> tuple[str, str | None]:
+    if raw is None:
+        return "Tool", None
+    if not isinstance(raw, dict) or set(raw) - {"type", "id"}:
+        bad("/resource", "resource must be a mapping with `type` and `id`")
+        return "Tool", None
+    rtype, pointer = raw.get("type"), raw.get("id")
+    if not isinstance(rtype, str) or not ENTITY_TYPE.match(rtype):
+        bad("/resource/type", "resource type must be a Cedar entity type name")
+    if not isinstance(pointer, str) or not pointer.startswith("/"):
+        bad("/resource/id", "resource id must be a JSON pointer into the input, such as `/order_id`")
+        return "Tool", None
+    if input_schema is not None:
+        sub, always = schema_at(input_schema, pointer)
+        if sub is None:
+            bad("/resource/id", f"the input schema cannot produce `{pointer}`")
+        elif not always:
+            bad("/resource/id", f"`{pointer}` is not required at every level, so the resource could be missing")
+        elif sub.get("type") not in ("string", "integer"):
+            bad("/resource/id", f"`{pointer}` must be a string or integer property")
+    return rtype if isinstance(rtype, str) else "Tool", pointer
+
+
+def _parse_limits(raw: Any, bad) -> tuple[int, int | None]:
+    if raw is None:
+        return DEFAULT_MAX_INPUT_BYTES, None
+    if not isinstance(raw, dict):
+        bad("/limits", "limits must be a mapping")
+        return DEFAULT_MAX_INPUT_BYTES, None
+    for key in sorted(set(raw) - {"max_input_bytes", "max_calls_per_run"}):
+        bad(f"/limits/{key}", f"unknown limit `{key}`")
+    max_bytes = raw.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES)
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or not 2 <= max_bytes <= MAX_INPUT_BYTES_CEILING:
+        bad("/limits/max_input_bytes", f"max_input_bytes must be an integer from 2 to {MAX_INPUT_BYTES_CEILING}")
+        max_bytes = DEFAULT_MAX_INPUT_BYTES
+    max_calls = raw.get("max_calls_per_run")
+    if max_calls is not None and (not isinstance(max_calls, int) or isinstance(max_calls, bool) or max_calls < 1):
+        bad("/limits/max_calls_per_run", "max_calls_per_run must be a positive integer")
+        max_calls = None
+    return max_bytes, max_calls
+
+
+def _parse_audit(raw: Any, input_schema: dict | None, bad) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    record = raw.get("record") if isinstance(raw, dict) else None
+    if not isinstance(record, list) or not all(isinstance(p, str) and p.startswith("/") for p in record):
+        bad("/audit/record", "audit.record must be a list of JSON pointers such as `/order_id`")
+        return ()
+    for i, pointer in enumerate(record):
+        if input_schema is not None and schema_at(input_schema, pointer)[0] is None:
+            bad(f"/audit/record/{i}", f"the input schema has no property at `{pointer}`")
+    return tuple(record)
+
+
+def resolve_pointer(instance: Any, pointer: str) -> tuple[bool, Any]:
+    """Follow a JSON pointer through a parsed instance: (found, value)."""
+    node = instance
+    for token in pointer.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False, None
+    return True, node

@@ -1,0 +1,162 @@
+"""`toolauthz`: serve, check and try policies, manage keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import re
+import signal
+import sys
+import threading
+
+from sidecar.bundle import load_bundle
+from sidecar.clock import SystemClock
+from sidecar.errors import BundleError, InputError, RequestError, ToolAuthzError
+from sidecar.model import Principal, ProposedCall, TrustedContext
+
+_PRINCIPAL = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)::"(.*)"$')
+
+
+def parse_principal(text: str) -> Principal:
+    match = _PRINCIPAL.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f'principal must look like `User::"alice"`, not `{text}`')
+    return Principal(match.group(1), match.group(2))
+
+
+def cmd_serve(args) -> int:
+    from sidecar.config import load_settings
+    from sidecar.server import build_sidecar, create_server
+
+    settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
+    sidecar = build_sidecar(settings)
+    server, port = create_server(sidecar)
+    host = settings.listen.rsplit(":", 1)[0]
+    print(f"toolauthz serving bundle {settings.bundle} (version {sidecar.bundles.current.version}) "
+          f"on {host}:{port}, data in {settings.data_dir}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=5).wait()
+    sidecar.close()
+    return 0
+
+
+def cmd_check(args) -> int:
+    try:
+        bundle = load_bundle(args.bundle)
+    except BundleError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(exc.problems)} problem(s); bundle refused", file=sys.stderr)
+        return 1
+    print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    print(load_bundle(args.bundle).schema_text, end="")
+    return 0
+
+
+def cmd_authorize(args) -> int:
+    from sidecar.engine import RunCounts, evaluate, prepare, request_entities
+    from sidecar.model import deny
+
+    bundle = load_bundle(args.bundle)
+    entities = pathlib.Path(args.entities).read_bytes() if args.entities else b""
+    ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
+    call = ProposedCall("cli", args.tool, args.input.encode())
+    ctx.check()
+    try:
+        prepared = prepare(bundle, ctx, call)
+        verdict = evaluate(bundle, ctx, prepared, RunCounts(), request_entities(bundle, ctx, prepared))
+    except InputError as exc:
+        verdict = deny(exc.code, exc.message)
+    out = {"decision": verdict.decision.value, "reasons": list(verdict.reasons),
+           "errors": [{"code": e.code, "message": e.message} for e in verdict.errors],
+           "policy_version": bundle.version}
+    if verdict.approval_group:
+        out["approval_group"] = verdict.approval_group
+    if verdict.detail:
+        out["detail"] = verdict.detail
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_keys(args) -> int:
+    from sidecar import keys
+    from sidecar.config import load_settings
+
+    settings = load_settings(args.config, data_dir=args.data_dir)
+    clock = SystemClock()
+    directory = args.keys_dir or settings.keys_dir
+    if args.keys_command == "generate":
+        info = keys.generate_key(directory, clock=clock)
+        print(f"{info.kid} {info.state}")
+    elif args.keys_command == "activate":
+        keys.activate_key(directory, args.kid, clock=clock)
+        print(f"{args.kid} active")
+    else:
+        for info in keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds()):
+            print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolauthz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the sidecar")
+    serve.add_argument("--bundle")
+    serve.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
+    serve.add_argument("--data-dir")
+    serve.add_argument("--config")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check", help="load and validate a bundle")
+    check.add_argument("bundle", nargs="?", default="policies")
+    check.set_defaults(func=cmd_check)
+
+    schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
+    schema.add_argument("bundle", nargs="?", default="policies")
+    schema.set_defaults(func=cmd_schema)
+
+    authorize = sub.add_parser("authorize", help="one local decision, printed as JSON")
+    authorize.add_argument("--bundle", default="policies")
+    authorize.add_argument("--tenant", required=True)
+    authorize.add_argument("--principal", required=True, type=parse_principal)
+    authorize.add_argument("--tool", required=True)
+    authorize.add_argument("--input", required=True, help="the arguments as JSON")
+    authorize.add_argument("--entities", help="a file with trusted Cedar entities (JSON array)")
+    authorize.set_defaults(func=cmd_authorize)
+
+    keys = sub.add_parser("keys", help="token signing keys")
+    keys.add_argument("keys_command", choices=["generate", "list", "activate"])
+    keys.add_argument("kid", nargs="?")
+    keys.add_argument("--keys-dir")
+    keys.add_argument("--data-dir")
+    keys.add_argument("--config")
+    keys.set_defaults(func=cmd_keys)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BundleError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except (ToolAuthzError, RequestError, OSError) as exc:
+        print(f"toolauthz: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Settings: one YAML file plus TOOLAUTHZ_* environment overrides, validated at load.
+
+With no file at all, the defaults are the development setup: the example bundle, data in
+`.toolauthz/`, and keys generated on first start. A config file must opt in to key
+generation explicitly, so a production sidecar refuses to start without its keys.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar.errors import ToolAuthzError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenSettings(_Strict):
+    issuer: str = "toolauthz"
+    audience: str = "toolauthz-runtime"
+    lifetime_seconds: int = Field(60, ge=1, le=600)
+    leeway_seconds: int = Field(5, ge=0, le=5)
+
+
+class AuditSettings(_Strict):
+    checkpoint_interval_seconds: float = Field(60.0, gt=0)
+
+
+class Settings(_Strict):
+    bundle: pathlib.Path = pathlib.Path("policies")
+    listen: str = "127.0.0.1:50051"
+    data_dir: pathlib.Path = pathlib.Path(".toolauthz")
+    # Development convenience: create the token and audit keys under data_dir if absent.
+    generate_missing_keys: bool = True
+    max_concurrent_rpcs: int = Field(256, ge=1)
+    max_message_bytes: int = Field(4 << 20, ge=1024)
+    tokens: TokenSettings = TokenSettings()
+    audit: AuditSettings = AuditSettings()
+
+    @property
+    def keys_dir(self) -> pathlib.Path:
+        return self.data_dir / "keys"
+
+    @property
+    def audit_key_file(self) -> pathlib.Path:
+        return self.data_dir / "audit-key.pem"
+
+    @property
+    def ledger_path(self) -> pathlib.Path:
+        return self.data_dir / "ledger.db"
+
+    @property
+    def audit_path(self) -> pathlib.Path:
+        return self.data_dir / "audit.db"
+
+    def key_grace_seconds(self) -> float:
+        """A retired key verifies for the longest token lifetime plus leeway."""
+        return float(self.tokens.lifetime_seconds + self.tokens.leeway_seconds)
+
+
+_ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir"}
+
+
+def load_settings(config_file: str | os.PathLike | None = None, **overrides: Any) -> Settings:
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            loaded = yaml.safe_load(pathlib.Path(config_file).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ToolAuthzError(f"cannot read config `{config_file}`: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ToolAuthzError(f"config `{config_file}` must hold a mapping")
+        data = {"generate_missing_keys": False, **loaded}
+    for env, key in _ENV.items():
+        if os.environ.get(env):
+            data[key] = os.environ[env]
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg'].lower()}" for e in exc.errors())
+        raise ToolAuthzError(f"invalid config: {problems}") from None

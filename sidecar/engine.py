@@ -1,0 +1,178 @@
+"""The decision path, steps 1-6: resolve, parse, validate, derive the resource, evaluate
+Cedar, interpret. Pure: no storage, no tokens, no gRPC. Each step is a failure boundary
+that ends in a DENY with a stable code, never in an ALLOW."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import cedarpy
+from jsonschema.exceptions import best_match
+
+from sidecar.bundle import Bundle
+from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
+from sidecar.bundle.cedar_schema import project
+from sidecar.bundle.loader import ToolSlice
+from sidecar.digest import call_digest
+from sidecar.errors import InputError, RequestError
+from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
+from sidecar.strict_json import parse_strict_json
+
+MAX_DEPTH = 64
+_ERRORED_POLICY = re.compile(r"policy `([^`]*)`")
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A call that passed steps 1-4: known tool, strictly parsed and valid input."""
+
+    slice: ToolSlice
+    input: Any
+    digest: str
+    resource_type: str
+    resource_id: str
+
+    @property
+    def resource(self) -> str:
+        return f'{self.resource_type}::"{self.resource_id}"'
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    calls: int = 0  # calls already decided in this request_id
+    tool_calls: int = 0  # of them, calls of this tool
+
+
+def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> PreparedCall:
+    """Steps 1-4. Raises InputError (a DENY the model can recover from)."""
+    if ctx.principal.type not in bundle.principal_types:
+        raise RequestError(f"principal type `{ctx.principal.type}` is not one the bundle declares")
+    tool_slice = bundle.tools.get(call.name) if TOOL_NAME.match(call.name) else None
+    if tool_slice is None:
+        shown = call.name if TOOL_NAME.match(call.name) else call.name[:64].encode("ascii", "replace").decode()
+        raise InputError("unknown_tool", f"no tool named `{shown}` is available")
+    tool = tool_slice.tool
+    value = parse_strict_json(call.input_json, max_bytes=tool.max_input_bytes, max_depth=MAX_DEPTH)
+    error = best_match(tool.validator.iter_errors(value))
+    if error is not None:
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        # Name the pointer and keyword only: jsonschema's own message may quote input values.
+        raise InputError("invalid_input", f"input at `{where}` fails `{error.validator}`")
+    if tool.resource_pointer is None:
+        rtype, rid = "Tool", tool.name
+    else:
+        _found, raw = resolve_pointer(value, tool.resource_pointer)
+        rtype, rid = tool.resource_type, str(raw)
+    digest = call_digest(tool=tool.name, input=value, principal_type=ctx.principal.type,
+                         principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
+    return PreparedCall(tool_slice, value, digest, rtype, rid)
+
+
+def evaluate(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall, run: RunCounts,
+             entities: cedarpy.Entities) -> Verdict:
+    """Steps 5-6: Cedar, then the interpretation of its answer."""
+    tool = prepared.slice.tool
+    if tool.max_calls_per_run is not None and run.tool_calls >= tool.max_calls_per_run:
+        return Verdict(Decision.DENY, errors=(ErrorDetail(
+            "limit_exceeded", f"`{tool.name}` may be called at most {tool.max_calls_per_run} times in one run"),))
+    if prepared.slice.enforcing is None:
+        return Verdict(Decision.DENY, errors=(ErrorDetail("policy_denied", "no policy permits this call"),))
+    request = {
+        "principal": {"type": ctx.principal.type, "id": ctx.principal.id},
+        "action": {"type": "Action", "id": f"tool:{tool.name}"},
+        "resource": {"type": prepared.resource_type, "id": prepared.resource_id},
+        "context": {
+            "input": project(prepared.input, prepared.slice.input_type),
+            "tenant": ctx.tenant,
+            "side_effect": tool.side_effect,
+            "request_id": ctx.request_id,
+            "run": {"calls": run.calls, "tool_calls": run.tool_calls},
+        },
+    }
+    verdict = _interpret(bundle, cedarpy.is_authorized(request, prepared.slice.enforcing, entities))
+    if prepared.slice.shadow is not None:
+        would = _interpret(bundle, cedarpy.is_authorized(request, prepared.slice.shadow, entities))
+        if (would.decision, would.reasons) != (verdict.decision, verdict.reasons):
+            shadow = {"decision": would.decision.value, "reasons": list(would.reasons)}
+            verdict = Verdict(verdict.decision, verdict.reasons, verdict.errors, verdict.approval_group,
+                              verdict.approval_policy, {**verdict.detail, "shadow": shadow})
+    return verdict
+
+
+def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
+    diag = result.diagnostics
+    errored = [m.group(1) for m in map(_ERRORED_POLICY.search, diag.errors) if m]
+    errors = tuple(ErrorDetail("policy_error", f"policy `{pid}` could not be evaluated") for pid in errored)
+    detail = {"policy_errors": list(diag.errors)} if diag.errors else {}
+    if result.decision == cedarpy.Decision.Deny:
+        if diag.reasons:
+            return Verdict(Decision.DENY, tuple(diag.reasons), errors, detail=detail)
+        return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),), detail=detail)
+    if result.decision != cedarpy.Decision.Allow:
+        return Verdict(Decision.DENY, (), errors + (ErrorDetail("evaluation_error", "the policy engine could not evaluate this call"),),
+                      detail={**detail, "engine_errors": list(diag.errors)})
+    # Cedar skips a policy that errors. A forbid that could not be evaluated must not
+    # let a permit through.
+    if any(bundle.policies[pid].effect == "forbid" for pid in errored if pid in bundle.policies):
+        return Verdict(Decision.DENY, (), errors, detail=detail)
+    reasons = tuple(sorted(diag.reasons))
+    gated = [pid for pid in reasons if bundle.policies[pid].approval_group]
+    if gated:
+        return Verdict(Decision.APPROVAL_REQUIRED, reasons, errors,
+                       bundle.policies[gated[0]].approval_group, gated[0], detail=detail)
+    return Verdict(Decision.ALLOW, reasons, errors, detail=detail)
+
+
+def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall) -> cedarpy.Entities:
+    """Static entities + the runtime's trusted entities, with the principal and the
+    resource parented to the caller's tenant. No entity may reach into another tenant."""
+    tenant = {"type": "Tenant", "id": ctx.tenant}
+    supplied = _supplied_entities(ctx.entities_json)
+    by_uid = {}
+    for entity in supplied:
+        uid = (entity["uid"]["type"], entity["uid"]["id"])
+        if uid in bundle.static_uids or uid in by_uid or uid[0] == "Tenant":
+            raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` may not be supplied by the runtime")
+        for parent in entity["parents"]:
+            if parent.get("type") == "Tenant" and parent.get("id") != ctx.tenant:
+                raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` names another tenant")
+        by_uid[uid] = entity
+    synthesized = []
+    for uid in ((ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)):
+        if uid in by_uid:
+            if tenant not in by_uid[uid]["parents"]:
+                by_uid[uid]["parents"].append(tenant)
+        elif uid not in bundle.static_uids and all(s["uid"] != {"type": uid[0], "id": uid[1]} for s in synthesized):
+            synthesized.append({"uid": {"type": uid[0], "id": uid[1]}, "attrs": {}, "parents": [tenant]})
+    entities = bundle.static_entities
+    try:
+        if by_uid:
+            entities = entities.with_added_json_str(json.dumps(list(by_uid.values())), bundle.schema)
+        if synthesized:
+            entities = entities.with_added_json_str(json.dumps(synthesized))
+    except ValueError as exc:
+        raise RequestError(f"entities_json does not match the schema: {exc}") from None
+    return entities
+
+
+def _supplied_entities(raw: bytes) -> list[dict]:
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RequestError("entities_json is not valid JSON") from None
+    if not isinstance(data, list):
+        raise RequestError("entities_json must be a JSON array of Cedar entities")
+    for entity in data:
+        uid = entity.get("uid") if isinstance(entity, dict) else None
+        if not (isinstance(uid, dict) and isinstance(uid.get("type"), str) and isinstance(uid.get("id"), str)):
+            raise RequestError("each entity needs a `uid` with string `type` and `id`")
+        entity.setdefault("attrs", {})
+        entity.setdefault("parents", [])
+        if not isinstance(entity["parents"], list) or not all(isinstance(p, dict) for p in entity["parents"]):
+            raise RequestError("entity `parents` must be a list of entity references")
+    return data

@@ -1,0 +1,75 @@
+"""The error tree. Every error the package raises on purpose derives from ToolAuthzError.
+
+    ToolAuthzError
+    ├── BundleError          a policy bundle cannot be loaded (carries every Problem)
+    ├── RequestError         the trusted part of a request is missing or malformed
+    ├── InputError           the model's arguments are unusable (becomes a DENY, not a failure)
+    ├── KeyFileError         a signing or audit key is missing, of the wrong type or too open
+    ├── StoreUnavailable     the ledger, token store or audit log cannot be used (deny)
+    └── ConflictError / NotFoundError   a state transition that is not allowed
+
+Only the gRPC service layer turns these into status codes. Messages follow Cedar's
+style: lowercase start, no final period, user input in backticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ToolAuthzError(Exception):
+    """Root of every error raised on purpose by toolauthz."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a bundle was refused, located as precisely as the source allows."""
+
+    file: str
+    message: str
+    line: int = 0
+    col: int = 0
+    pointer: str = ""  # JSON pointer, for catalog and schema problems
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line:
+            where += f":{self.line}:{self.col or 1}"
+        if self.pointer:
+            return f"{where}: at `{self.pointer}`: {self.message}"
+        return f"{where}: {self.message}"
+
+
+class BundleError(ToolAuthzError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class RequestError(ToolAuthzError):
+    """The runtime sent a request without a usable trusted context or call envelope."""
+
+
+class InputError(ToolAuthzError):
+    """The model's arguments cannot be used; `code` is stable, `message` is model-safe."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+class KeyFileError(ToolAuthzError):
+    """A key file is missing, of the wrong type, or readable by group or others."""
+
+
+class StoreUnavailable(ToolAuthzError):
+    """The store cannot be reached or written: every caller must deny."""
+
+
+class ConflictError(ToolAuthzError):
+    """The request conflicts with recorded state (for example a second terminal outcome)."""
+
+
+class NotFoundError(ToolAuthzError):
+    """The named object (call, approval, ...) is not known."""

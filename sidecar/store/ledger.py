@@ -1,0 +1,72 @@
+"""The call ledger: one row per (tenant, call_id), from reservation to outcome.
+
+Every method either does what it says atomically or raises StoreUnavailable; callers
+deny on StoreUnavailable. Several sidecar processes may share one ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
+
+
+@dataclass(frozen=True)
+class CallEntry:
+    tenant: str
+    call_id: str
+    request_id: str
+    tool: str
+    digest: str
+    principal: str
+    created_at: float
+    # Filled when the decision is made; empty while the call is being decided.
+    decision: str = ""
+    decision_id: str = ""
+    policy_version: str = ""
+    reasons: tuple[str, ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()  # (code, message)
+    approval_id: str = ""
+    verified_jti: str = ""
+    verified_at: float | None = None
+    outcome: str = ""
+    outcome_at: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decided(self) -> bool:
+        return bool(self.decision)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Either the call was new (entry is None) and is now reserved, with the run's
+    counts taken in the same transaction, or it existed already (entry set)."""
+
+    existing: CallEntry | None
+    calls: int = 0
+    tool_calls: int = 0
+
+
+class CallLedger(Protocol):
+    def reserve(self, entry: CallEntry) -> Reservation:
+        """Atomically: if (tenant, call_id) exists return it; else count the calls of
+        entry.request_id (all tools, and entry.tool) and insert entry undecided."""
+
+    def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
+                 policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],
+                 approval_id: str = "") -> None:
+        """Records the decision of a reserved call."""
+
+    def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
+
+    def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
+        """Single use, atomically: 'ok' the first time any token of this call is
+        presented; 'already_used' after; 'unknown_call' if the call is not recorded."""
+
+    def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str,
+                       output_digest: str, now: float) -> CallEntry:
+        """The one terminal outcome. Raises NotFoundError or ConflictError."""
+
+    def close(self) -> None: ...

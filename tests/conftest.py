@@ -1,0 +1,94 @@
+"""Shared fixtures: the example bundle, throw-away bundles, and a sidecar on port 0."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import grpc
+import pytest
+
+from sidecar.clock import FrozenClock
+from sidecar.config import Settings
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE_BUNDLE = ROOT / "policies"
+
+
+@pytest.fixture
+def bundle_dir(tmp_path) -> pathlib.Path:
+    """A private copy of the example bundle that a test may edit."""
+    target = tmp_path / "bundle"
+    shutil.copytree(EXAMPLE_BUNDLE, target)
+    return target
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(1_800_000_000.0)
+
+
+@pytest.fixture
+def settings(tmp_path, bundle_dir) -> Settings:
+    return Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
+                    audit={"checkpoint_interval_seconds": 3600})
+
+
+@pytest.fixture
+def sidecar(settings, clock):
+    from sidecar.server import build_sidecar
+
+    car = build_sidecar(settings, clock=clock)
+    yield car
+    car.close()
+
+
+@pytest.fixture
+def server(sidecar):
+    from sidecar.server import create_server
+
+    srv, port = create_server(sidecar, "127.0.0.1:0")
+    yield srv, port
+    srv.stop(None)
+
+
+@pytest.fixture
+def channel(server):
+    _srv, port = server
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel) -> pb_grpc.ToolAuthorizerStub:
+    return pb_grpc.ToolAuthorizerStub(channel)
+
+
+def order_entity(order_id: str, owner: str, refundable: int = 10_000, tenant: str | None = None) -> dict:
+    entity = {"uid": {"type": "Order", "id": order_id},
+              "attrs": {"owner": {"__entity": {"type": "User", "id": owner}}, "refundable_cents": refundable},
+              "parents": []}
+    if tenant:
+        entity["parents"].append({"type": "Tenant", "id": tenant})
+    return entity
+
+
+def make_request(tool: str = "issue_refund", args: dict | bytes | None = None, *, call_id: str = "toolu_1",
+                 principal: str = "alice", tenant: str = "acme", request_id: str = "run-1",
+                 entities: list | None = None) -> pb.AuthorizeRequest:
+    if args is None:
+        args = {"order_id": "ord_1", "amount_cents": 1500}
+    raw = args if isinstance(args, bytes) else json.dumps(args).encode()
+    if entities is None:
+        entities = [order_entity("ord_1", "alice")]
+    return pb.AuthorizeRequest(
+        context=pb.TrustedContext(tenant=tenant, principal=pb.Principal(type="User", id=principal),
+                                  request_id=request_id, entities_json=json.dumps(entities).encode()),
+        call=pb.ToolCall(call_id=call_id, name=tool, input_json=raw))
+
+
+def verify_request(req: pb.AuthorizeRequest, token: str) -> pb.VerifyRequest:
+    return pb.VerifyRequest(token=token, context=req.context, call=req.call)

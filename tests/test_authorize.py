@@ -1,0 +1,278 @@
+"""Authorize over gRPC, end to end: every decision and every bad input of the decision path."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import grpc
+import pytest
+
+from conftest import make_request, order_entity
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.audit.store import AuditQuery
+
+
+def error_codes(response) -> list[str]:
+    return [e.code for e in response.errors]
+
+
+def test_small_refund_of_own_order_is_allowed_with_a_token(stub, sidecar):
+    response = stub.Authorize(make_request())
+    assert response.decision == pb.ALLOW
+    assert list(response.reasons) == ["refund-own-order-small"]
+    assert response.token.startswith("v4.public.")
+    assert response.expires_at.seconds == 1_800_000_000 + 60
+    assert len(response.digest) == 64 and len(response.decision_id) == 26
+    assert response.policy_version == sidecar.bundles.current.version
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=10)
+    assert (record.event.kind, record.event.result, record.event.decision_id) == ("authorize", "ALLOW", response.decision_id)
+    assert record.event.fields == {"/order_id": "ord_1", "/amount_cents": 1500}
+
+
+def test_large_refund_requires_approval_and_gets_no_token(stub):
+    response = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 6000}))
+    assert response.decision == pb.APPROVAL_REQUIRED
+    assert list(response.reasons) == ["refund-own-order-large-needs-finance"]
+    assert response.token == ""
+
+
+def test_refund_above_refundable_is_forbidden_by_name(stub):
+    response = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 20_000}))
+    assert response.decision == pb.DENY
+    assert list(response.reasons) == ["refund-never-above-refundable"]
+    assert response.token == ""
+
+
+def test_another_customers_order_is_denied(stub):
+    request = make_request(tool="lookup_order", args={"order_id": "ord_1"},
+                           entities=[order_entity("ord_1", "bob")])
+    response = stub.Authorize(request)
+    assert response.decision == pb.DENY and error_codes(response) == ["policy_denied"]
+    own = stub.Authorize(make_request(tool="lookup_order", args={"order_id": "ord_1"}, call_id="toolu_2"))
+    assert own.decision == pb.ALLOW and list(own.reasons) == ["lookup-own-order"]
+
+
+def test_order_the_runtime_did_not_vouch_for_is_denied_with_the_policy_error(stub):
+    response = stub.Authorize(make_request(entities=[]))
+    assert response.decision == pb.DENY
+    assert "policy_error" in error_codes(response) and "policy_denied" in error_codes(response)
+
+
+def test_measure_runtime_schema_is_enforced(stub):
+    good = {"prototype": "A", "metric": "runtime", "unit": "hours"}
+    assert stub.Authorize(make_request("measure_runtime", good, entities=[])).decision == pb.ALLOW
+    for i, bad in enumerate([{**good, "prototype": "C"}, {**good, "unit": "days"}, {**good, "extra": 1},
+                             {"prototype": "A", "metric": "runtime"}]):
+        response = stub.Authorize(make_request("measure_runtime", bad, call_id=f"m{i}", entities=[]))
+        assert response.decision == pb.DENY and error_codes(response) == ["invalid_input"], bad
+        assert response.token == ""
+
+
+def test_schema_error_names_pointer_and_keyword(stub):
+    response = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": "1500"}))
+    assert response.decision == pb.DENY
+    assert response.errors[0].message == "input at `/amount_cents` fails `type`"
+
+
+def test_unknown_tool_is_denied(stub):
+    response = stub.Authorize(make_request(tool="drop_database"))
+    assert response.decision == pb.DENY and error_codes(response) == ["unknown_tool"]
+    weird = stub.Authorize(make_request(tool="Issue Refund\u202e", call_id="toolu_9"))
+    assert weird.decision == pb.DENY and error_codes(weird) == ["unknown_tool"]
+
+
+BAD_INPUTS = {
+    "duplicate key": b'{"order_id":"ord_1","amount_cents":1,"amount_cents":1000000}',
+    "NaN": b'{"order_id":"ord_1","amount_cents":NaN}',
+    "Infinity": b'{"order_id":"ord_1","amount_cents":-Infinity}',
+    "minus zero": b'{"order_id":"ord_1","amount_cents":-0}',
+    "2^53": b'{"order_id":"ord_1","amount_cents":9007199254740993}',
+    "lone surrogate": b'{"order_id":"ord_1\\ud800","amount_cents":1}',
+    "invalid utf-8": b'{"order_id":"ord_\xff","amount_cents":1}',
+    "deep nesting": b'{"order_id":' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+    "over the tool's size limit": b'{"order_id":"ord_1","amount_cents":1,"reason":"' + b"x" * 5000 + b'"}',
+    "not an object": b'[1, 2]',
+    "not json": b'order ord_1 please',
+    "empty": b"",
+    "extra property": b'{"order_id":"ord_1","amount_cents":1,"customer_id":"cus_1"}',
+}
+
+
+@pytest.mark.parametrize("raw", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_a_clear_deny_and_the_server_keeps_serving(stub, raw):
+    response = stub.Authorize(make_request(args=raw))
+    assert response.decision == pb.DENY
+    assert error_codes(response) == ["invalid_input"]
+    assert response.token == "" and response.errors[0].message
+    assert stub.Authorize(make_request(call_id="after")).decision == pb.ALLOW
+
+
+def test_message_above_the_grpc_limit_is_refused(settings, clock):
+    from sidecar.server import build_sidecar, create_server
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+    car = build_sidecar(settings.model_copy(update={"max_message_bytes": 64 * 1024}), clock=clock)
+    srv, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.ToolAuthorizerStub(ch)
+            big = make_request(args={"order_id": "ord_1", "amount_cents": 1, "reason": "x" * 100_000})
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(big)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert stub.Authorize(make_request()).decision == pb.ALLOW
+    finally:
+        srv.stop(None)
+        car.close()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tenant", ""), ("principal.id", ""), ("principal.type", ""), ("call_id", ""), ("name", ""),
+    ("request_id", ""), ("tenant", "acme\u0435"), ("tenant", "../other"), ("principal.type", "Admin"),
+    ("principal.id", "alice\nbob"), ("call_id", "x" * 300),
+])
+def test_missing_or_malformed_envelope_is_invalid_argument(stub, sidecar, field, value):
+    request = make_request()
+    if field in ("call_id", "name"):
+        setattr(request.call, field, value)
+    elif field.startswith("principal."):
+        setattr(request.context.principal, field.split(".")[1], value)
+    else:
+        setattr(request.context, field, value)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details()
+
+
+@pytest.mark.parametrize("entities", [
+    [order_entity("ord_1", "alice", tenant="globex")],
+    [{"uid": {"type": "Tenant", "id": "acme"}, "attrs": {}, "parents": []}],
+    [{"uid": {"type": "Group", "id": "finance"}, "attrs": {}, "parents": []}],
+    [{"uid": {"type": "Order", "id": "ord_1"}, "attrs": {"owner": "alice", "refundable_cents": "lots"}, "parents": []}],
+    {"not": "a list"},
+])
+def test_trusted_entities_cannot_reach_another_tenant_or_break_the_schema(stub, entities):
+    request = make_request()
+    request.context.entities_json = json.dumps(entities).encode()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_resource_is_always_inside_the_callers_tenant(bundle_dir, settings, clock):
+    """A policy that requires the resource to be in the principal's tenant holds even when
+    the argument names an order the runtime did not supply."""
+    from sidecar.server import build_sidecar
+
+    (bundle_dir / "orders.cedar").write_text(
+        '@id("same-tenant") permit (principal, action == Action::"tool:lookup_order", resource)\n'
+        'when { resource in Tenant::"acme" && principal in Tenant::"acme" };\n')
+    car = build_sidecar(settings, clock=clock)
+    try:
+        from sidecar.model import Principal, ProposedCall, TrustedContext
+
+        acme = TrustedContext("acme", Principal("User", "alice"), "r")
+        globex = TrustedContext("globex", Principal("User", "alice"), "r")
+        call = ProposedCall("c1", "lookup_order", b'{"order_id":"ord_77"}')
+        assert car.authorizer.authorize(acme, call).decision.value == "ALLOW"
+        assert car.authorizer.authorize(globex, call).decision.value == "DENY"
+    finally:
+        car.close()
+
+
+def test_same_call_id_and_digest_replays_the_original_decision(stub):
+    first = stub.Authorize(make_request())
+    again = stub.Authorize(make_request())
+    assert again.replayed and not first.replayed
+    assert again.decision_id == first.decision_id and again.decision == pb.ALLOW
+    assert again.token and again.token != first.token  # not yet executed: a fresh token
+    from conftest import verify_request
+    assert stub.Verify(verify_request(make_request(), again.token)).valid
+    third = stub.Authorize(make_request())
+    assert third.replayed and third.token == ""  # executed once: never another token
+    assert not stub.Verify(verify_request(make_request(), first.token)).valid
+
+
+def test_call_id_reused_with_other_arguments_is_denied(stub):
+    assert stub.Authorize(make_request()).decision == pb.ALLOW
+    reused = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1600}))
+    assert reused.decision == pb.DENY and error_codes(reused) == ["call_id_reused"] and reused.token == ""
+    other_principal = stub.Authorize(make_request(principal="mallory"))
+    assert error_codes(other_principal) == ["call_id_reused"]
+
+
+def test_per_run_limit(stub):
+    for i in range(5):
+        assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
+    sixth = stub.Authorize(make_request(call_id="c5"))
+    assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"]
+    other_run = stub.Authorize(make_request(call_id="c6", request_id="run-2"))
+    assert other_run.decision == pb.ALLOW
+
+
+def test_policies_see_run_counters(bundle_dir, settings, clock):
+    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from sidecar.server import build_sidecar
+
+    (bundle_dir / "loops.cedar").write_text(
+        '@id("two-measurements-per-run") forbid (principal, action == Action::"tool:measure_runtime", resource)\n'
+        "when { context.run.tool_calls >= 2 };\n")
+    car = build_sidecar(settings, clock=clock)
+    try:
+        ctx = TrustedContext("acme", Principal("User", "alice"), "run-9")
+        args = b'{"prototype":"A","metric":"runtime","unit":"hours"}'
+        decisions = [car.authorizer.authorize(ctx, ProposedCall(f"m{i}", "measure_runtime", args)) for i in range(3)]
+        assert [d.decision.value for d in decisions] == ["ALLOW", "ALLOW", "DENY"]
+        assert decisions[2].reasons == ("two-measurements-per-run",)
+    finally:
+        car.close()
+
+
+def test_a_forbid_that_errors_never_lets_a_permit_through(bundle_dir, settings, clock):
+    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from sidecar.server import build_sidecar
+
+    (bundle_dir / "overflow.cedar").write_text(
+        '@id("overflowing-forbid") forbid (principal, action == Action::"tool:issue_refund", resource)\n'
+        "when { context.input.amount_cents * 100000000000000 > 0 };\n")
+    car = build_sidecar(settings, clock=clock)
+    try:
+        ctx = TrustedContext("acme", Principal("User", "alice"), "r",
+                             json.dumps([order_entity("ord_1", "alice")]).encode())
+        result = car.authorizer.authorize(ctx, ProposedCall("c", "issue_refund", b'{"order_id":"ord_1","amount_cents":100000}'))
+        assert result.decision.value == "DENY" and result.token is None
+        assert ("policy_error", "policy `overflowing-forbid` could not be evaluated") in \
+            [(e.code, e.message) for e in result.errors]
+        [record] = car.audit_log.query(AuditQuery(call_id="c"), limit=5)
+        assert "overflow" in json.dumps(record.event.detail)
+    finally:
+        car.close()
+
+
+def test_health_and_reflection_are_served(channel):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    [answer] = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in answer.list_services_response.service}
+    assert "toolauthz.v1.ToolAuthorizer" in names and "grpc.health.v1.Health" in names
+
+
+def test_secret_arguments_never_reach_the_stores_or_the_logs(stub, sidecar, settings, caplog):
+    secret = "sk_live_TOPSECRET_4242"
+    caplog.set_level("DEBUG")
+    stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1500, "reason": secret}))
+    stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1500, "reason": secret, "x": 1},
+                                call_id="toolu_bad"))
+    stub.Authorize(make_request(args=b'{"order_id":"ord_1","amount_cents":1,"reason":"' + secret.encode() + b'",}',
+                                call_id="toolu_worse"))
+    sidecar.audit_writer.close()
+    for path in settings.data_dir.iterdir():
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert secret not in caplog.text

@@ -1,0 +1,141 @@
+"""Loading refuses the whole bundle on any error and says where the error is."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from sidecar.bundle import load_bundle
+from sidecar.cli import main
+from sidecar.errors import BundleError
+
+
+def problems_of(bundle_dir: pathlib.Path) -> list[str]:
+    with pytest.raises(BundleError) as info:
+        load_bundle(bundle_dir)
+    return [str(p) for p in info.value.problems]
+
+
+def edit_tool(bundle_dir: pathlib.Path, name: str, change) -> None:
+    path = bundle_dir / "tools" / f"{name}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    change(doc)
+    path.write_text(yaml.safe_dump(doc))
+
+
+def test_example_bundle_loads_with_every_tool_and_policy(bundle_dir):
+    bundle = load_bundle(bundle_dir)
+    assert set(bundle.tools) == {"issue_refund", "lookup_order", "measure_runtime"}
+    assert "refund-own-order-large-needs-finance" in bundle.policies
+    assert bundle.policies["refund-own-order-large-needs-finance"].approval_group == "finance"
+    assert len(bundle.version) == 16
+
+
+def test_version_is_a_content_hash(bundle_dir):
+    before = load_bundle(bundle_dir).version
+    assert load_bundle(bundle_dir).version == before
+    (bundle_dir / "orders.cedar").write_text((bundle_dir / "orders.cedar").read_text() + "\n// touched\n")
+    assert load_bundle(bundle_dir).version != before
+
+
+def test_misspelt_context_attribute_names_file_and_line(bundle_dir):
+    path = bundle_dir / "refunds.cedar"
+    text = path.read_text().replace("context.input.amount_cents <= 5000", "context.input.amout_cents <= 5000")
+    path.write_text(text)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "amout_cents" in l)
+    col = text.splitlines()[line - 1].index("amout_cents") + 1
+    found = problems_of(bundle_dir)
+    assert any(p.startswith(f"refunds.cedar:{line}:{col}: ") and "amout_cents" in p for p in found), found
+
+
+def test_check_command_reports_the_misspelling(bundle_dir, capsys):
+    path = bundle_dir / "refunds.cedar"
+    path.write_text(path.read_text().replace("resource.refundable_cents", "resource.refundable_cent"))
+    assert main(["check", str(bundle_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "refunds.cedar:" in err and "refundable_cent" in err
+
+
+def test_cedar_parse_error_is_located(bundle_dir):
+    (bundle_dir / "broken.cedar").write_text('// first line\n\npermit (principal, action, resource)\nwhen { 1 + };\n')
+    found = problems_of(bundle_dir)
+    assert any(p.startswith("broken.cedar:4:") and "cannot parse policy" in p for p in found), found
+
+
+def test_invalid_json_schema_names_file_and_pointer(bundle_dir):
+    edit_tool(bundle_dir, "lookup_order", lambda d: d["input_schema"]["properties"]["order_id"].update(type="strin"))
+    found = problems_of(bundle_dir)
+    assert any(p.startswith("tools/lookup_order.yaml: at `/input_schema/properties/order_id/type`") for p in found), found
+
+
+def test_schema_without_declared_dialect_is_refused(bundle_dir):
+    edit_tool(bundle_dir, "lookup_order", lambda d: d["input_schema"].pop("$schema"))
+    assert any("`/input_schema/$schema`" in p for p in problems_of(bundle_dir))
+
+
+def test_format_that_cannot_be_asserted_is_refused(bundle_dir):
+    edit_tool(bundle_dir, "lookup_order",
+              lambda d: d["input_schema"]["properties"]["order_id"].update(format="uri-template"))
+    assert any("format `uri-template` cannot be asserted" in p for p in problems_of(bundle_dir))
+
+
+def test_unknown_side_effect_class(bundle_dir):
+    edit_tool(bundle_dir, "issue_refund", lambda d: d.update(side_effect="teleport"))
+    assert any("tools/issue_refund.yaml: at `/side_effect`: unknown side-effect class `teleport`" in p
+               for p in problems_of(bundle_dir))
+
+
+@pytest.mark.parametrize("pointer, message", [
+    ("/order", "cannot produce `/order`"),
+    ("/reason", "not required at every level"),
+])
+def test_resource_pointer_the_schema_cannot_produce(bundle_dir, pointer, message):
+    edit_tool(bundle_dir, "issue_refund", lambda d: d["resource"].update(id=pointer))
+    assert any("`/resource/id`" in p and message in p for p in problems_of(bundle_dir))
+
+
+def test_duplicate_tool_name(bundle_dir):
+    text = (bundle_dir / "tools" / "lookup_order.yaml").read_text()
+    (bundle_dir / "tools" / "lookup_order_again.yaml").write_text(text)
+    assert any("duplicate tool name `lookup_order`" in p for p in problems_of(bundle_dir))
+
+
+def test_policy_for_an_uncatalogued_tool(bundle_dir):
+    (bundle_dir / "extra.cedar").write_text('permit (principal, action == Action::"tool:delete_everything", resource);\n')
+    assert any(p.startswith("extra.cedar:1") and "`tool:delete_everything`" in p for p in problems_of(bundle_dir))
+
+
+def test_duplicate_policy_id(bundle_dir):
+    (bundle_dir / "extra.cedar").write_text('@id("lookup-own-order")\npermit (principal, action, resource);\n')
+    assert any("duplicate policy id `lookup-own-order`" in p for p in problems_of(bundle_dir))
+
+
+def test_approval_annotation_on_a_forbid_is_refused(bundle_dir):
+    (bundle_dir / "extra.cedar").write_text('@approval("finance")\nforbid (principal, action, resource);\n')
+    assert any("`@approval" in p for p in problems_of(bundle_dir))
+
+
+def test_invalid_cedar_schema(bundle_dir):
+    path = bundle_dir / "schema.cedarschema"
+    path.write_text(path.read_text() + "\nentity Invoice in [Nowhere];\n")
+    assert any(p.startswith("schema.cedarschema") and "Nowhere" in p for p in problems_of(bundle_dir))
+
+
+def test_yaml_syntax_error_is_located(bundle_dir):
+    (bundle_dir / "tools" / "bad.yaml").write_text("name: bad\ninput_schema: {type: [\n")
+    assert any(p.startswith("tools/bad.yaml:") and "cannot parse YAML" in p for p in problems_of(bundle_dir))
+
+
+def test_every_problem_is_reported_not_just_the_first(bundle_dir):
+    edit_tool(bundle_dir, "issue_refund", lambda d: d.update(side_effect="teleport"))
+    (bundle_dir / "broken.cedar").write_text("permit (principal, action, resource) when { 1 + };\n")
+    found = problems_of(bundle_dir)
+    assert any("teleport" in p for p in found) and any("broken.cedar" in p for p in found)
+
+
+def test_schema_command_prints_generated_actions(capsys):
+    assert main(["schema", "policies"]) == 0
+    out = capsys.readouterr().out
+    assert 'action "tool:issue_refund"' in out and '"amount_cents": Long' in out and '"reason"?: String' in out

@@ -1,0 +1,245 @@
+"""Verify, single use, GetKeys and ReportOutcome over gRPC."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import grpc
+import pytest
+
+from conftest import make_request, verify_request
+from sidecar.audit.store import AuditQuery
+from sidecar.errors import StoreUnavailable
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.tokens import CallClaims, verify_offline
+
+
+def allowed(stub, **kwargs):
+    request = make_request(**kwargs)
+    response = stub.Authorize(request)
+    assert response.decision == pb.ALLOW
+    return request, response
+
+
+def test_verify_once_then_already_used(stub, sidecar):
+    request, response = allowed(stub)
+    first = stub.Verify(verify_request(request, response.token))
+    assert (first.valid, first.code, first.decision_id) == (True, "ok", response.decision_id)
+    second = stub.Verify(verify_request(request, response.token))
+    assert (second.valid, second.code) == (False, "already_used")
+    kinds = [(r.event.kind, r.event.result) for r in sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=9)]
+    assert kinds == [("authorize", "ALLOW"), ("verify", "ok"), ("verify", "already_used")]
+
+
+@pytest.mark.parametrize("swap", ["tool", "input", "principal", "tenant", "call_id", "principal_type"])
+def test_any_change_to_the_call_fails_verification(stub, swap):
+    request, response = allowed(stub)
+    presented = verify_request(request, response.token)
+    if swap == "tool":
+        presented.call.name = "lookup_order"
+    elif swap == "input":
+        presented.call.input_json = json.dumps({"order_id": "ord_1", "amount_cents": 1501}).encode()
+    elif swap == "principal":
+        presented.context.principal.id = "mallory"
+    elif swap == "principal_type":
+        presented.context.principal.type = "Service"
+    elif swap == "tenant":
+        presented.context.tenant = "globex"
+    else:
+        presented.call.call_id = "toolu_other"
+    answer = stub.Verify(presented)
+    assert not answer.valid and answer.code == "bad_signature"
+    # The untouched call still verifies: the failed attempts consumed nothing.
+    assert stub.Verify(verify_request(request, response.token)).valid
+
+
+def test_equivalent_json_spelling_verifies(stub):
+    """The digest is over the canonical form: whitespace, key order and 1500.0 don't matter."""
+    request, response = allowed(stub)
+    presented = verify_request(request, response.token)
+    presented.call.input_json = b'{ "amount_cents": 1500.0,\n "order_id": "ord_1" }'
+    assert stub.Verify(presented).valid
+
+
+@pytest.mark.parametrize("token", ["", "garbage", "v4.local.AAAA", "eyJhbGciOiJub25lIn0.eyJ4IjoxfQ.",
+                                   "v4.public." + "A" * 100])
+def test_malformed_tokens_are_an_answer_not_an_error(stub, token):
+    request, _ = allowed(stub)
+    answer = stub.Verify(verify_request(request, token))
+    assert not answer.valid and answer.code == "malformed"
+
+
+def test_expired_token(stub, clock):
+    request, response = allowed(stub)
+    clock.advance(60 + 5 + 1)
+    answer = stub.Verify(verify_request(request, response.token))
+    assert (answer.valid, answer.code) == (False, "expired")
+
+
+def test_token_of_another_sidecar_is_unknown_key(stub, tmp_path, bundle_dir, clock):
+    from sidecar.config import Settings
+    from sidecar.server import build_sidecar
+
+    other = build_sidecar(Settings(bundle=bundle_dir, data_dir=tmp_path / "other"), clock=clock)
+    try:
+        from sidecar.model import Principal, ProposedCall, TrustedContext
+        request = make_request()
+        ctx = TrustedContext("acme", Principal("User", "alice"), "run-1", request.context.entities_json)
+        foreign = other.authorizer.authorize(ctx, ProposedCall("toolu_1", "issue_refund", request.call.input_json))
+        assert foreign.token is not None
+        answer = stub.Verify(verify_request(request, foreign.token.token))
+        assert (answer.valid, answer.code) == (False, "unknown_key")
+    finally:
+        other.close()
+
+
+def test_ledger_failure_means_no_token_and_no_valid(stub, sidecar):
+    request, response = allowed(stub)
+
+    class BrokenLedger:
+        def __getattr__(self, name):
+            def fail(*args, **kwargs):
+                raise StoreUnavailable("disk on fire")
+            return fail
+
+    real = sidecar.authorizer.ledger
+    sidecar.authorizer.ledger = BrokenLedger()
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Verify(verify_request(request, response.token))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Authorize(make_request(call_id="toolu_2"))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "disk on fire" not in info.value.details()
+    finally:
+        sidecar.authorizer.ledger = real
+    assert stub.Verify(verify_request(request, response.token)).valid
+
+
+def test_audit_failure_means_no_token(stub, sidecar):
+    class BrokenAudit:
+        def write(self, event):
+            raise StoreUnavailable("audit disk full")
+
+    real = sidecar.authorizer.audit
+    sidecar.authorizer.audit = BrokenAudit()
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Authorize(make_request())
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        sidecar.authorizer.audit = real
+
+
+def _race_verify(port: int, request_bytes: bytes, barrier, results) -> None:
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb2
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = pb2_grpc.ToolAuthorizerStub(ch)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        barrier.wait(timeout=10)
+        results.put(stub.Verify(pb2.VerifyRequest.FromString(request_bytes)).code)
+
+
+def test_same_token_raced_from_two_processes_verifies_once(stub, server):
+    request, response = allowed(stub)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    payload = verify_request(request, response.token).SerializeToString()
+    procs = [ctx.Process(target=_race_verify, args=(server[1], payload, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    codes = sorted(results.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(timeout=10)
+    assert codes == ["already_used", "ok"]
+
+
+def _race_consume(path: str, barrier, results) -> None:
+    from sidecar.store import SqliteLedger
+
+    ledger = SqliteLedger(path)
+    barrier.wait(timeout=10)
+    results.put(ledger.consume("acme", "toolu_1", "jti-1", 1.0))
+
+
+def test_two_sidecar_processes_sharing_a_ledger_consume_once(tmp_path):
+    from sidecar.store import CallEntry, SqliteLedger
+
+    path = str(tmp_path / "ledger.db")
+    SqliteLedger(path).reserve(CallEntry("acme", "toolu_1", "run", "issue_refund", "d" * 64, 'User::"a"', 0.0))
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_race_consume, args=(path, barrier, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    outcomes = sorted(results.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(timeout=10)
+    assert outcomes == ["already_used", "already_used", "ok"]
+
+
+def test_get_keys_publishes_keys_that_verify_tokens_offline(stub):
+    request, response = allowed(stub)
+    keys = stub.GetKeys(pb.GetKeysRequest()).keys
+    assert len(keys) == 1 and keys[0].paserk.startswith("k4.public.") and keys[0].state == "active"
+    jwk = json.loads(keys[0].jwk_json)
+    assert (jwk["kty"], jwk["crv"], jwk["kid"]) == ("OKP", "Ed25519", keys[0].kid)
+    published = [{"kid": k.kid, "paserk": k.paserk} for k in keys]
+    expected = CallClaims("acme", "User", "alice", "issue_refund", "toolu_1")
+    checked = verify_offline(response.token, public_keys=published, digest=response.digest, expected=expected,
+                             audience="toolauthz-runtime", issuer="toolauthz", now=1_800_000_001)
+    assert checked.ok
+    wrong = verify_offline(response.token, public_keys=published, digest="0" * 64, expected=expected,
+                           audience="toolauthz-runtime", issuer="toolauthz", now=1_800_000_001)
+    assert wrong.code == "bad_signature"
+
+
+def outcome(request, status=pb.COMPLETED, call_id="toolu_1"):
+    return pb.ReportOutcomeRequest(context=request.context, call_id=call_id, status=status, error_code="",
+                                   output_digest="ab" * 32)
+
+
+def test_exactly_one_terminal_outcome(stub, sidecar):
+    request, response = allowed(stub)
+    assert stub.Verify(verify_request(request, response.token)).valid
+    reply = stub.ReportOutcome(outcome(request))
+    assert reply.decision_id == response.decision_id and not reply.unverified
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(request, pb.FAILED))
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
+    assert record.event.result == "completed" and record.event.detail["output_digest"] == "ab" * 32
+
+
+def test_outcome_for_unknown_call_or_other_principal_is_not_found(stub):
+    request, _ = allowed(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(request, call_id="toolu_nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    other = make_request(principal="mallory")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(other))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_outcome_without_verification_is_recorded_and_flagged(stub, sidecar):
+    request, _ = allowed(stub)
+    assert stub.ReportOutcome(outcome(request, pb.OUTCOME_UNKNOWN)).unverified
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
+    assert record.event.detail["flags"] == ["unverified_outcome"]
+
+
+def test_outcome_status_must_be_set(stub):
+    request, _ = allowed(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(request, pb.OUTCOME_STATUS_UNSPECIFIED))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_status_reports_the_loaded_version(stub, sidecar):
+    status = stub.GetStatus(pb.GetStatusRequest())
+    assert status.policy_version == sidecar.bundles.current.version and status.last_reload_error == ""
