@@ -63,19 +63,13 @@ def cmd_schema(args) -> int:
 
 
 def cmd_authorize(args) -> int:
-    from sidecar.engine import RunCounts, evaluate, prepare, request_entities
-    from sidecar.model import deny
+    from sidecar.engine import decide
 
     bundle = load_bundle(args.bundle)
     entities = pathlib.Path(args.entities).read_bytes() if args.entities else b""
     ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
-    call = ProposedCall("cli", args.tool, args.input.encode())
     ctx.check()
-    try:
-        prepared = prepare(bundle, ctx, call)
-        verdict = evaluate(bundle, ctx, prepared, RunCounts(), request_entities(bundle, ctx, prepared))
-    except InputError as exc:
-        verdict = deny(exc.code, exc.message)
+    verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
     out = {"decision": verdict.decision.value, "reasons": list(verdict.reasons),
            "errors": [{"code": e.code, "message": e.message} for e in verdict.errors],
            "policy_version": bundle.version}

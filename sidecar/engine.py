@@ -176,3 +176,13 @@ def _supplied_entities(raw: bytes) -> list[dict]:
         if not isinstance(entity["parents"], list) or not all(isinstance(p, dict) for p in entity["parents"]):
             raise RequestError("entity `parents` must be a list of entity references")
     return data
+
+
+def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCounts = RunCounts()) -> Verdict:
+    """Steps 1-6 without any storage: for policy tests and local `toolauthz authorize`.
+    RequestError still raises (the request itself is unusable)."""
+    try:
+        prepared = prepare(bundle, ctx, call)
+    except InputError as exc:
+        return Verdict(Decision.DENY, errors=(ErrorDetail(exc.code, exc.message),))
+    return evaluate(bundle, ctx, prepared, run, request_entities(bundle, ctx, prepared))
