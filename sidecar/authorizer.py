@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ulid import ULID
 
+from sidecar.approvals import ApprovalDesk
 from sidecar.audit.records import AuditEvent
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import resolve_pointer
@@ -79,6 +80,7 @@ class Authorizer:
     verifier: TokenVerifier
     audit: "AuditSink"
     clock: Clock
+    approvals: ApprovalDesk | None = None
     _ids_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def new_id(self) -> str:
@@ -110,14 +112,37 @@ class Authorizer:
         if reservation.existing is not None:
             return self._replay(base, ctx, prepared, reservation.existing)
 
-        verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
-        self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value, decision_id=decision_id,
-                             policy_version=bundle.version, reasons=verdict.reasons,
-                             errors=tuple((e.code, e.message) for e in verdict.errors))
+        try:
+            verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
+            approval_id = ""
+            if verdict.decision is Decision.APPROVAL_REQUIRED:
+                approval_id = self._open_approval(ctx, call.call_id, prepared, verdict, decision_id, bundle.version,
+                                                  base["fields"])
+            self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value, decision_id=decision_id,
+                                 policy_version=bundle.version, reasons=verdict.reasons,
+                                 errors=tuple((e.code, e.message) for e in verdict.errors), approval_id=approval_id)
+        except Exception:
+            self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
+            raise
         token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version) if verdict.decision is Decision.ALLOW else None
-        self._record(base, verdict, jti=token.jti if token else "")
+        self._record({**base, "approval_id": approval_id}, verdict, jti=token.jti if token else "")
         return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
-                               prepared.digest, token)
+                               prepared.digest, token, approval_id)
+
+    def _open_approval(self, ctx, call_id, prepared, verdict, decision_id, version, fields) -> str:
+        if self.approvals is None:
+            raise RuntimeError("a policy asks for approval but no approval desk is configured")
+        return self.approvals.open(ctx, call_id, prepared, verdict, decision_id=decision_id,
+                                   policy_version=version, fields=fields).approval_id
+
+    def _abandon(self, tenant: str, call_id: str, decision_id: str, version: str) -> None:
+        """A reserved call whose decision failed is recorded as denied, so that a retry of
+        the same call id gets an answer rather than `call_in_progress` forever."""
+        try:
+            self.ledger.complete(tenant, call_id, decision=Decision.DENY.value, decision_id=decision_id,
+                                 policy_version=version, reasons=(), errors=(("internal_error", "the call could not be decided"),))
+        except Exception:  # noqa: BLE001 - already failing; the original error is what matters
+            log.warning("could not record the failed decision of call %s", call_id)
 
     def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry) -> AuthorizeResult:
         version = base["policy_version"]
@@ -137,8 +162,13 @@ class Authorizer:
         token = None
         if decision is Decision.ALLOW and not entry.verified_jti:
             token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)
+        elif decision is Decision.APPROVAL_REQUIRED and self.approvals and not entry.verified_jti:
+            token = self.approvals.token_for_replay(entry.approval_id, ctx, entry.call_id)
+            if token is not None:
+                decision = Decision.ALLOW  # approved by a second principal: now it may run
         verdict = Verdict(decision, entry.reasons, errors)
-        self._record({**base, "decision_id": entry.decision_id, "policy_version": entry.policy_version},
+        self._record({**base, "decision_id": entry.decision_id, "policy_version": entry.policy_version,
+                      "approval_id": entry.approval_id},
                      verdict, jti=token.jti if token else "", detail={"replayed": True})
         return AuthorizeResult(decision, entry.decision_id, entry.policy_version, entry.reasons, errors,
                                prepared.digest, token, entry.approval_id, replayed=True)

@@ -11,7 +11,10 @@ import signal
 import sys
 import threading
 
+import grpc
+
 from sidecar.bundle import load_bundle
+from sidecar.cli_approvals import add_approvals_command
 from sidecar.clock import SystemClock
 from sidecar.errors import BundleError, InputError, RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -135,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--data-dir")
     keys.add_argument("--config")
     keys.set_defaults(func=cmd_keys)
+
+    add_approvals_command(sub, parse_principal)
     return parser
 
 
@@ -149,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ToolAuthzError, RequestError, OSError) as exc:
         print(f"toolauthz: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as exc:
+        print(f"toolauthz: {exc.code().name.lower()}: {exc.details()}", file=sys.stderr)
         return 1
 
 

@@ -32,9 +32,15 @@ class AuditSettings(_Strict):
     checkpoint_interval_seconds: float = Field(60.0, gt=0)
 
 
+class ApprovalSettings(_Strict):
+    ttl_seconds: float = Field(900.0, gt=0, le=7 * 24 * 3600)
+
+
 class Settings(_Strict):
     bundle: pathlib.Path = pathlib.Path("policies")
     listen: str = "127.0.0.1:50051"
+    # Serve the Approvals service on its own address instead of `listen` (empty: same server).
+    approvals_listen: str = ""
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True
@@ -42,6 +48,7 @@ class Settings(_Strict):
     max_message_bytes: int = Field(4 << 20, ge=1024)
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
+    approvals: ApprovalSettings = ApprovalSettings()
 
     @property
     def keys_dir(self) -> pathlib.Path:

@@ -128,20 +128,28 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
 
 def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall) -> cedarpy.Entities:
     """Static entities + the runtime's trusted entities, with the principal and the
-    resource parented to the caller's tenant. No entity may reach into another tenant."""
-    tenant = {"type": "Tenant", "id": ctx.tenant}
-    supplied = _supplied_entities(ctx.entities_json)
+    resource parented to the caller's tenant."""
+    return trusted_entities(bundle, ctx.tenant, ctx.entities_json,
+                            [(ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)])
+
+
+def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
+                     extra: list[dict] = ()) -> cedarpy.Entities:
+    """Static entities + entities a trusted caller vouches for + `extra` built by the
+    sidecar itself. Every anchor (principal, resource) gets the tenant as a parent; no
+    supplied entity may name another tenant, define a tenant, or redefine a static entity."""
+    tenant = {"type": "Tenant", "id": tenant_id}
     by_uid = {}
-    for entity in supplied:
+    for entity in _supplied_entities(entities_json):
         uid = (entity["uid"]["type"], entity["uid"]["id"])
-        if uid in bundle.static_uids or uid in by_uid or uid[0] == "Tenant":
+        if uid in bundle.static_uids or uid in by_uid or uid[0] in ("Tenant", "Approval"):
             raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` may not be supplied by the runtime")
         for parent in entity["parents"]:
-            if parent.get("type") == "Tenant" and parent.get("id") != ctx.tenant:
+            if parent.get("type") == "Tenant" and parent.get("id") != tenant_id:
                 raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` names another tenant")
         by_uid[uid] = entity
-    synthesized = []
-    for uid in ((ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)):
+    synthesized = list(extra)
+    for uid in anchors:
         if uid in by_uid:
             if tenant not in by_uid[uid]["parents"]:
                 by_uid[uid]["parents"].append(tenant)

@@ -6,7 +6,9 @@
     ├── InputError           the model's arguments are unusable (becomes a DENY, not a failure)
     ├── KeyFileError         a signing or audit key is missing, of the wrong type or too open
     ├── StoreUnavailable     the ledger, token store or audit log cannot be used (deny)
-    └── ConflictError / NotFoundError   a state transition that is not allowed
+    ├── ConflictError / NotFoundError   a state transition that is not allowed
+    ├── ForbiddenError       the caller may not do this (self-approval, another tenant)
+    └── PreconditionError    not in a state that allows it (an expired approval)
 
 Only the gRPC service layer turns these into status codes. Messages follow Cedar's
 style: lowercase start, no final period, user input in backticks.
@@ -73,3 +75,11 @@ class ConflictError(ToolAuthzError):
 
 class NotFoundError(ToolAuthzError):
     """The named object (call, approval, ...) is not known."""
+
+
+class ForbiddenError(ToolAuthzError):
+    """The caller may not do this (e.g. approve their own call, or another tenant's)."""
+
+
+class PreconditionError(ToolAuthzError):
+    """The object is not in a state that allows this (e.g. an expired approval)."""

@@ -24,7 +24,15 @@ from sidecar.errors import KeyFileError
 from sidecar.keys import KeyRing, SigningKey, generate_key_file, load_keyring, load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.service import ToolAuthorizerService
+from sidecar.approvals import ApprovalDesk
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
+from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.service.approvals import ApprovalsService
+from sidecar.service.audit import AuditService
+from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.store import SqliteLedger
 from sidecar.tokens import TokenIssuer, TokenVerifier
 
@@ -42,6 +50,8 @@ class Sidecar:
     keyring: KeyRing
     audit_key: SigningKey
     authorizer: Authorizer
+    approvals: ApprovalDesk
+    approval_store: SqliteApprovals
     last_reload_error: str = ""
     started_at: float = field(default_factory=time.time)
 
@@ -53,6 +63,7 @@ class Sidecar:
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.audit_log.close()
+        self.approval_store.close()
         self.ledger.close()
 
 
@@ -77,12 +88,16 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
                                 interval=settings.audit.checkpoint_interval_seconds)
     t = settings.tokens
+    bundles = BundleHolder(bundle)
+    issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds, clock=clock)
+    approval_store = SqliteApprovals(str(settings.ledger_path))
+    desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
     authorizer = Authorizer(
-        bundles=BundleHolder(bundle), ledger=ledger,
-        issuer=TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds, clock=clock),
+        bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds, clock=clock),
-        audit=writer, clock=clock)
-    return Sidecar(settings, authorizer.bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer)
+        audit=writer, clock=clock, approvals=desk)
+    return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
+                   desk, approval_store)
 
 
 def _audit_key(settings: Settings) -> SigningKey:
@@ -93,25 +108,50 @@ def _audit_key(settings: Settings) -> SigningKey:
     return load_private_key_file(path)
 
 
-def create_server(sidecar: Sidecar, address: str | None = None) -> tuple[grpc.Server, int]:
-    """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests)."""
+def create_server(sidecar: Sidecar, address: str | None = None, *,
+                  approvals_address: str | None = None) -> tuple[grpc.Server, int]:
+    """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests).
+
+    With `approvals_address` (or `approvals_listen` in the settings) the Approvals service
+    listens there instead, on a server of its own (see `create_approvals_server`)."""
     settings = sidecar.settings
+    server = _new_server(settings)
+    pb_grpc.add_ToolAuthorizerServicer_to_server(
+        ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status), server)
+    aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), server)
+    names = [pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name,
+             aupb.DESCRIPTOR.services_by_name["Audit"].full_name]
+    if not (approvals_address or settings.approvals_listen):
+        apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
+        names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
+    return _start(server, names, address or settings.listen)
+
+
+def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[grpc.Server, int]:
+    """The Approvals service alone, for deployments that expose it to an approval tool."""
+    server = _new_server(sidecar.settings)
+    apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
+    return _start(server, [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
+                  address or sidecar.settings.approvals_listen)
+
+
+def _new_server(settings: Settings) -> grpc.Server:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                ("grpc.so_reuseport", 0)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=min(32, settings.max_concurrent_rpcs)),
-                         options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
-    pb_grpc.add_ToolAuthorizerServicer_to_server(
-        ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status), server)
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=min(32, settings.max_concurrent_rpcs)),
+                       options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
+
+
+def _start(server: grpc.Server, names: list[str], address: str) -> tuple[grpc.Server, int]:
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    services = [pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name, health.SERVICE_NAME,
-                reflection.SERVICE_NAME]
-    reflection.enable_server_reflection(services, server)
-    port = server.add_insecure_port(address or settings.listen)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
     if port == 0:
-        raise OSError(f"cannot listen on {address or settings.listen}")
+        raise OSError(f"cannot listen on {address}")
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set(services[0], health_pb2.HealthCheckResponse.SERVING)
+    for name in names:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port

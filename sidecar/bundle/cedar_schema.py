@@ -68,6 +68,19 @@ def render_type(t: CedarType, indent: str = "") -> str:
     return "{\n" + ",\n".join(lines) + f"\n{indent}}}" if lines else "{}"
 
 
+APPROVE_ACTION = "approve"
+
+
+def approval_declarations(principal_types: list[str]) -> str:
+    """`Action::"approve"` on `Approval::"<id>"`: who may approve is decided by Cedar too."""
+    return (
+        "entity Approval in [Tenant] {\n  \"tool\": String,\n  \"group\": String,\n"
+        "  \"tenant\": String,\n  \"requester\": String\n};\n"
+        f"action {json.dumps(APPROVE_ACTION)} appliesTo {{\n  principal: [{', '.join(principal_types)}],\n"
+        "  resource: [Approval],\n  context: {}\n};\n"
+    )
+
+
 def action_declarations(tools: dict[str, Tool], principal_types: list[str]) -> str:
     out = []
     for tool in tools.values():

@@ -1,16 +1,13 @@
-"""SQLite call ledger. WAL mode, one connection per thread, BEGIN IMMEDIATE for every
-read-modify-write so that several processes sharing the file stay consistent."""
+"""SQLite call ledger: every read-modify-write in one BEGIN IMMEDIATE transaction."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from contextlib import contextmanager
-from typing import Iterator
 
-from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
+from sidecar.errors import ConflictError, NotFoundError
 from sidecar.store.ledger import CallEntry, Reservation
+from sidecar.store.sqlite_base import SqliteDatabase
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -46,45 +43,12 @@ _COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, d
             "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra")
 
 
-class SqliteLedger:
+class SqliteLedger(SqliteDatabase):
     def __init__(self, path: str):
-        self._path = path
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        try:
-            self._conn().executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"ledger `{path}`: {exc}") from exc
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._path, isolation_level=None, timeout=10.0, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=10000")
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
-
-    @contextmanager
-    def _tx(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
-        try:
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"ledger `{self._path}`: {exc}") from exc
+        super().__init__(path, _SCHEMA, label="ledger")
 
     def reserve(self, entry: CallEntry) -> Reservation:
-        with self._tx() as db:
+        with self.transaction() as db:
             existing = self._get(db, entry.tenant, entry.call_id)
             if existing is not None:
                 return Reservation(existing)
@@ -98,7 +62,7 @@ class SqliteLedger:
             return Reservation(None, calls, tool_calls)
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
-        with self._tx() as db:
+        with self.transaction() as db:
             db.execute(
                 "UPDATE calls SET decision = ?, decision_id = ?, policy_version = ?, reasons = ?, errors = ?, "
                 "approval_id = ? WHERE tenant = ? AND call_id = ? AND decision = ''",
@@ -106,11 +70,11 @@ class SqliteLedger:
                  approval_id, tenant, call_id))
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
-        with self._tx(immediate=False) as db:
+        with self.transaction(immediate=False) as db:
             return self._get(db, tenant, call_id)
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
-        with self._tx() as db:
+        with self.transaction() as db:
             if self._get(db, tenant, call_id) is None:
                 return "unknown_call"
             inserted = db.execute(
@@ -123,7 +87,7 @@ class SqliteLedger:
             return "ok" if inserted and updated else "already_used"
 
     def record_outcome(self, tenant, call_id, status, error_code, output_digest, now) -> CallEntry:
-        with self._tx() as db:
+        with self.transaction() as db:
             entry = self._get(db, tenant, call_id)
             if entry is None:
                 raise NotFoundError(f"no call `{call_id}` in tenant `{tenant}`")
@@ -133,13 +97,6 @@ class SqliteLedger:
             db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
                        (status, now, json.dumps(extra), tenant, call_id))
         return self.get(tenant, call_id)
-
-    def close(self) -> None:
-        with self._all_lock:
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-        self._local = threading.local()
 
     @staticmethod
     def _get(db: sqlite3.Connection, tenant: str, call_id: str) -> CallEntry | None:

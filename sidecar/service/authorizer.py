@@ -1,76 +1,20 @@
-"""gRPC handlers. The only place where errors become status codes:
-
-    RequestError, InputError  -> INVALID_ARGUMENT (the runtime sent an unusable request)
-    NotFoundError             -> NOT_FOUND
-    ConflictError             -> ALREADY_EXISTS
-    StoreUnavailable          -> UNAVAILABLE (and never a token or `valid`)
-    deadline already passed   -> DEADLINE_EXCEEDED, before any work
-    anything else             -> INTERNAL with a generic message; the detail goes to the log
-A DENY is an answer, not an error: it travels in the response.
-"""
+"""gRPC handlers of toolauthz.v1.ToolAuthorizer."""
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
-
-import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.authorizer import Authorizer
-from sidecar.errors import ConflictError, InputError, NotFoundError, RequestError, StoreUnavailable
+from sidecar.errors import RequestError
 from sidecar.keys import KeyRing
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
+from sidecar.model import Decision
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-
-log = logging.getLogger("toolauthz.service")
+from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
-
-
-def status_mapped(handler):
-    """Runs a handler with the error-to-status mapping above."""
-
-    @functools.wraps(handler)
-    def wrapper(self, request, context: grpc.ServicerContext):
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the request was handled")
-        try:
-            return handler(self, request, context)
-        except (RequestError, InputError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc.message if isinstance(exc, InputError) else exc))
-        except NotFoundError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except ConflictError as exc:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        except StoreUnavailable as exc:
-            log.error("store unavailable in %s: %s", handler.__name__, exc)
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made")
-        except Exception:  # noqa: BLE001 - the boundary: log the detail, answer generically
-            log.exception("internal error in %s", handler.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, "internal error")
-
-    return wrapper
-
-
-def trusted_context(msg: pb.TrustedContext) -> TrustedContext:
-    return TrustedContext(msg.tenant, Principal(msg.principal.type, msg.principal.id), msg.request_id,
-                          bytes(msg.entities_json))
-
-
-def proposed_call(msg: pb.ToolCall) -> ProposedCall:
-    return ProposedCall(msg.call_id, msg.name, bytes(msg.input_json))
-
-
-def timestamp(epoch: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(epoch * 1e9))
-    return ts
 
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):

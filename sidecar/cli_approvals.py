@@ -1,0 +1,69 @@
+"""`toolauthz approvals ...`: a thin client of the Approvals service, for the person who
+approves. The approver's identity is given explicitly (`--as`, `--tenant`); in a real
+deployment the approval tool takes it from its own authenticated session."""
+
+from __future__ import annotations
+
+import grpc
+
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+_STATUS_NAMES = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
+
+
+def add_approvals_command(sub, parse_principal) -> None:
+    approvals = sub.add_parser("approvals", help="list, show, approve or reject pending approvals")
+    approvals.add_argument("--server", default="127.0.0.1:50051", help="the sidecar's Approvals address")
+    verbs = approvals.add_subparsers(dest="approvals_command", required=True)
+    listing = verbs.add_parser("list")
+    listing.add_argument("--tenant", default="")
+    listing.add_argument("--status", choices=sorted(_STATUS_NAMES), default="pending")
+    listing.add_argument("--group", default="")
+    show = verbs.add_parser("show")
+    show.add_argument("approval_id")
+    for verb in ("approve", "reject"):
+        p = verbs.add_parser(verb)
+        p.add_argument("approval_id")
+        p.add_argument("--as", dest="approver", required=True, type=parse_principal, help='e.g. User::"bob"')
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--reason", default="", required=verb == "reject")
+    approvals.set_defaults(func=run)
+
+
+def describe(a: apb.Approval) -> str:
+    lines = [
+        f"approval   {a.approval_id}  [{apb.ApprovalStatus.Name(a.status).lower()}]",
+        f"code       {a.short_code}   (compare with the requester's screen)",
+        f"tool       {a.tool} on {a.resource}",
+        f"requester  {a.requester.type}::\"{a.requester.id}\" in tenant {a.tenant}",
+        f"arguments  {a.arguments_json}  (other fields: digest {a.digest[:16]}...)",
+        f"group      {a.group}  (policy {a.policy_id})",
+        f"expires    {a.expires_at.ToDatetime().isoformat()}Z",
+    ]
+    if a.approver.id:
+        lines.append(f"decided by {a.approver.type}::\"{a.approver.id}\"  {a.reason}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    with grpc.insecure_channel(args.server) as channel:
+        stub = apb_grpc.ApprovalsStub(channel)
+        if args.approvals_command == "list":
+            reply = stub.ListApprovals(apb.ListApprovalsRequest(
+                tenant=args.tenant, status=_STATUS_NAMES[args.status], group=args.group), timeout=10)
+            for a in reply.approvals:
+                print(f"{a.approval_id}  {a.short_code}  {apb.ApprovalStatus.Name(a.status).lower():8}  "
+                      f"{a.tenant}  {a.tool}  {a.resource}  {a.requester.type}::\"{a.requester.id}\"  {a.arguments_json}")
+            return 0
+        if args.approvals_command == "show":
+            print(describe(stub.GetApproval(apb.GetApprovalRequest(approval_id=args.approval_id), timeout=10)))
+            return 0
+        approver = pb.TrustedContext(tenant=args.tenant, request_id="cli",
+                                     principal=pb.Principal(type=args.approver.type, id=args.approver.id))
+        verdict = apb.APPROVE if args.approvals_command == "approve" else apb.REJECT
+        decided = stub.DecideApproval(apb.DecideApprovalRequest(
+            approval_id=args.approval_id, approver=approver, verdict=verdict, reason=args.reason), timeout=10)
+        print(describe(decided))
+        return 0

@@ -1,0 +1,60 @@
+"""Pending approvals: bound to one call's digest, decided once by a second principal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+PENDING, APPROVED, REJECTED, EXPIRED = "pending", "approved", "rejected", "expired"
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    approval_id: str
+    tenant: str
+    call_id: str
+    request_id: str
+    requester_type: str
+    requester_id: str
+    tool: str
+    resource: str
+    group: str
+    policy_id: str
+    digest: str
+    short_code: str
+    decision_id: str
+    policy_version: str
+    created_at: float
+    expires_at: float
+    fields: dict = field(default_factory=dict)  # allow-listed arguments only
+    status: str = PENDING
+    decided_at: float | None = None
+    approver: str = ""  # Cedar uid of the approver
+    reason: str = ""
+    token: str = ""
+    token_jti: str = ""
+    token_expires_at: float | None = None
+
+    @property
+    def requester(self) -> str:
+        return f'{self.requester_type}::"{self.requester_id}"'
+
+    def as_of(self, now: float) -> "ApprovalRecord":
+        """Expiry is a function of time: a pending approval past its expiry reads as expired."""
+        if self.status == PENDING and now > self.expires_at:
+            return replace(self, status=EXPIRED)
+        return self
+
+
+class ApprovalStore(Protocol):
+    def create(self, record: ApprovalRecord) -> None: ...
+
+    def get(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    def list(self, *, tenant: str = "", status: str = "", group: str = "", now: float,
+             limit: int = 100) -> list[ApprovalRecord]: ...
+
+    def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float,
+               token: str = "", token_jti: str = "", token_expires_at: float | None = None) -> bool:
+        """Atomically moves a pending, unexpired approval to `status`; False when it was
+        no longer pending (someone else decided first, or it expired)."""

@@ -1,0 +1,96 @@
+"""SQLite approvals, in the same database file as the call ledger."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
+from sidecar.store.sqlite_base import SqliteDatabase
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    requester_type TEXT NOT NULL,
+    requester_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    group_name TEXT NOT NULL,
+    policy_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    short_code TEXT NOT NULL,
+    decision_id TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    fields TEXT NOT NULL,
+    status TEXT NOT NULL,
+    decided_at REAL,
+    approver TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '',
+    token TEXT NOT NULL DEFAULT '',
+    token_jti TEXT NOT NULL DEFAULT '',
+    token_expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
+"""
+_COLUMNS = ("approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
+            "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
+            "decided_at, approver, reason, token, token_jti, token_expires_at")
+
+
+class SqliteApprovals(SqliteDatabase):
+    def __init__(self, path: str):
+        super().__init__(path, _SCHEMA, label="approvals")
+
+    def create(self, r: ApprovalRecord) -> None:
+        with self.transaction() as db:
+            db.execute(f"INSERT INTO approvals ({_COLUMNS}) VALUES ({', '.join('?' * 24)})",
+                       (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
+                        r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
+                        r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
+                        r.reason, r.token, r.token_jti, r.token_expires_at))
+
+    def get(self, approval_id: str) -> ApprovalRecord | None:
+        with self.transaction(immediate=False) as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)).fetchone()
+        return _record(row) if row else None
+
+    def list(self, *, tenant="", status="", group="", now: float, limit=100) -> list[ApprovalRecord]:
+        where, args = [], []
+        if tenant:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if group:
+            where.append("group_name = ?")
+            args.append(group)
+        if status == EXPIRED:
+            where.append("status = 'pending' AND expires_at < ?")
+            args.append(now)
+        elif status == PENDING:
+            where.append("status = 'pending' AND expires_at >= ?")
+            args.append(now)
+        elif status:
+            where.append("status = ?")
+            args.append(status)
+        sql = f"SELECT {_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
+              "ORDER BY approval_id DESC LIMIT ?"
+        with self.transaction(immediate=False) as db:
+            rows = db.execute(sql, (*args, limit)).fetchall()
+        return [_record(r).as_of(now) for r in rows]
+
+    def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None) -> bool:
+        with self.transaction() as db:
+            return db.execute(
+                "UPDATE approvals SET status = ?, approver = ?, reason = ?, decided_at = ?, token = ?, token_jti = ?, "
+                "token_expires_at = ? WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
+                (status, approver, reason, now, token, token_jti, token_expires_at, approval_id, now)).rowcount == 1
+
+
+def _record(row: sqlite3.Row | tuple) -> ApprovalRecord:
+    values = list(row)
+    values[16] = json.loads(values[16])
+    return ApprovalRecord(*values)

@@ -1,0 +1,258 @@
+"""Human approval: a second principal approves the exact call, and only that call."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import pytest
+
+from conftest import make_request, verify_request
+from sidecar.audit.store import AuditQuery
+from sidecar.cli import main
+from sidecar.model import Principal, TrustedContext
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+LARGE = {"order_id": "ord_1", "amount_cents": 6000, "reason": "parcel lost; card 4111-1111"}
+
+
+@pytest.fixture
+def approvals(channel) -> apb_grpc.ApprovalsStub:
+    return apb_grpc.ApprovalsStub(channel)
+
+
+def approver(name: str = "bob", tenant: str = "acme") -> pb.TrustedContext:
+    return pb.TrustedContext(tenant=tenant, principal=pb.Principal(type="User", id=name), request_id="approval-ui")
+
+
+def decide(approvals, approval_id, who="bob", tenant="acme", verdict=apb.APPROVE, reason="checked the order"):
+    return approvals.DecideApproval(apb.DecideApprovalRequest(
+        approval_id=approval_id, approver=approver(who, tenant), verdict=verdict, reason=reason))
+
+
+def pending(stub, **kwargs):
+    request = make_request(args=LARGE, **kwargs)
+    response = stub.Authorize(request)
+    assert response.decision == pb.APPROVAL_REQUIRED and response.approval_id and not response.token
+    return request, response
+
+
+def test_approval_by_finance_yields_a_token_for_the_same_call(stub, approvals):
+    request, response = pending(stub)
+    shown = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id))
+    assert shown.status == apb.PENDING and shown.group == "finance"
+    assert shown.policy_id == "refund-own-order-large-needs-finance"
+    assert (shown.tool, shown.resource, shown.requester.id) == ("issue_refund", 'Order::"ord_1"', "alice")
+    assert json.loads(shown.arguments_json) == {"/order_id": "ord_1", "/amount_cents": 6000}
+    assert "4111" not in str(shown) and shown.digest == response.digest
+    assert len(shown.short_code) == 9 and shown.token == ""
+
+    decided = decide(approvals, response.approval_id)
+    assert decided.status == apb.APPROVED and decided.approver.id == "bob" and decided.token == ""
+    mine = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert mine.token.startswith("v4.public.")
+    first = stub.Verify(verify_request(request, mine.token))
+    assert first.valid and first.decision_id == response.decision_id
+    assert stub.Verify(verify_request(request, mine.token)).code == "already_used"
+
+
+def test_approved_token_carries_the_approval_and_fails_for_other_arguments(stub, approvals, sidecar):
+    request, response = pending(stub)
+    decide(approvals, response.approval_id)
+    token = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
+                                                         context=request.context)).token
+    changed = verify_request(request, token)
+    changed.call.input_json = json.dumps({**LARGE, "amount_cents": 600_000}).encode()
+    assert stub.Verify(changed).code == "bad_signature"
+    from sidecar.tokens import CallClaims
+    checked = sidecar.authorizer.verifier.verify(
+        token, response.digest, CallClaims("acme", "User", "alice", "issue_refund", "toolu_1"))
+    assert checked.ok and checked.claims["approval_id"] == response.approval_id
+    assert checked.claims["approver"] == 'User::"bob"'
+
+
+def test_token_is_only_for_the_requester(stub, approvals):
+    request, response = pending(stub)
+    decide(approvals, response.approval_id)
+    for ctx in (approver("bob"), approver("alice", tenant="globex")):
+        seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=ctx))
+        assert seen.status == apb.APPROVED and seen.token == ""
+
+
+def test_requester_cannot_approve_their_own_call(stub, approvals, sidecar):
+    _, response = pending(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id, who="alice")
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "own call" in info.value.details()
+    [refused] = sidecar.audit_log.query(AuditQuery(kind="approval"), limit=5)
+    assert (refused.event.result, refused.event.error_codes) == ("refused", ("self_approval",))
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id)).status == apb.PENDING
+
+
+def test_self_approval_is_refused_even_when_policy_would_permit(stub, approvals, sidecar, bundle_dir):
+    """The rule is in code: a policy letting everyone approve does not make it possible."""
+    (bundle_dir / "approvals.cedar").write_text(
+        '@id("anyone") permit (principal, action == Action::"approve", resource);\n')
+    from sidecar.bundle import load_bundle
+    sidecar.bundles.swap(load_bundle(bundle_dir))
+    _, response = pending(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id, who="alice")
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert decide(approvals, response.approval_id, who="carol").status == apb.APPROVED
+
+
+def test_approver_from_another_tenant_is_refused(stub, approvals):
+    _, response = pending(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id, tenant="globex")
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_approver_outside_the_group_is_refused_by_policy(stub, approvals):
+    _, response = pending(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id, who="carol")
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert 'User::"carol"' in info.value.details()
+
+
+def test_expired_approval_yields_no_token(stub, approvals, clock):
+    request, response = pending(stub)
+    clock.advance(901)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "expired" in info.value.details()
+    seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert seen.status == apb.EXPIRED and seen.token == ""
+    assert stub.Authorize(request).token == ""
+
+
+def test_rejected_approval_yields_no_token_and_stays_rejected(stub, approvals):
+    request, response = pending(stub)
+    assert decide(approvals, response.approval_id, verdict=apb.REJECT, reason="not refundable").status == apb.REJECTED
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert seen.status == apb.REJECTED and seen.token == ""
+
+
+def test_two_concurrent_approve_clicks_yield_one_token(stub, sidecar):
+    request, response = pending(stub)
+    ctx = TrustedContext("acme", Principal("User", "bob"), "ui")
+    barrier = threading.Barrier(4)
+    results, errors = [], []
+
+    def click():
+        barrier.wait()
+        try:
+            results.append(sidecar.approvals.decide(response.approval_id, ctx, "APPROVE"))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=click) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and {r.status for r in results} == {"approved"}
+    approvals_kept = [r.event for r in sidecar.audit_log.query(AuditQuery(kind="approval", result="APPROVE"), limit=10)]
+    superseded = sidecar.audit_log.query(AuditQuery(kind="approval", result="superseded"), limit=10)
+    stored = sidecar.approval_store.get(response.approval_id)
+    assert len(approvals_kept) - len(superseded) == 1
+    assert stored.token_jti in {e.jti for e in approvals_kept}
+    assert stub.Verify(verify_request(request, stored.token)).valid
+
+
+def test_watching_runtime_receives_the_token_when_approved(stub, approvals, channel):
+    request, response = pending(stub)
+    stream = approvals.WatchApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
+                                                            context=request.context), timeout=30)
+    first = next(stream)
+    assert first.status == apb.PENDING and not first.token
+    decide(approvals, response.approval_id)
+    second = next(stream)
+    assert second.status == apb.APPROVED and second.token
+    assert list(stream) == []  # terminal: the stream ends
+    assert stub.Verify(verify_request(request, second.token)).valid
+
+
+def test_watch_ends_when_the_approval_expires(stub, approvals, sidecar, clock):
+    request, response = pending(stub)
+    stream = approvals.WatchApproval(apb.GetApprovalRequest(approval_id=response.approval_id), timeout=30)
+    assert next(stream).status == apb.PENDING
+    clock.advance(901)
+    sidecar.approvals.poke()
+    assert next(stream).status == apb.EXPIRED
+
+
+def test_replayed_authorize_after_approval_returns_a_token(stub, approvals):
+    request, response = pending(stub)
+    decide(approvals, response.approval_id)
+    again = stub.Authorize(request)
+    assert again.replayed and again.decision == pb.ALLOW and again.token
+    assert again.approval_id == response.approval_id
+    assert stub.Verify(verify_request(request, again.token)).valid
+    assert stub.Authorize(request).token == ""  # executed: no token, ever again
+
+
+def test_changing_an_argument_needs_a_new_approval(stub, approvals):
+    _, first = pending(stub)
+    decide(approvals, first.approval_id)
+    _, second = pending(stub, call_id="toolu_2")
+    assert second.approval_id != first.approval_id
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=second.approval_id)).status == apb.PENDING
+
+
+def test_list_filters(stub, approvals):
+    _, a = pending(stub, call_id="t1")
+    _, b = pending(stub, call_id="t2")
+    decide(approvals, b.approval_id)
+    listed = approvals.ListApprovals(apb.ListApprovalsRequest(tenant="acme", status=apb.PENDING, group="finance"))
+    assert [x.approval_id for x in listed.approvals] == [a.approval_id]
+    assert approvals.ListApprovals(apb.ListApprovalsRequest(tenant="globex")).approvals == []
+    assert all(x.token == "" for x in approvals.ListApprovals(apb.ListApprovalsRequest()).approvals)
+
+
+def test_unknown_approval_is_not_found(approvals):
+    with pytest.raises(grpc.RpcError) as info:
+        approvals.GetApproval(apb.GetApprovalRequest(approval_id="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cli_approve_and_refused_self_approval(stub, server, capsys):
+    _, response = pending(stub)
+    address = f"127.0.0.1:{server[1]}"
+    assert main(["approvals", "--server", address, "list"]) == 0
+    assert response.approval_id in capsys.readouterr().out
+    assert main(["approvals", "--server", address, "approve", response.approval_id, "--as", 'User::"alice"',
+                 "--tenant", "acme"]) == 1
+    assert "permission_denied" in capsys.readouterr().err
+    assert main(["approvals", "--server", address, "approve", response.approval_id, "--as", 'User::"bob"',
+                 "--tenant", "acme", "--reason", "ok"]) == 0
+    out = capsys.readouterr().out
+    assert "[approved]" in out and 'decided by User::"bob"' in out
+    assert main(["approvals", "--server", address, "show", response.approval_id]) == 0
+    assert "issue_refund on Order::\"ord_1\"" in capsys.readouterr().out
+
+
+def test_approvals_can_listen_on_their_own_address(sidecar):
+    from sidecar.server import create_approvals_server, create_server
+
+    main_srv, main_port = create_server(sidecar, "127.0.0.1:0", approvals_address="127.0.0.1:0")
+    appr_srv, appr_port = create_approvals_server(sidecar, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{main_port}") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                apb_grpc.ApprovalsStub(ch).ListApprovals(apb.ListApprovalsRequest())
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with grpc.insecure_channel(f"127.0.0.1:{appr_port}") as ch:
+            assert apb_grpc.ApprovalsStub(ch).ListApprovals(apb.ListApprovalsRequest()).approvals == []
+    finally:
+        main_srv.stop(None)
+        appr_srv.stop(None)
