@@ -15,6 +15,7 @@ import grpc
 
 from sidecar.bundle import load_bundle
 from sidecar.cli_approvals import add_approvals_command
+from sidecar.cli_audit import add_audit_command
 from sidecar.clock import SystemClock
 from sidecar.errors import BundleError, InputError, RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.set_defaults(func=cmd_keys)
 
     add_approvals_command(sub, parse_principal)
+    add_audit_command(sub)
     return parser
 
 

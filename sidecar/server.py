@@ -53,6 +53,7 @@ class Sidecar:
     approvals: ApprovalDesk
     approval_store: SqliteApprovals
     last_reload_error: str = ""
+    closed: bool = False
     started_at: float = field(default_factory=time.time)
 
     def status(self) -> tuple[str, float, str, str]:
@@ -60,6 +61,11 @@ class Sidecar:
         return bundle.version, bundle.loaded_at, self.last_reload_error, str(bundle.directory)
 
     def close(self) -> None:
+        """Drains the audit writer, signs a final checkpoint and closes the stores; a
+        second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.audit_log.close()

@@ -1,0 +1,183 @@
+"""`toolauthz audit ...`: questions auditors ask, answered from the audit store.
+
+These commands read the store file directly (an auditor with read access to the data
+directory needs no running sidecar); remote clients use the Audit.QueryDecisions RPC.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from datetime import datetime, timezone
+
+from sidecar.audit import AuditQuery, AuditRecord, SqliteAuditLog, verify_chain
+from sidecar.audit.store import MAX_PAGE
+from sidecar.errors import ToolAuthzError
+
+_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
+STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
+
+
+def add_audit_command(sub) -> None:
+    audit = sub.add_parser("audit", help="query, export, show and verify the audit trail")
+    audit.add_argument("--data-dir", default=".toolauthz")
+    verbs = audit.add_subparsers(dest="audit_command", required=True)
+    for name, help_text in (("query", "matching records as a table (or JSON lines)"),
+                            ("export", "matching records as JSON lines")):
+        p = verbs.add_parser(name, help=help_text)
+        for f in _FILTERS:
+            p.add_argument(f"--{f.replace('_', '-')}")
+        p.add_argument("--since", help="ISO 8601 time, inclusive")
+        p.add_argument("--until", help="ISO 8601 time, exclusive")
+        if name == "query":
+            p.add_argument("--limit", type=int, default=100)
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument("--output", help="a file; default standard output")
+    show = verbs.add_parser("show", help="one call's whole story")
+    show.add_argument("call_id")
+    show.add_argument("--tenant")
+    verify = verbs.add_parser("verify", help="check the hash chain against the signed checkpoints")
+    verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
+                                             "default: derived from <data-dir>/audit-key.pem")
+    audit.set_defaults(func=run)
+
+
+def run(args) -> int:
+    path = pathlib.Path(args.data_dir) / "audit.db"
+    if not path.exists():
+        raise ToolAuthzError(f"no audit store at `{path}`")
+    log = SqliteAuditLog(str(path))
+    try:
+        return {"query": _query, "export": _export, "show": _show, "verify": _verify}[args.audit_command](log, args)
+    finally:
+        log.close()
+
+
+def _filters(args) -> AuditQuery:
+    values = {f: getattr(args, f) for f in _FILTERS}
+    return AuditQuery(**values, time_from=_time(args.since), time_to=_time(args.until))
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ToolAuthzError(f"`{text}` is not an ISO 8601 time") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _pages(log: SqliteAuditLog, query: AuditQuery, limit: int | None = None):
+    after, left = 0, limit
+    while left is None or left > 0:
+        page = log.query(query, limit=min(MAX_PAGE, left or MAX_PAGE), after_seq=after)
+        yield from page
+        if len(page) < min(MAX_PAGE, left or MAX_PAGE):
+            return
+        after = page[-1].seq
+        left = None if left is None else left - len(page)
+
+
+def as_json(record: AuditRecord) -> dict:
+    e = record.event
+    return {"seq": record.seq, "time": _iso(e.time), "kind": e.kind, "result": e.result,
+            "decision_id": e.decision_id, "request_id": e.request_id, "call_id": e.call_id, "tenant": e.tenant,
+            "principal": e.principal, "tool": e.tool, "resource": e.resource, "reasons": list(e.reasons),
+            "error_codes": list(e.error_codes), "digest": e.digest, "policy_version": e.policy_version,
+            "jti": e.jti, "approval_id": e.approval_id, "approver": e.approver, "fields": e.fields,
+            "detail": e.detail, "hash": record.hash}
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _row(record: AuditRecord) -> str:
+    e = record.event
+    why = ",".join(e.reasons or e.error_codes)
+    return (f"{record.seq:>7}  {_iso(e.time)}  {e.kind:9}  {e.result:17}  {e.tenant:10}  {e.principal:18}  "
+            f"{e.tool:16}  {e.call_id:20}  {why}")
+
+
+def _query(log, args) -> int:
+    records = _pages(log, _filters(args), args.limit)
+    if args.json:
+        for record in records:
+            print(json.dumps(as_json(record), sort_keys=True))
+        return 0
+    print(f"{'seq':>7}  {'time':24}  {'kind':9}  {'result':17}  {'tenant':10}  {'principal':18}  "
+          f"{'tool':16}  {'call_id':20}  reasons/errors")
+    for record in records:
+        print(_row(record))
+    return 0
+
+
+def _export(log, args) -> int:
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for record in _pages(log, _filters(args)):
+            out.write(json.dumps(as_json(record), sort_keys=True) + "\n")
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+def _show(log, args) -> int:
+    records = list(_pages(log, AuditQuery(call_id=args.call_id, tenant=args.tenant)))
+    if not records:
+        print(f"no audit records for call `{args.call_id}`", file=sys.stderr)
+        return 1
+    first = records[0].event
+    print(f"call {first.call_id} in tenant {first.tenant}: {first.tool} by {first.principal}"
+          f" on {first.resource or '-'}")
+    print(f"digest {first.digest or '-'}  policy version {first.policy_version}")
+    # Stable story order: decision, approval, verification, outcome (seq within each).
+    for record in sorted(records, key=lambda r: (STORY_ORDER.get(r.event.kind, 9), r.seq)):
+        print("  " + _story_line(record))
+    return 0
+
+
+def _story_line(record: AuditRecord) -> str:
+    e = record.event
+    at = _iso(e.time)
+    if e.kind == "authorize":
+        why = ", ".join(e.reasons) or ", ".join(e.error_codes) or "-"
+        extra = f" approval {e.approval_id}" if e.approval_id else ""
+        replay = " (replayed)" if e.detail.get("replayed") else ""
+        return f"{at}  decision     {e.result}{replay} because {why}{extra}  [decision {e.decision_id}]"
+    if e.kind == "approval":
+        why = f" ({', '.join(e.error_codes)})" if e.error_codes else ""
+        return f"{at}  approval     {e.result}{why} by {e.approver}"
+    if e.kind == "verify":
+        return f"{at}  verification {e.result}" + (f" token {e.jti[:8]}…" if e.jti else "")
+    flags = " ".join(e.detail.get("flags", []))
+    code = e.detail.get("error_code") or ""
+    return f"{at}  outcome      {e.result}{' ' + code if code else ''}{' [' + flags + ']' if flags else ''}"
+
+
+def _verify(log, args) -> int:
+    keys = _audit_public_keys(args)
+    findings = verify_chain(log.iter_records(), log.checkpoints(), keys)
+    count, head = log.head()
+    if not findings:
+        print(f"ok: {count} records, {len(log.checkpoints())} checkpoints, head {head[:16]}…")
+        return 0
+    for f in findings:
+        where = f"seq {f.seq}" if f.last_seq == f.seq else f"seq {f.seq}-{f.last_seq}"
+        print(f"{where}: {f.kind}: {f.message}")
+    print(f"{len(findings)} finding(s): the audit trail was altered", file=sys.stderr)
+    return 1
+
+
+def _audit_public_keys(args):
+    import pyseto
+
+    if args.public_key:
+        return pyseto.Key.from_paserk(pathlib.Path(args.public_key).read_text().strip())
+    from sidecar.keys import load_private_key_file
+
+    return load_private_key_file(pathlib.Path(args.data_dir) / "audit-key.pem").public_key

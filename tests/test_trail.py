@@ -1,0 +1,114 @@
+"""The audit trail from the auditor's side: one call's story, queries, export, verify,
+and the QueryDecisions RPC."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from conftest import make_request, verify_request
+from sidecar.cli import main
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
+from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+SECRET = "sk_live_DO_NOT_LOG_777"
+
+
+@pytest.fixture
+def history(stub, channel, sidecar):
+    """A small refund run to completion, and a large one approved by bob and executed."""
+    small = make_request(call_id="call_small")
+    allowed = stub.Authorize(small)
+    assert stub.Verify(verify_request(small, allowed.token)).valid
+    stub.ReportOutcome(pb.ReportOutcomeRequest(context=small.context, call_id="call_small", status=pb.COMPLETED))
+
+    large = make_request(call_id="call_large", args={"order_id": "ord_1", "amount_cents": 7000, "reason": SECRET})
+    pending = stub.Authorize(large)
+    approvals = apb_grpc.ApprovalsStub(channel)
+    approvals.DecideApproval(apb.DecideApprovalRequest(
+        approval_id=pending.approval_id, verdict=apb.APPROVE,
+        approver=pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="ui")))
+    token = approvals.GetApproval(apb.GetApprovalRequest(approval_id=pending.approval_id, context=large.context)).token
+    assert stub.Verify(verify_request(large, token)).valid
+    stub.ReportOutcome(pb.ReportOutcomeRequest(context=large.context, call_id="call_large", status=pb.FAILED,
+                                               error_code="gateway_timeout"))
+    stub.Authorize(make_request(tool="lookup_order", args={"order_id": "ord_1"}, call_id="call_lookup"))
+    return sidecar
+
+
+def closed(history) -> str:
+    """Closing the sidecar signs the final checkpoint; returns the data dir."""
+    history.close()
+    return str(history.settings.data_dir)
+
+
+def test_show_tells_one_calls_story_in_order(history, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "show", "call_large"]) == 0
+    out = capsys.readouterr().out
+    lines = [l.split()[1] for l in out.splitlines()[2:]]
+    assert lines == ["decision", "approval", "verification", "outcome"], out
+    assert "APPROVAL_REQUIRED because refund-own-order-large-needs-finance" in out
+    assert 'APPROVE by User::"bob"' in out and "verification ok" in out and "failed gateway_timeout" in out
+    assert SECRET not in out
+
+
+def test_verify_passes_untouched_and_names_an_edited_record(history, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "verify"]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+    db = sqlite3.connect(f"{data}/audit.db")
+    db.execute("DROP TRIGGER audit_record_no_update")
+    db.execute("UPDATE audit_record SET result = 'ALLOW' WHERE seq = 3")
+    db.commit()
+    db.close()
+    assert main(["audit", "--data-dir", data, "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "seq 3: edited" in out
+
+
+def test_query_filters_and_json_lines(history, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "query", "--tool", "issue_refund", "--kind", "authorize", "--json"]) == 0
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert [r["call_id"] for r in rows] == ["call_small", "call_large"]
+    assert rows[1]["fields"] == {"/order_id": "ord_1", "/amount_cents": 7000}
+    assert main(["audit", "--data-dir", data, "query", "--principal", 'User::"bob"']) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 and "approval" in table[1]
+
+
+def test_export_writes_every_record_without_secrets(history, tmp_path, capsys):
+    data = closed(history)
+    target = tmp_path / "audit.jsonl"
+    assert main(["audit", "--data-dir", data, "export", "--output", str(target)]) == 0
+    rows = [json.loads(l) for l in target.read_text().splitlines()]
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == 8
+    assert SECRET not in target.read_text()
+
+
+def test_query_decisions_rpc_filters_and_pages(history, channel):
+    audit = aupb_grpc.AuditStub(channel)
+    denied_or_allowed = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="acme", kind="authorize")))
+    assert [r.call_id for r in denied_or_allowed] == ["call_small", "call_large", "call_lookup"]
+    first_page = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="acme", limit=3)))
+    second_page = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(
+        tenant="acme", limit=3, page_token=str(first_page[-1].seq))))
+    assert [r.seq for r in first_page + second_page] == list(range(1, 7))
+    outcomes = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(kind="outcome", result="failed")))
+    assert [(r.call_id, json.loads(r.detail_json)["error_code"]) for r in outcomes] == [("call_large", "gateway_timeout")]
+    nobody = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="globex")))
+    assert nobody == []
+
+
+def test_query_decisions_rejects_a_bad_page_token(channel):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        list(aupb_grpc.AuditStub(channel).QueryDecisions(aupb.QueryDecisionsRequest(page_token="abc")))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
