@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ulid import ULID
@@ -81,7 +82,19 @@ class Authorizer:
     audit: "AuditSink"
     clock: Clock
     approvals: ApprovalDesk | None = None
-    _ids_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _shadow_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _shadow: Counter = field(default_factory=Counter, repr=False)
+
+    def shadow_effects(self) -> dict[str, int]:
+        with self._shadow_lock:
+            return dict(self._shadow)
+
+    def _count_shadow(self, bundle: Bundle, verdict: Verdict) -> None:
+        shadow = verdict.detail.get("shadow")
+        if shadow:
+            ids = [pid for pid in shadow["reasons"] if pid in bundle.policies and bundle.policies[pid].shadow]
+            with self._shadow_lock:
+                self._shadow.update(ids or ["(unattributed)"])
 
     def new_id(self) -> str:
         return str(ULID.from_timestamp(self.clock.now()))
@@ -114,6 +127,7 @@ class Authorizer:
 
         try:
             verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
+            self._count_shadow(bundle, verdict)
             approval_id = ""
             if verdict.decision is Decision.APPROVAL_REQUIRED:
                 approval_id = self._open_approval(ctx, call.call_id, prepared, verdict, decision_id, bundle.version,

@@ -16,6 +16,7 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli_approvals import add_approvals_command
 from sidecar.cli_audit import add_audit_command
+from sidecar.policytest import add_test_command
 from sidecar.clock import SystemClock
 from sidecar.errors import BundleError, InputError, RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -43,6 +44,7 @@ def cmd_serve(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: sidecar.reloader.trigger())
     stop.wait()
     server.stop(grace=5).wait()
     sidecar.close()
@@ -142,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_approvals_command(sub, parse_principal)
     add_audit_command(sub)
+    add_test_command(sub)
     return parser
 
 

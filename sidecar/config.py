@@ -44,6 +44,8 @@ class Settings(_Strict):
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True
+    # Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only.
+    reload_poll_seconds: float = Field(1.0, ge=0)
     max_concurrent_rpcs: int = Field(256, ge=1)
     max_message_bytes: int = Field(4 << 20, ge=1024)
     tokens: TokenSettings = TokenSettings()

@@ -24,6 +24,7 @@ from sidecar.errors import KeyFileError
 from sidecar.keys import KeyRing, SigningKey, generate_key_file, load_keyring, load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.reload import BundleReloader
 from sidecar.approvals import ApprovalDesk
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -52,13 +53,15 @@ class Sidecar:
     authorizer: Authorizer
     approvals: ApprovalDesk
     approval_store: SqliteApprovals
-    last_reload_error: str = ""
+    reloader: BundleReloader | None = None
     closed: bool = False
     started_at: float = field(default_factory=time.time)
 
-    def status(self) -> tuple[str, float, str, str]:
+    def status(self) -> dict:
         bundle = self.bundles.current
-        return bundle.version, bundle.loaded_at, self.last_reload_error, str(bundle.directory)
+        return {"policy_version": bundle.version, "loaded_at": bundle.loaded_at,
+                "last_reload_error": self.reloader.last_error, "bundle_dir": str(bundle.directory),
+                "shadow_effects": self.authorizer.shadow_effects(), "reloads": self.reloader.reloads}
 
     def close(self) -> None:
         """Drains the audit writer, signs a final checkpoint and closes the stores; a
@@ -66,6 +69,7 @@ class Sidecar:
         if self.closed:
             return
         self.closed = True
+        self.reloader.close()
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.audit_log.close()
@@ -102,8 +106,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds, clock=clock),
         audit=writer, clock=clock, approvals=desk)
+    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store)
+                   desk, approval_store, reloader)
 
 
 def _audit_key(settings: Settings) -> SigningKey:

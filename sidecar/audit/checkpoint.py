@@ -61,12 +61,13 @@ def verify_checkpoint(token: str, public_key: Any | Sequence[Any]) -> Checkpoint
         payload = json.loads(decoded.payload)
         footer = json.loads(decoded.footer) if decoded.footer else {}
     except (pyseto.PysetoError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint signature does not verify: {exc}") from None
+        raise CheckpointError("checkpoint does not verify with the audit key") from exc
     _check_payload(payload)
     kid = footer.get("kid") if isinstance(footer, dict) else None
     if not isinstance(kid, str):
         raise CheckpointError("checkpoint footer has no key id")
-    return Checkpoint(payload["count"], payload["head_hash"], float(payload["time"]), kid, token)
+    count, head_hash, time = payload["count"], payload["head_hash"], float(payload["time"])
+    return Checkpoint(count, head_hash, time, kid, token)
 
 
 def _check_payload(p: Any) -> None:

@@ -29,7 +29,7 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
         raise TypeError(f"audit `{name}` must be a dict")
     try:
         return json.loads(rfc8785.dumps(value))
-    except rfc8785.CanonicalizationError as exc:
+    except ValueError as exc:  # CanonicalizationError, or a lone surrogate
         raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
 
 
@@ -63,17 +63,18 @@ class AuditEvent:
             raise ValueError(f"unknown audit kind `{self.kind}`")
         if isinstance(self.time, bool) or not math.isfinite(self.time):
             raise ValueError("audit time must be a finite number of seconds")
-        for f in dataclass_fields(self):
-            value = getattr(self, f.name)
-            if f.type == "str" and not isinstance(value, str):
-                raise TypeError(f"audit `{f.name}` must be a string")
         set_ = object.__setattr__  # frozen: normalize once, here
         set_(self, "time", float(self.time))
         for name in ("reasons", "error_codes"):
-            items = tuple(getattr(self, name))
-            if not all(isinstance(i, str) for i in items):
-                raise TypeError(f"audit `{name}` must hold strings")
-            set_(self, name, items)
+            set_(self, name, tuple(getattr(self, name)))
+        strings = [getattr(self, f.name) for f in dataclass_fields(self) if f.type == "str"]
+        for value in strings + [*self.reasons, *self.error_codes]:
+            if not isinstance(value, str):
+                raise TypeError("audit text fields must be strings")
+            try:
+                value.encode("utf-8")  # a lone surrogate cannot be hashed: refuse it here
+            except UnicodeEncodeError:
+                raise ValueError("audit text fields must not hold lone surrogates") from None
         set_(self, "fields", _canonical_copy(self.fields, "fields"))
         set_(self, "detail", _canonical_copy(self.detail, "detail"))
 

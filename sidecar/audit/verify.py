@@ -2,8 +2,8 @@
 
 One pass over the records with constant state, so a log of millions of records can be
 streamed from the store. Only anomalies are remembered (gaps, records that fail their
-hash), and at most `max_findings` of them: a log that is broken everywhere does not need
-a million findings to be rejected.
+hash), and verification stops after `max_findings` of them: a log broken everywhere needs
+no million findings to be rejected.
 
 What each tampering looks like:
   edited      a record's hash does not match its body, or the next record was chained
@@ -79,9 +79,11 @@ class _Verifier:
             try:
                 # Only the signed token is trusted, never the columns stored beside it.
                 self.checkpoints.append(verify_checkpoint(cp.token, public_keys))
-            except CheckpointError as exc:
+            except CheckpointError:
+                # The row's kid is not echoed: nothing in an unverified row is trusted.
                 self._add(cp.count, "bad_checkpoint_signature",
-                          f"checkpoint for {cp.count} records (kid `{cp.kid}`): {exc}")
+                          f"the checkpoint stored for {cp.count} records does not verify "
+                          "with the audit key")
         self.checkpoints.sort(key=lambda cp: cp.count)
         self.next_cp = 0
 

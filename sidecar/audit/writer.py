@@ -52,12 +52,14 @@ class AuditWriter:
         """Block until `event` is committed; raise StoreUnavailable if it was not. After a
         timeout the record may still be committed later: the log may then show a decision
         that was denied for want of its record, never a decision without one."""
+        if not isinstance(event, AuditEvent):  # one bad item must not fail a batch
+            raise TypeError("audit writer takes an AuditEvent")
         pending = _Pending(event)
         with self._cond:
             if self._closed:
                 raise StoreUnavailable("audit writer is closed")
             self._queue.append(pending)
-            self._cond.notify()
+            self._cond.notify_all()
         if not pending.done.wait(timeout):
             raise StoreUnavailable(f"audit record not committed within {timeout}s")
         if pending.error is not None:

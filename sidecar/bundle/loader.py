@@ -57,6 +57,17 @@ class Bundle:
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
+    """The bundle in `directory`, or BundleError naming every problem. If the files change
+    while they are read, it reads again, so the version always matches the content."""
+    for _attempt in range(5):
+        before = _version(pathlib.Path(directory)) if pathlib.Path(directory).is_dir() else ""
+        bundle = _load(directory, before)
+        if _version(bundle.directory) == before:
+            return bundle
+    raise BundleError([Problem(str(directory), "the bundle kept changing while it was loaded")])
+
+
+def _load(directory: str | pathlib.Path, version: str) -> Bundle:
     root = pathlib.Path(directory)
     problems: list[Problem] = []
     if not root.is_dir():
@@ -102,7 +113,7 @@ def load_bundle(directory: str | pathlib.Path) -> Bundle:
         raise BundleError(problems)
     slices = {name: _slice(tool, infos) for name, tool in tools.items()}
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
-    return Bundle(root, _version(root), time.time(), tuple(principal_types), slices,
+    return Bundle(root, version, time.time(), tuple(principal_types), slices,
                   {i.policy_id: i for i in infos}, schema_text, schema, entities, uids,
                   policy_set(approvers) if approvers else None)
 

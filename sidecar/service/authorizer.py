@@ -21,7 +21,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     def __init__(self, authorizer: Authorizer, keyring: KeyRing, status):
         self._authorizer = authorizer
         self._keyring = keyring
-        self._status = status  # callable -> (version, loaded_at, last_error, bundle_dir)
+        self._status = status  # callable -> dict of the GetStatusResponse fields
 
     @status_mapped
     def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
@@ -59,6 +59,8 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:
-        version, loaded_at, last_error, bundle_dir = self._status()
-        return pb.GetStatusResponse(policy_version=version, loaded_at=timestamp(loaded_at),
-                                    last_reload_error=last_error, bundle_dir=bundle_dir)
+        status = self._status()
+        return pb.GetStatusResponse(
+            policy_version=status["policy_version"], loaded_at=timestamp(status["loaded_at"]),
+            last_reload_error=status["last_reload_error"], bundle_dir=status["bundle_dir"],
+            shadow_effects=status["shadow_effects"], reloads=status["reloads"])

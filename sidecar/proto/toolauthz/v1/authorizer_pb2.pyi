@@ -173,13 +173,24 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir")
+    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads")
+    class ShadowEffectsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOADED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_RELOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_DIR_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    RELOADS_FIELD_NUMBER: _ClassVar[int]
     policy_version: str
     loaded_at: _timestamp_pb2.Timestamp
     last_reload_error: str
     bundle_dir: str
-    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ...) -> None: ...
+    shadow_effects: _containers.ScalarMap[str, int]
+    reloads: int
+    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ...) -> None: ...

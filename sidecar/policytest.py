@@ -1,0 +1,132 @@
+"""`toolauthz test [BUNDLE] [--junit FILE] [--filter SUBSTRING] [--strict-coverage]`:
+run a bundle's policy test suites in CI, the way `opa test` does for Rego.
+
+Loads the bundle and every suite (`sidecar.policytest_suite`); if either has a problem,
+prints them all and runs nothing. Otherwise decides each case with `engine.decide`,
+exactly as the sidecar would, and compares the verdict with the case's `expect`. The
+report, coverage and JUnit XML are in `sidecar.policytest_report`. Exit code 1 when
+anything failed. See docs/policy-testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from dataclasses import dataclass
+
+from sidecar import policytest_report as report
+from sidecar.bundle import Bundle, load_bundle
+from sidecar.engine import decide
+from sidecar.errors import BundleError, RequestError
+from sidecar.model import ProposedCall, TrustedContext, Verdict
+from sidecar.policytest_suite import Case, load_suites
+
+__all__ = ["Case", "Result", "add_test_command", "main", "run", "run_case"]
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    verdict: Verdict | None  # None when the request itself was refused (RequestError)
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def mismatches(self) -> tuple[str, ...]:
+        """The fields of `expect` that the verdict does not meet."""
+        if self.verdict is None:
+            return ("request",)
+        e, v = self.case.expect, self.verdict
+        return tuple(name for name, bad in (
+            ("decision", e.decision != v.decision),
+            ("reasons", e.reasons is not None and e.reasons != set(v.reasons)),
+            ("errors", e.error is not None and e.error not in {x.code for x in v.errors}),
+            ("approval_group", e.approval_group is not None and e.approval_group != v.approval_group),
+        ) if bad)
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches
+
+
+def run_case(bundle: Bundle, case: Case, index: int = 1) -> Result:
+    start = time.perf_counter()
+    entities = json.dumps(list(case.entities)).encode() if case.entities else b""
+    ctx = TrustedContext(case.tenant, case.principal, "policytest", entities)
+    call = ProposedCall(f"policytest-{index}", case.tool, case.input_json)
+    try:
+        ctx.check()
+        call.check()
+        verdict = decide(bundle, ctx, call, run=case.run)
+    except RequestError as exc:
+        return Result(case, None, str(exc), time.perf_counter() - start)
+    return Result(case, verdict, "", time.perf_counter() - start)
+
+
+def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict_coverage: bool = False,
+        junit: str | None = None, out=None, err=None) -> int:
+    """The whole command; returns its exit code."""
+    out, err = out or sys.stdout, err or sys.stderr
+    problems: list[str] = []
+    try:
+        bundle = load_bundle(bundle_dir)
+    except BundleError as exc:
+        problems += [str(p) for p in exc.problems]
+    cases, suite_problems = load_suites(bundle_dir)
+    problems += suite_problems
+    if problems:
+        for problem in problems:
+            print(problem, file=err)
+        print(f"{len(problems)} problem(s); no case was run", file=err)
+        if junit:
+            report.write_junit(junit, [], problems=problems)
+        return 1
+    selected = [case for case in cases if filter in case.title]
+    results = [run_case(bundle, case, i) for i, case in enumerate(selected, 1)]
+    failed = report.print_results(results, out)
+    if filter and not selected:
+        print(f"no case matches `{filter}`", file=err)
+    # Coverage only means something over every case: a filtered run skips it.
+    uncovered = [] if filter else report.coverage(bundle, results)
+    for item in uncovered:
+        print(f"uncovered: {item}", file=out)
+    if junit:
+        report.write_junit(junit, results, uncovered=uncovered if strict_coverage else [])
+    return 1 if failed or not selected or (strict_coverage and uncovered) else 0
+
+
+def add_test_command(subparsers) -> argparse.ArgumentParser:
+    """Register `toolauthz test` on the CLI's `add_subparsers()` object."""
+    parser = subparsers.add_parser("test", help="run the bundle's policy test suites (tests/*.yaml)",
+                                   description=__doc__.split("\n\n")[0])
+    _arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point: `python -m sidecar.policytest [BUNDLE] ...`."""
+    parser = argparse.ArgumentParser(prog="toolauthz test")
+    _arguments(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", nargs="?", default="policies", help="the bundle directory (default `policies`)")
+    parser.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML")
+    parser.add_argument("--filter", metavar="SUBSTRING", default="",
+                        help="run only the cases whose `<file> :: <name>` contains SUBSTRING (skips coverage)")
+    parser.add_argument("--strict-coverage", action="store_true",
+                        help="fail when a tool policy or a tool is not covered")
+    parser.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    return run(args.bundle, filter=args.filter, strict_coverage=args.strict_coverage, junit=args.junit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
