@@ -10,6 +10,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ulid import ULID
 
@@ -101,7 +102,10 @@ class Authorizer:
 
     # -- Authorize ---------------------------------------------------------------------
 
-    def authorize(self, ctx: TrustedContext, call: ProposedCall) -> AuthorizeResult:
+    def authorize(self, ctx: TrustedContext, call: ProposedCall,
+                  still_wanted: Callable[[], bool] = lambda: True) -> AuthorizeResult:
+        """`still_wanted` is asked right before a token would be minted: a client that
+        cancelled or whose deadline passed gets none (a retry replays the decision)."""
         ctx.check()
         call.check()
         bundle = self.bundles.current
@@ -123,7 +127,7 @@ class Authorizer:
             ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
             str(ctx.principal), now))
         if reservation.existing is not None:
-            return self._replay(base, ctx, prepared, reservation.existing)
+            return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
 
         try:
             verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
@@ -138,8 +142,12 @@ class Authorizer:
         except Exception:
             self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
             raise
-        token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version) if verdict.decision is Decision.ALLOW else None
-        self._record({**base, "approval_id": approval_id}, verdict, jti=token.jti if token else "")
+        token, gone = None, False
+        if verdict.decision is Decision.ALLOW:
+            gone = not still_wanted()
+            token = None if gone else self._issue(ctx, call.call_id, prepared, decision_id, bundle.version)
+        self._record({**base, "approval_id": approval_id}, verdict, jti=token.jti if token else "",
+                     detail={"client_gone": True} if gone else None)
         return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
                                prepared.digest, token, approval_id)
 
@@ -158,7 +166,8 @@ class Authorizer:
         except Exception:  # noqa: BLE001 - already failing; the original error is what matters
             log.warning("could not record the failed decision of call %s", call_id)
 
-    def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry) -> AuthorizeResult:
+    def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry,
+                still_wanted: Callable[[], bool]) -> AuthorizeResult:
         version = base["policy_version"]
         if entry.digest != prepared.digest:
             verdict = deny("call_id_reused", "this call id was already used for a different call")
@@ -174,7 +183,9 @@ class Authorizer:
         errors = tuple(ErrorDetail(c, m) for c, m in entry.errors)
         # A token only while the call has not been executed: Verify consumes per call.
         token = None
-        if decision is Decision.ALLOW and not entry.verified_jti:
+        if not still_wanted():
+            pass  # nobody to hand a token to
+        elif decision is Decision.ALLOW and not entry.verified_jti:
             token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)
         elif decision is Decision.APPROVAL_REQUIRED and self.approvals and not entry.verified_jti:
             token = self.approvals.token_for_replay(entry.approval_id, ctx, entry.call_id)

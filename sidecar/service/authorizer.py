@@ -17,6 +17,11 @@ _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "canc
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
 
 
+def _time_left(context) -> bool:
+    remaining = context.time_remaining()
+    return remaining is None or remaining > 0
+
+
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     def __init__(self, authorizer: Authorizer, keyring: KeyRing, status):
         self._authorizer = authorizer
@@ -25,7 +30,8 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
-        result = self._authorizer.authorize(trusted_context(request.context), proposed_call(request.call))
+        result = self._authorizer.authorize(trusted_context(request.context), proposed_call(request.call),
+                                            still_wanted=lambda: context.is_active() and _time_left(context))
         response = pb.AuthorizeResponse(
             decision=_DECISIONS[result.decision], decision_id=result.decision_id, reasons=list(result.reasons),
             errors=[pb.DecisionError(code=e.code, message=e.message) for e in result.errors],

@@ -1,0 +1,140 @@
+"""Fail closed: deadlines, cancellation, floods and unexpected errors never end in a token."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from conftest import make_request
+from sidecar.audit.store import AuditQuery
+from sidecar.model import Principal, ProposedCall, TrustedContext
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.service.authorizer import ToolAuthorizerService
+
+
+class FakeContext:
+    """Just enough of grpc.ServicerContext to drive a handler directly."""
+
+    def __init__(self, remaining: float | None = 10.0, active: bool = True):
+        self.remaining, self.active, self.aborted = remaining, active, None
+
+    def time_remaining(self):
+        return self.remaining
+
+    def is_active(self):
+        return self.active
+
+    def abort(self, code, details):
+        self.aborted = (code, details)
+        raise grpc.RpcError(details)
+
+
+def service(sidecar) -> ToolAuthorizerService:
+    return ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status)
+
+
+def test_expired_deadline_is_refused_before_any_work(sidecar):
+    ctx = FakeContext(remaining=-0.5)
+    with pytest.raises(grpc.RpcError):
+        service(sidecar).Authorize(make_request(), ctx)
+    assert ctx.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert sidecar.ledger.get("acme", "toolu_1") is None
+    assert sidecar.audit_log.head()[0] == 0
+
+
+def test_client_gone_before_the_token_means_no_token(sidecar):
+    svc = service(sidecar)
+    gone = svc.Authorize(make_request(), FakeContext(active=False))
+    assert gone.decision == pb.ALLOW and gone.token == ""
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
+    assert record.event.detail.get("client_gone") is True and record.event.jti == ""
+    retry = svc.Authorize(make_request(), FakeContext())
+    assert retry.replayed and retry.token  # the decision stands; the retry gets its token
+
+
+def test_deadline_passing_during_the_decision_means_no_token(sidecar):
+    ctx = FakeContext(remaining=10.0)
+    original = sidecar.authorizer.ledger.complete
+
+    def slow_complete(*args, **kwargs):
+        ctx.remaining = 0.0  # the deadline runs out while the decision is being stored
+        return original(*args, **kwargs)
+
+    sidecar.authorizer.ledger.complete = slow_complete
+    response = service(sidecar).Authorize(make_request(), ctx)
+    assert response.token == ""
+
+
+def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from sidecar.server import build_sidecar, create_server
+
+    car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
+    entered, release = threading.Semaphore(0), threading.Event()
+    real_write = car.authorizer.audit.write
+
+    def held_write(event):
+        entered.release()
+        release.wait(30)
+        return real_write(event)
+
+    car.authorizer.audit.write = held_write  # type: ignore[method-assign]
+    srv, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.ToolAuthorizerStub(ch)
+            held = [stub.Authorize.future(make_request(call_id=f"held{i}"), timeout=30) for i in range(2)]
+            for _ in held:
+                assert entered.acquire(timeout=30)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(make_request(call_id="flood"), timeout=30)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            release.set()
+            assert [f.result().decision for f in held] == [pb.ALLOW, pb.ALLOW]
+        assert car.ledger.get("acme", "flood") is None
+    finally:
+        release.set()
+        srv.stop(None)
+        car.close()
+
+
+def test_unexpected_error_is_internal_generic_and_logged(sidecar, stub, caplog, monkeypatch):
+    import sidecar.authorizer as authorizer_module
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("cedar exploded: secret internals")
+
+    monkeypatch.setattr(authorizer_module, "evaluate", explode)
+    with caplog.at_level(logging.ERROR):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Authorize(make_request())
+    assert info.value.code() == grpc.StatusCode.INTERNAL and info.value.details() == "internal error"
+    assert "cedar exploded" in caplog.text
+    entry = sidecar.ledger.get("acme", "toolu_1")
+    assert entry.decision == "DENY" and entry.errors == (("internal_error", "the call could not be decided"),)
+    monkeypatch.undo()
+    retry = stub.Authorize(make_request())
+    assert retry.decision == pb.DENY and retry.token == ""
+
+
+def test_racing_authorizations_of_one_call_id_decide_once(sidecar):
+    """Two runtimes racing the same call id: one decision, the other replays or waits."""
+    ctx = TrustedContext("acme", Principal("User", "alice"), "run-1",
+                         make_request().context.entities_json)
+    call = ProposedCall("toolu_race", "issue_refund", make_request().call.input_json)
+    barrier = threading.Barrier(6)
+
+    def one():
+        barrier.wait()
+        return sidecar.authorizer.authorize(ctx, call)
+
+    with futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: one(), range(6)))
+    decision_ids = {r.decision_id for r in results if not r.errors}
+    assert len(decision_ids) == 1
+    assert sum(1 for r in results if not r.replayed and not r.errors) == 1
+    assert all(r.decision.value == "ALLOW" or r.errors[0].code == "call_in_progress" for r in results)
