@@ -83,11 +83,11 @@ class ApprovalDesk:
     def hide_token(record: ApprovalRecord) -> ApprovalRecord:
         return replace(record, token="", token_jti="", token_expires_at=None)
 
-    def token_for_replay(self, approval_id: str, ctx: TrustedContext, call_id: str) -> IssuedToken | None:
+    def token_for_replay(self, approval_id: str, window: float) -> IssuedToken | None:
         """A fresh token for an approved call that has not been executed yet (the first
-        one may have expired while the runtime waited)."""
+        one may have expired while the runtime waited), within `window` of the approval."""
         record = self.store.get(approval_id)
-        if record is None or record.as_of(self.clock.now()).status != APPROVED:
+        if record is None or record.status != APPROVED or self.clock.now() - record.decided_at > window:
             return None
         return self._issue(record, record.approver)
 

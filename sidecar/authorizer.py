@@ -83,6 +83,10 @@ class Authorizer:
     audit: "AuditSink"
     clock: Clock
     approvals: ApprovalDesk | None = None
+    # A replayed call gets a fresh token only this long after its decision (or approval),
+    # and for a plain ALLOW only under the same policy version: an old decision must not
+    # become executable again days later, under policies that may have changed since.
+    reissue_window: float = 300.0
     _shadow_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _shadow: Counter = field(default_factory=Counter, repr=False)
 
@@ -183,12 +187,17 @@ class Authorizer:
         errors = tuple(ErrorDetail(c, m) for c, m in entry.errors)
         # A token only while the call has not been executed: Verify consumes per call.
         token = None
-        if not still_wanted():
-            pass  # nobody to hand a token to
-        elif decision is Decision.ALLOW and not entry.verified_jti:
-            token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)
-        elif decision is Decision.APPROVAL_REQUIRED and self.approvals and not entry.verified_jti:
-            token = self.approvals.token_for_replay(entry.approval_id, ctx, entry.call_id)
+        fresh = self.clock.now() - entry.created_at <= self.reissue_window
+        if not still_wanted() or entry.verified_jti:
+            pass  # nobody to hand a token to, or the call was executed already
+        elif decision is Decision.ALLOW:
+            if fresh and entry.policy_version == version:
+                token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)
+            else:
+                errors += (ErrorDetail("reissue_refused", "this call was decided too long ago or under other "
+                                       "policies; propose it again with a new call id"),)
+        elif decision is Decision.APPROVAL_REQUIRED and self.approvals:
+            token = self.approvals.token_for_replay(entry.approval_id, self.reissue_window)
             if token is not None:
                 decision = Decision.ALLOW  # approved by a second principal: now it may run
         verdict = Verdict(decision, entry.reasons, errors)

@@ -26,6 +26,8 @@ class TokenSettings(_Strict):
     audience: str = "toolauthz-runtime"
     lifetime_seconds: int = Field(60, ge=1, le=600)
     leeway_seconds: int = Field(5, ge=0, le=5)
+    # How long after a decision (or an approval) a replayed call may get a fresh token.
+    reissue_window_seconds: float = Field(300.0, ge=0, le=3600)
 
 
 class AuditSettings(_Strict):

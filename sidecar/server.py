@@ -105,7 +105,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds, clock=clock),
-        audit=writer, clock=clock, approvals=desk)
+        audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, reloader)

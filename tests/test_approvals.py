@@ -256,3 +256,11 @@ def test_approvals_can_listen_on_their_own_address(sidecar):
     finally:
         main_srv.stop(None)
         appr_srv.stop(None)
+
+
+def test_an_old_approval_is_not_re_tokenized(stub, approvals, clock):
+    request, response = pending(stub)
+    decide(approvals, response.approval_id)
+    clock.advance(301)
+    late = stub.Authorize(request)
+    assert late.replayed and late.token == "" and late.decision == pb.APPROVAL_REQUIRED

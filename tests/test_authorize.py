@@ -276,3 +276,21 @@ def test_secret_arguments_never_reach_the_stores_or_the_logs(stub, sidecar, sett
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
     assert secret not in caplog.text
+
+
+def test_an_old_decision_is_not_re_tokenized(stub, clock):
+    first = stub.Authorize(make_request())
+    clock.advance(301)
+    late = stub.Authorize(make_request())
+    assert late.replayed and late.decision_id == first.decision_id and late.token == ""
+    assert error_codes(late) == ["reissue_refused"]
+
+
+def test_a_decision_under_replaced_policies_is_not_re_tokenized(stub, sidecar, bundle_dir):
+    from sidecar.bundle import load_bundle
+
+    stub.Authorize(make_request())
+    (bundle_dir / "orders.cedar").write_text((bundle_dir / "orders.cedar").read_text() + "\n// edited\n")
+    sidecar.bundles.swap(load_bundle(bundle_dir))
+    again = stub.Authorize(make_request())
+    assert again.replayed and again.token == "" and error_codes(again) == ["reissue_refused"]
