@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import base64
 import json
-import sqlite3
 
 import grpc
 import pytest
@@ -266,7 +266,10 @@ def test_health_and_reflection_are_served(channel):
 def test_secret_arguments_never_reach_the_stores_or_the_logs(stub, sidecar, settings, caplog):
     secret = "sk_live_TOPSECRET_4242"
     caplog.set_level("DEBUG")
-    stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1500, "reason": secret}))
+    allowed = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1500, "reason": secret}))
+    payload = allowed.token.split(".")[2]
+    claims = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))[:-64]  # drop the signature
+    assert b'"dig"' in claims and secret.encode() not in claims
     stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1500, "reason": secret, "x": 1},
                                 call_id="toolu_bad"))
     stub.Authorize(make_request(args=b'{"order_id":"ord_1","amount_cents":1,"reason":"' + secret.encode() + b'",}',
