@@ -188,8 +188,8 @@ class Authorizer:
         # A token only while the call has not been executed: Verify consumes per call.
         token = None
         fresh = self.clock.now() - entry.created_at <= self.reissue_window
-        if not still_wanted() or entry.verified_jti:
-            pass  # nobody to hand a token to, or the call was executed already
+        if not still_wanted() or entry.verified_jti or entry.outcome:
+            pass  # nobody to hand a token to, or the call was executed or has ended
         elif decision is Decision.ALLOW:
             if fresh and entry.policy_version == version:
                 token = self._issue(ctx, entry.call_id, prepared, entry.decision_id, entry.policy_version)

@@ -243,3 +243,12 @@ def test_outcome_status_must_be_set(stub):
 def test_status_reports_the_loaded_version(stub, sidecar):
     status = stub.GetStatus(pb.GetStatusRequest())
     assert status.policy_version == sidecar.bundles.current.version and status.last_reload_error == ""
+
+
+def test_a_call_reported_as_ended_can_never_run(stub):
+    """Cancelled before it ran: neither the old token nor a replay may execute it later."""
+    request, response = allowed(stub)
+    stub.ReportOutcome(outcome(request, pb.CANCELLED))
+    assert stub.Verify(verify_request(request, response.token)).code == "call_closed"
+    replay = stub.Authorize(request)
+    assert replay.replayed and replay.token == ""

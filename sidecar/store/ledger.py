@@ -63,7 +63,8 @@ class CallLedger(Protocol):
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
         """Single use, atomically: 'ok' the first time any token of this call is
-        presented; 'already_used' after; 'unknown_call' if the call is not recorded."""
+        presented; 'already_used' after; 'unknown_call' if the call is not recorded;
+        'call_closed' if an outcome was reported before it was ever verified."""
 
     def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str,
                        output_digest: str, now: float) -> CallEntry:

@@ -75,8 +75,11 @@ class SqliteLedger(SqliteDatabase):
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
         with self.transaction() as db:
-            if self._get(db, tenant, call_id) is None:
+            entry = self._get(db, tenant, call_id)
+            if entry is None:
                 return "unknown_call"
+            if entry.outcome and not entry.verified_jti:
+                return "call_closed"  # reported as ended (e.g. cancelled) before it ran
             inserted = db.execute(
                 "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount

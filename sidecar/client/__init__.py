@@ -1,0 +1,24 @@
+"""The runtime side of toolauthz: clients for the sidecar's services and the Guard that
+runs a model's tool calls only as the sidecar allows (see docs/sdk.md).
+
+    from sidecar.client import AuthzClient, Guard, Principal, ToolSet, TrustedContext
+"""
+
+from sidecar.client.aguard import AsyncGuard
+from sidecar.client.aio import AsyncAuthzClient
+from sidecar.client.context import EntitiesProvider, Principal, ProposedCall, TrustedContext
+from sidecar.client.guard import Guard, GuardEvent, GuardStateError, UnknownCallError
+from sidecar.client.offline import OfflineVerifier
+from sidecar.client.results import (APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED,
+                                    CallResult)
+from sidecar.client.retry import NO_RETRY, RetryPolicy
+from sidecar.client.sync import AuthzClient, OutcomeReport
+from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet, load_output_schemas
+
+__all__ = [
+    "AuthzClient", "AsyncAuthzClient", "OutcomeReport", "RetryPolicy", "NO_RETRY",
+    "Guard", "AsyncGuard", "GuardEvent", "GuardStateError", "UnknownCallError",
+    "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
+    "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",
+    "Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "OfflineVerifier",
+]

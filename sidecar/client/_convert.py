@@ -1,0 +1,86 @@
+"""Argument coercions shared by the sync and async clients."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sidecar.client.context import ProposedCall, TrustedContext
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+OUTCOMES = {"completed": pb.COMPLETED, "failed": pb.FAILED, "cancelled": pb.CANCELLED,
+            "outcome_unknown": pb.OUTCOME_UNKNOWN}
+APPROVAL_STATUSES = {"": apb.APPROVAL_STATUS_UNSPECIFIED, "pending": apb.PENDING, "approved": apb.APPROVED,
+                     "rejected": apb.REJECTED, "expired": apb.EXPIRED}
+VERDICTS = {"approve": apb.APPROVE, "reject": apb.REJECT}
+
+
+def context_msg(context: TrustedContext | pb.TrustedContext | None) -> pb.TrustedContext | None:
+    if context is None or isinstance(context, pb.TrustedContext):
+        return context
+    if isinstance(context, TrustedContext):
+        return context.to_proto()
+    raise TypeError("context must be a sidecar.client.TrustedContext or a toolauthz.v1.TrustedContext")
+
+
+def call_msg(call: ProposedCall | pb.ToolCall) -> pb.ToolCall:
+    if isinstance(call, pb.ToolCall):
+        return call
+    if isinstance(call, ProposedCall):
+        return call.to_proto()
+    raise TypeError("call must be a sidecar.client.ProposedCall or a toolauthz.v1.ToolCall")
+
+
+def enum_value(value, names: dict, what: str) -> int:
+    if isinstance(value, str):
+        try:
+            return names[value.lower()]
+        except KeyError:
+            raise ValueError(f"unknown {what} `{value}`; expected one of {', '.join(n for n in names if n)}") from None
+    return int(value)
+
+
+def outcome_request(context, call_id: str, status, error_code: str, output_digest: str) -> pb.ReportOutcomeRequest:
+    return pb.ReportOutcomeRequest(context=context_msg(context), call_id=call_id,
+                                   status=enum_value(status, OUTCOMES, "outcome"), error_code=error_code,
+                                   output_digest=output_digest)
+
+
+def get_approval_request(approval_id: str, context) -> apb.GetApprovalRequest:
+    request = apb.GetApprovalRequest(approval_id=approval_id)
+    msg = context_msg(context)
+    if msg is not None:
+        request.context.CopyFrom(msg)
+    return request
+
+
+def decide_request(approval_id: str, approver, verdict, reason: str) -> apb.DecideApprovalRequest:
+    return apb.DecideApprovalRequest(approval_id=approval_id, approver=context_msg(approver),
+                                     verdict=enum_value(verdict, VERDICTS, "verdict"), reason=reason)
+
+
+def list_request(tenant: str, status, group: str, limit: int) -> apb.ListApprovalsRequest:
+    return apb.ListApprovalsRequest(tenant=tenant, status=enum_value(status, APPROVAL_STATUSES, "approval status"),
+                                    group=group, limit=limit)
+
+
+def query_request(*, tenant="", principal="", tool="", call_id="", request_id="", result="", kind="",
+                  time_from=None, time_to=None, limit=0, page_token="") -> aupb.QueryDecisionsRequest:
+    request = aupb.QueryDecisionsRequest(tenant=tenant, principal=str(principal) if principal else "", tool=tool,
+                                         call_id=call_id, request_id=request_id, result=result, kind=kind,
+                                         limit=limit, page_token=str(page_token or ""))
+    for name, value in (("time_from", time_from), ("time_to", time_to)):
+        if value is not None:
+            getattr(request, name).CopyFrom(_timestamp(value))
+    return request
+
+
+def _timestamp(value: float | datetime) -> Timestamp:
+    ts = Timestamp()
+    if isinstance(value, datetime):
+        value = (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    ts.FromNanoseconds(int(value * 1e9))
+    return ts

@@ -1,0 +1,165 @@
+"""asyncio client for the three toolauthz services (grpc.aio); the same API as
+`AuthzClient`, with the same deadlines and retry rules (see `sidecar.client.retry`).
+
+Create it inside a running event loop: `async with AsyncAuthzClient(addr) as client:`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import grpc
+import grpc.aio
+
+from sidecar.client import _convert as cv
+from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
+from sidecar.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
+from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+__all__ = ["AsyncAuthzClient"]
+
+
+class AsyncAuthzClient:
+    def __init__(self, target: str | grpc.aio.Channel, *, approvals_target: str | grpc.aio.Channel | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
+                 options: list[tuple[str, object]] | None = None):
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.timeout = float(timeout)
+        self.retry = retry or RetryPolicy()
+        self._owned: list[grpc.aio.Channel] = []
+        channel = self._channel(target, options)
+        approvals_channel = channel if approvals_target is None else self._channel(approvals_target, options)
+        self._authz = pb_grpc.ToolAuthorizerStub(channel)
+        self._audit = aupb_grpc.AuditStub(channel)
+        self._approvals = apb_grpc.ApprovalsStub(approvals_channel)
+
+    def _channel(self, target, options) -> grpc.aio.Channel:
+        if isinstance(target, str):
+            channel = grpc.aio.insecure_channel(target, options=options or [])
+            self._owned.append(channel)
+            return channel
+        return target
+
+    async def close(self) -> None:
+        for channel in self._owned:
+            await channel.close()
+        self._owned.clear()
+
+    async def __aenter__(self) -> "AsyncAuthzClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _unary(self, name: str, method, request, timeout: float | None):
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        attempts = attempts_for(self.retry, name)
+        attempt = 1
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return await method(request, timeout=max(remaining, _MIN_ATTEMPT)), attempt
+            except grpc.RpcError as exc:
+                if attempt >= attempts or exc.code() not in RETRYABLE:
+                    raise
+                pause = self.retry.delay(attempt)
+                if deadline - time.monotonic() - pause < _MIN_ATTEMPT:
+                    raise
+                await asyncio.sleep(pause)
+                attempt += 1
+
+    # -- ToolAuthorizer ----------------------------------------------------------------
+
+    async def authorize(self, context, call, *, timeout: float | None = None) -> pb.AuthorizeResponse:
+        request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
+        return (await self._unary("Authorize", self._authz.Authorize, request, timeout))[0]
+
+    async def verify(self, token: str, context, call, *, timeout: float | None = None) -> pb.VerifyResponse:
+        request = pb.VerifyRequest(token=token, context=cv.context_msg(context), call=cv.call_msg(call))
+        return (await self._unary("Verify", self._authz.Verify, request, timeout))[0]
+
+    async def get_keys(self, *, timeout: float | None = None) -> pb.GetKeysResponse:
+        return (await self._unary("GetKeys", self._authz.GetKeys, pb.GetKeysRequest(), timeout))[0]
+
+    async def report_outcome(self, context, call_id: str, status, *, error_code: str = "",
+                             output_digest: str = "", timeout: float | None = None) -> OutcomeReport:
+        request = cv.outcome_request(context, call_id, status, error_code, output_digest)
+        attempts = {"n": 0}
+
+        async def method(req, timeout):
+            attempts["n"] += 1
+            return await self._authz.ReportOutcome(req, timeout=timeout)
+
+        try:
+            response, _ = await self._unary("ReportOutcome", method, request, timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.ALREADY_EXISTS and attempts["n"] > 1:
+                return OutcomeReport("", False, already_recorded=True)
+            raise
+        return OutcomeReport(response.decision_id, response.unverified)
+
+    async def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
+        return (await self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout))[0]
+
+    # -- Approvals ---------------------------------------------------------------------
+
+    async def list_approvals(self, *, tenant: str = "", status="", group: str = "", limit: int = 0,
+                             timeout: float | None = None) -> list[apb.Approval]:
+        request = cv.list_request(tenant, status, group, limit)
+        response, _ = await self._unary("ListApprovals", self._approvals.ListApprovals, request, timeout)
+        return list(response.approvals)
+
+    async def get_approval(self, approval_id: str, context=None, *, timeout: float | None = None) -> apb.Approval:
+        request = cv.get_approval_request(approval_id, context)
+        return (await self._unary("GetApproval", self._approvals.GetApproval, request, timeout))[0]
+
+    async def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *,
+                              timeout: float | None = None) -> apb.Approval:
+        request = cv.decide_request(approval_id, approver, verdict, reason)
+        return (await self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout))[0]
+
+    def watch_approval(self, approval_id: str, context=None, *,
+                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> AsyncIterator[apb.Approval]:
+        """An async iterator of `Approval` (a grpc.aio stream call: `.cancel()` ends it)."""
+        request = cv.get_approval_request(approval_id, context)
+        return self._approvals.WatchApproval(request, timeout=timeout)
+
+    # -- Audit -------------------------------------------------------------------------
+
+    async def query_decisions(self, *, timeout: float | None = None, **filters) -> list[aupb.AuditRecord]:
+        request = cv.query_request(**filters)
+        wanted = request.limit or 100
+        records: list[aupb.AuditRecord] = []
+
+        async def method(req, timeout):
+            if records:
+                req = aupb.QueryDecisionsRequest()
+                req.CopyFrom(request)
+                req.page_token = str(records[-1].seq)
+                req.limit = wanted - len(records)
+                if req.limit <= 0:
+                    return records
+            async for record in self._audit.QueryDecisions(req, timeout=timeout):
+                records.append(record)
+            return records
+
+        return (await self._unary("QueryDecisions", method, request, timeout))[0]
+
+    async def iter_decisions(self, *, page_size: int = 100, timeout: float | None = None,
+                             **filters) -> AsyncIterator[aupb.AuditRecord]:
+        token = str(filters.pop("page_token", "") or "")
+        while True:
+            page = await self.query_decisions(timeout=timeout, limit=page_size, page_token=token, **filters)
+            for record in page:
+                yield record
+            if len(page) < page_size:
+                return
+            token = str(page[-1].seq)

@@ -1,0 +1,202 @@
+"""Blocking client for the three toolauthz services (grpc).
+
+Every call carries a deadline (`timeout`, default `AuthzClient.timeout`); the deadline
+bounds the whole call, retries and backoff included. Retries follow
+`sidecar.client.retry` (only UNAVAILABLE; Verify never). Errors surface as
+`grpc.RpcError` with the server's status code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import grpc
+
+from sidecar.client import _convert as cv
+from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
+from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
+from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+__all__ = ["AuthzClient", "OutcomeReport", "DEFAULT_TIMEOUT", "DEFAULT_WATCH_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_WATCH_TIMEOUT = 60.0
+_MIN_ATTEMPT = 0.001  # below this much time left, another attempt is pointless
+
+
+@dataclass(frozen=True)
+class OutcomeReport:
+    decision_id: str
+    unverified: bool  # the call's token was never verified before this outcome
+    already_recorded: bool = False  # ALREADY_EXISTS after a retried attempt: our first attempt landed
+
+
+class AuthzClient:
+    """`AuthzClient("127.0.0.1:50051")` or `AuthzClient(channel)`.
+
+    `approvals_target` is the Approvals service's address when it listens on its own
+    (default: the same channel). A client given an address owns its channel(s) and
+    closes them in `close()` / on leaving a `with` block; a given channel is the caller's.
+    """
+
+    def __init__(self, target: str | grpc.Channel, *, approvals_target: str | grpc.Channel | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
+                 options: list[tuple[str, object]] | None = None):
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.timeout = float(timeout)
+        self.retry = retry or RetryPolicy()
+        self._owned: list[grpc.Channel] = []
+        channel = self._channel(target, options)
+        approvals_channel = channel if approvals_target is None else self._channel(approvals_target, options)
+        self._authz = pb_grpc.ToolAuthorizerStub(channel)
+        self._audit = aupb_grpc.AuditStub(channel)
+        self._approvals = apb_grpc.ApprovalsStub(approvals_channel)
+
+    def _channel(self, target, options) -> grpc.Channel:
+        if isinstance(target, str):
+            channel = grpc.insecure_channel(target, options=options or [])
+            self._owned.append(channel)
+            return channel
+        return target
+
+    def close(self) -> None:
+        for channel in self._owned:
+            channel.close()
+        self._owned.clear()
+
+    def __enter__(self) -> "AuthzClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float:
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
+    def _unary(self, name: str, method, request, timeout: float | None):
+        """Returns (response, attempt number that produced it)."""
+        deadline = self._deadline(timeout)
+        attempts = attempts_for(self.retry, name)
+        attempt = 1
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return method(request, timeout=max(remaining, _MIN_ATTEMPT)), attempt
+            except grpc.RpcError as exc:
+                if attempt >= attempts or exc.code() not in RETRYABLE:
+                    raise
+                pause = self.retry.delay(attempt)
+                if deadline - time.monotonic() - pause < _MIN_ATTEMPT:
+                    raise
+                time.sleep(pause)
+                attempt += 1
+
+    # -- ToolAuthorizer ----------------------------------------------------------------
+
+    def authorize(self, context, call, *, timeout: float | None = None) -> pb.AuthorizeResponse:
+        """The decision for one proposed call. Retried at most once, on UNAVAILABLE only
+        (safe: the same call id and digest replays the original decision)."""
+        request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
+        return self._unary("Authorize", self._authz.Authorize, request, timeout)[0]
+
+    def verify(self, token: str, context, call, *, timeout: float | None = None) -> pb.VerifyResponse:
+        """Checks and CONSUMES the token for this exact call. Never retried."""
+        request = pb.VerifyRequest(token=token, context=cv.context_msg(context), call=cv.call_msg(call))
+        return self._unary("Verify", self._authz.Verify, request, timeout)[0]
+
+    def get_keys(self, *, timeout: float | None = None) -> pb.GetKeysResponse:
+        return self._unary("GetKeys", self._authz.GetKeys, pb.GetKeysRequest(), timeout)[0]
+
+    def report_outcome(self, context, call_id: str, status, *, error_code: str = "", output_digest: str = "",
+                       timeout: float | None = None) -> OutcomeReport:
+        """Records the one terminal outcome of a call (`status`: "completed", "failed",
+        "cancelled", "outcome_unknown" or the enum). ALREADY_EXISTS on the first attempt
+        raises (someone else reported this call); after a retried attempt it is success."""
+        request = cv.outcome_request(context, call_id, status, error_code, output_digest)
+        attempts = {"n": 0}
+
+        def method(req, timeout):
+            attempts["n"] += 1
+            return self._authz.ReportOutcome(req, timeout=timeout)
+
+        try:
+            response, _ = self._unary("ReportOutcome", method, request, timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.ALREADY_EXISTS and attempts["n"] > 1:
+                return OutcomeReport("", False, already_recorded=True)
+            raise
+        return OutcomeReport(response.decision_id, response.unverified)
+
+    def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
+        return self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout)[0]
+
+    # -- Approvals ---------------------------------------------------------------------
+
+    def list_approvals(self, *, tenant: str = "", status="", group: str = "", limit: int = 0,
+                       timeout: float | None = None) -> list[apb.Approval]:
+        request = cv.list_request(tenant, status, group, limit)
+        return list(self._unary("ListApprovals", self._approvals.ListApprovals, request, timeout)[0].approvals)
+
+    def get_approval(self, approval_id: str, context=None, *, timeout: float | None = None) -> apb.Approval:
+        """With the requester's context, an approved approval carries its token."""
+        request = cv.get_approval_request(approval_id, context)
+        return self._unary("GetApproval", self._approvals.GetApproval, request, timeout)[0]
+
+    def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *,
+                        timeout: float | None = None) -> apb.Approval:
+        """`approver` is the approving person's trusted context (from the approval
+        tool's own session); `verdict` "approve"/"reject". Never retried."""
+        request = cv.decide_request(approval_id, approver, verdict, reason)
+        return self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout)[0]
+
+    def watch_approval(self, approval_id: str, context=None, *,
+                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> "grpc.Call":
+        """The current state, then every change until a terminal state. The returned
+        stream is an iterator of `Approval` with `.cancel()`; it ends with
+        DEADLINE_EXCEEDED after `timeout` seconds. Not retried."""
+        request = cv.get_approval_request(approval_id, context)
+        return self._approvals.WatchApproval(request, timeout=timeout)
+
+    # -- Audit -------------------------------------------------------------------------
+
+    def query_decisions(self, *, timeout: float | None = None, **filters) -> list[aupb.AuditRecord]:
+        """One page of matching audit records, in order (filters: tenant, principal,
+        tool, call_id, request_id, result, kind, time_from, time_to, limit, page_token).
+        On UNAVAILABLE it resumes after the last record received."""
+        request = cv.query_request(**filters)
+        wanted = request.limit or 100
+        records: list[aupb.AuditRecord] = []
+
+        def method(req, timeout):
+            if records:  # resume after what we already have
+                req = aupb.QueryDecisionsRequest()
+                req.CopyFrom(request)
+                req.page_token = str(records[-1].seq)
+                req.limit = wanted - len(records)
+                if req.limit <= 0:
+                    return records
+            for record in self._audit.QueryDecisions(req, timeout=timeout):
+                records.append(record)
+            return records
+
+        return self._unary("QueryDecisions", method, request, timeout)[0]
+
+    def iter_decisions(self, *, page_size: int = 100, timeout: float | None = None,
+                       **filters) -> Iterator[aupb.AuditRecord]:
+        """Every matching record, page by page (each page has its own deadline)."""
+        token = str(filters.pop("page_token", "") or "")
+        while True:
+            page = self.query_decisions(timeout=timeout, limit=page_size, page_token=token, **filters)
+            yield from page
+            if len(page) < page_size:
+                return
+            token = str(page[-1].seq)
