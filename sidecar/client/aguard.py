@@ -17,7 +17,7 @@ import grpc
 
 from sidecar.client import results as r
 from sidecar.client.aio import AsyncAuthzClient
-from sidecar.client.context import ProposedCall, TrustedContext, check_call_id
+from sidecar.client.context import ProposedCall, TrustedContext
 from sidecar.client.guard import _Attempt, _End, _GuardCore
 from sidecar.client.results import CallResult
 from sidecar.client.tools import Tool, ToolSet
@@ -39,15 +39,8 @@ class AsyncGuard(_GuardCore):
 
     async def run(self, call_id: str, name: str, input_json: bytes | str, *, timeout: float | None = None,
                   approval_wait: float | None = None) -> CallResult:
-        try:
-            check_call_id(call_id)
-        except ValueError:
-            return CallResult(call_id, name, r.REJECTED, "invalid_call_id", r.MESSAGES["invalid_call_id"])
-        call = ProposedCall.of(call_id, name, input_json)
-        early = self._admit(call)
+        call, early = self._open(call_id, name, input_json)
         if early is not None:
-            self._emit("outcome", early, status=early.status, code=early.code, replayed=True, executed=False,
-                       reported=early.reported)
             return early
         att = _Attempt()
         try:

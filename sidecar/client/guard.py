@@ -162,6 +162,20 @@ class _GuardCore:
             state.running = True  # waiting for approval: run it again (resume)
             return None
 
+    def _open(self, call_id: str, name: str, input_json: bytes | str) -> tuple[ProposedCall | None, CallResult | None]:
+        """Admission, shared by the sync and async guards: the call, or the result that
+        ends it before any RPC (an invalid call id, a replay, a call already running)."""
+        try:
+            check_call_id(call_id)
+        except ValueError:
+            return None, CallResult(call_id, name, r.REJECTED, "invalid_call_id", r.MESSAGES["invalid_call_id"])
+        call = ProposedCall.of(call_id, name, input_json)
+        early = self._admit(call)
+        if early is not None:
+            self._emit("outcome", early, status=early.status, code=early.code, replayed=True, executed=False,
+                       reported=early.reported)
+        return call, early
+
     def _finish(self, call_id: str, result: CallResult) -> CallResult:
         """Records the result of a pending call: the one place a call's state changes."""
         with self._lock:
@@ -337,15 +351,8 @@ class Guard(_GuardCore):
         it `outcome_unknown` (the tool's `call.cancelled` event is set; a thread cannot
         be killed, so a tool should watch it). Never raises for anything the model or
         the sidecar did; returns the result."""
-        try:
-            check_call_id(call_id)
-        except ValueError:
-            return CallResult(call_id, name, r.REJECTED, "invalid_call_id", r.MESSAGES["invalid_call_id"])
-        call = ProposedCall.of(call_id, name, input_json)
-        early = self._admit(call)
+        call, early = self._open(call_id, name, input_json)
         if early is not None:
-            self._emit("outcome", early, status=early.status, code=early.code, replayed=True, executed=False,
-                       reported=early.reported)
             return early
         att = _Attempt()
         try:
