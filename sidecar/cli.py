@@ -88,7 +88,7 @@ def cmd_authorize(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    from sidecar import keys
+    from sidecar import keyring as keys
     from sidecar.config import load_settings
 
     settings = load_settings(args.config, data_dir=args.data_dir)

@@ -21,7 +21,8 @@ from sidecar.bundle import load_bundle
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import Settings
 from sidecar.errors import KeyFileError
-from sidecar.keys import KeyRing, SigningKey, generate_key_file, load_keyring, load_private_key_file
+from sidecar.keyring import KeyRing, load_keyring
+from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.reload import BundleReloader

@@ -21,7 +21,8 @@ import pyseto
 from pyseto import Key, KeyInterface
 
 from .clock import Clock
-from .keys import KeyInfo, KeyRing, b64url_decode_strict
+from .keyring import KeyRing
+from .keys import KeyInfo, b64url_decode_strict
 
 MAX_LIFETIME_SECONDS = 600
 MAX_LEEWAY_SECONDS = 5

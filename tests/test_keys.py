@@ -14,17 +14,8 @@ from pyseto import Key
 
 from sidecar.clock import FrozenClock
 from sidecar.errors import ConflictError, KeyFileError, NotFoundError
-from sidecar.keys import (
-    MANIFEST,
-    KeyRing,
-    SigningKey,
-    activate_key,
-    generate_key,
-    generate_key_file,
-    list_keys,
-    load_keyring,
-    load_private_key_file,
-)
+from sidecar.keyring import MANIFEST, KeyRing, activate_key, generate_key, list_keys, load_keyring
+from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
 
 T0 = 1_800_000_000
 GRACE = 65

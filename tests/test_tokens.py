@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from pyseto import Key
 
 from sidecar.clock import FrozenClock
-from sidecar.keys import KeyRing, SigningKey, activate_key, generate_key, load_keyring, load_private_key_file
+from sidecar.keyring import KeyRing, activate_key, generate_key, load_keyring
+from sidecar.keys import SigningKey, load_private_key_file
 from sidecar.tokens import (
     DEFAULT_GRACE_SECONDS,
     CallClaims,

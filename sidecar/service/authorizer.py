@@ -6,7 +6,7 @@ import json
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
-from sidecar.keys import KeyRing
+from sidecar.keyring import KeyRing
 from sidecar.model import Decision
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
