@@ -65,6 +65,8 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         rtype, rid = "Tool", tool.name
     else:
         _found, raw = resolve_pointer(value, tool.resource_pointer)
+        if isinstance(raw, float):  # `integer` accepts 7.0; the id is the canonical "7"
+            raw = int(raw)
         rtype, rid = tool.resource_type, str(raw)
     digest = call_digest(tool=tool.name, input=value, principal_type=ctx.principal.type,
                          principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
