@@ -297,3 +297,26 @@ def test_a_decision_under_replaced_policies_is_not_re_tokenized(stub, sidecar, b
     sidecar.bundles.swap(load_bundle(bundle_dir))
     again = stub.Authorize(make_request())
     assert again.replayed and again.token == "" and error_codes(again) == ["reissue_refused"]
+
+
+def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
+    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from sidecar.server import build_sidecar
+
+    (bundle_dir / "schema.cedarschema").write_text((bundle_dir / "schema.cedarschema").read_text()
+                                                   + "\nentity Ticket in [Tenant];\n")
+    (bundle_dir / "tools" / "read_ticket.yaml").write_text(
+        "name: read_ticket\nside_effect: read\nresource: {type: Ticket, id: /ticket}\n"
+        "input_schema: {$schema: 'https://json-schema.org/draft/2020-12/schema', type: object,\n"
+        "  properties: {ticket: {type: integer}}, required: [ticket], additionalProperties: false}\n")
+    (bundle_dir / "tickets.cedar").write_text(
+        'permit (principal, action == Action::"tool:read_ticket", resource == Ticket::"7");\n')
+    car = build_sidecar(settings, clock=clock)
+    try:
+        ctx = TrustedContext("acme", Principal("User", "alice"), "r")
+        decide = lambda cid, raw: car.authorizer.authorize(ctx, ProposedCall(cid, "read_ticket", raw)).decision.value
+        assert decide("a", b'{"ticket": 7.0}') == "ALLOW"
+        assert decide("b", b'{"ticket": 7}') == "ALLOW"
+        assert decide("c", b'{"ticket": 8}') == "DENY"
+    finally:
+        car.close()
