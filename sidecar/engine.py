@@ -144,7 +144,7 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     by_uid = {}
     for entity in _supplied_entities(entities_json):
         uid = (entity["uid"]["type"], entity["uid"]["id"])
-        if uid in bundle.static_uids or uid in by_uid or uid[0] in ("Tenant", "Approval"):
+        if uid in bundle.static_uids or uid in by_uid or uid[0] in ("Tenant", "Approval", "Action"):
             raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` may not be supplied by the runtime")
         for parent in entity["parents"]:
             if parent.get("type") == "Tenant" and parent.get("id") != tenant_id:
@@ -160,7 +160,7 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     entities = bundle.static_entities
     try:
         if by_uid:
-            entities = entities.with_added_json_str(json.dumps(list(by_uid.values())), bundle.schema)
+            entities = entities.with_added_json_str(json.dumps(list(by_uid.values())), bundle.entity_schema)
         if synthesized:
             entities = entities.with_added_json_str(json.dumps(synthesized))
     except ValueError as exc:

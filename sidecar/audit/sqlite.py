@@ -27,6 +27,7 @@ import rfc8785
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, KINDS, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery, check_page
+from sidecar.store.sqlite_base import WriteLock
 from sidecar.errors import StoreUnavailable
 
 SCHEMA_VERSION = 1
@@ -135,6 +136,7 @@ class SqliteAuditLog:
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
+        self._write_lock = WriteLock(self.path, busy_timeout, cross_process=True)
         try:
             with self._errors("open"):
                 self._create_schema(self._conn())
@@ -182,7 +184,7 @@ class SqliteAuditLog:
     def append(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
         if not events:
             return []
-        with self._errors("append"):
+        with self._errors("append"), self._write_lock:
             conn = self._conn()
             # IMMEDIATE takes the write lock before the head is read, so no other
             # process can append between reading the head and committing after it.

@@ -54,6 +54,9 @@ class Bundle:
     static_entities: cedarpy.Entities = field(repr=False)
     static_uids: frozenset[tuple[str, str]] = field(repr=False)
     approve: cedarpy.PolicySet | None = field(repr=False, default=None)  # who may approve
+    # The entity types without the generated tool actions: what per-request entities are
+    # validated against, so that their cost does not grow with the number of tools.
+    entity_schema: cedarpy.Schema | None = field(repr=False, default=None)
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
@@ -108,14 +111,15 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
             _validate(rel, parsed, schema, problems)
         infos.extend(file_infos)
 
-    entities, uids = _load_entities(root / "entities.json", schema, problems)
+    entity_schema = cedarpy.Schema.from_str(user_schema + "\n" + prelude) if schema is not None else None
+    entities, uids = _load_entities(root / "entities.json", schema, entity_schema, problems)
     if problems:
         raise BundleError(problems)
     slices = {name: _slice(tool, infos) for name, tool in tools.items()}
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
     return Bundle(root, version, time.time(), tuple(principal_types), slices,
                   {i.policy_id: i for i in infos}, schema_text, schema, entities, uids,
-                  policy_set(approvers) if approvers else None)
+                  policy_set(approvers) if approvers else None, entity_schema)
 
 
 def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
@@ -180,14 +184,20 @@ def _validate(rel: str, parsed, schema: cedarpy.Schema, problems: list[Problem])
         problems.append(Problem(rel, message, line, col))
 
 
-def _load_entities(path: pathlib.Path, schema, problems: list[Problem]):
+def _load_entities(path: pathlib.Path, schema, entity_schema, problems: list[Problem]):
     text = "[]"
     if path.exists():
         text = _read_text(path, "entities.json", problems) or "[]"
     try:
         raw = json.loads(text)
         uids = frozenset((e["uid"]["type"], e["uid"]["id"]) for e in raw)
-        entities = cedarpy.Entities.from_json_str(text, schema=schema) if schema is not None else cedarpy.Entities.from_json_str("[]")
+        if schema is None:
+            return cedarpy.Entities.from_json_str("[]"), uids
+        cedarpy.Entities.from_json_str(text, schema=schema)  # validated against the whole schema
+        # ...but kept without the tool action entities that parsing with it adds (one per
+        # tool): every request clones this set. Tool actions have no parents or attributes,
+        # so `action == ...` and `action in ...` evaluate the same without them.
+        entities = cedarpy.Entities.from_json_str(text, schema=entity_schema)
         return entities, uids
     except (ValueError, KeyError, TypeError) as exc:
         problems.append(Problem("entities.json", f"invalid entities: {exc}"))
