@@ -7,9 +7,8 @@ import json
 import logging
 import pathlib
 import re
-import signal
+import os
 import sys
-import threading
 
 import grpc
 
@@ -18,7 +17,7 @@ from sidecar.cli_approvals import add_approvals_command
 from sidecar.cli_audit import add_audit_command
 from sidecar.policytest import add_test_command
 from sidecar.clock import SystemClock
-from sidecar.errors import BundleError, InputError, RequestError, ToolAuthzError
+from sidecar.errors import BundleError, RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
 
 _PRINCIPAL = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)::"(.*)"$')
@@ -33,22 +32,10 @@ def parse_principal(text: str) -> Principal:
 
 def cmd_serve(args) -> int:
     from sidecar.config import load_settings
-    from sidecar.server import build_sidecar, create_server
+    from sidecar.workers import serve_workers
 
     settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
-    sidecar = build_sidecar(settings)
-    server, port = create_server(sidecar)
-    host = settings.listen.rsplit(":", 1)[0]
-    print(f"toolauthz serving bundle {settings.bundle} (version {sidecar.bundles.current.version}) "
-          f"on {host}:{port}, data in {settings.data_dir}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: sidecar.reloader.trigger())
-    stop.wait()
-    server.stop(grace=5).wait()
-    sidecar.close()
-    return 0
+    return serve_workers(settings, args.workers)
 
 
 def cmd_check(args) -> int:
@@ -115,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
     serve.add_argument("--data-dir")
     serve.add_argument("--config")
+    serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="processes sharing the address (default: one per core)")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="load and validate a bundle")

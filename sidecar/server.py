@@ -120,14 +120,15 @@ def _audit_key(settings: Settings) -> SigningKey:
     return load_private_key_file(path)
 
 
-def create_server(sidecar: Sidecar, address: str | None = None, *,
-                  approvals_address: str | None = None) -> tuple[grpc.Server, int]:
+def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_address: str | None = None,
+                  reuse_port: bool = False) -> tuple[grpc.Server, int]:
     """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests).
 
     With `approvals_address` (or `approvals_listen` in the settings) the Approvals service
-    listens there instead, on a server of its own (see `create_approvals_server`)."""
+    listens there instead, on a server of its own (see `create_approvals_server`).
+    `reuse_port` lets worker processes share the address (see sidecar/workers.py)."""
     settings = sidecar.settings
-    server = _new_server(settings)
+    server = _new_server(settings, reuse_port)
     pb_grpc.add_ToolAuthorizerServicer_to_server(
         ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status), server)
     aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), server)
@@ -147,10 +148,11 @@ def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tup
                   address or sidecar.settings.approvals_listen)
 
 
-def _new_server(settings: Settings) -> grpc.Server:
+def _new_server(settings: Settings, reuse_port: bool = False) -> grpc.Server:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
-               ("grpc.so_reuseport", 0)]
+               # Off unless asked: two sidecars must not silently share a port.
+               ("grpc.so_reuseport", 1 if reuse_port else 0)]
     return grpc.server(futures.ThreadPoolExecutor(max_workers=min(32, settings.max_concurrent_rpcs)),
                        options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
 

@@ -1,0 +1,1 @@
+"""The toolauthz benchmark: `python -m bench` (see bench/run.py and docs/performance.md)."""

@@ -1,0 +1,377 @@
+"""The decision without gRPC, in a process of its own: `Authorizer.authorize` called
+directly (validation, Cedar, ledger, token, audit commit), and `engine.decide` alone
+(validation and Cedar, no storage). Also the cProfile of the full path, the gRPC
+handler included (called directly with a stand-in context)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import multiprocessing
+import os
+import pathlib
+import pstats
+import tempfile
+import threading
+import time
+from typing import Any
+
+from bench import bundles
+
+PRINCIPAL = "u1"
+
+
+def _calls(n0: int, count: int, tools: int, prefix: str):
+    from sidecar.model import Principal, ProposedCall, TrustedContext
+
+    out = []
+    for n in range(n0, n0 + count):
+        ctx = TrustedContext("acme", Principal("User", PRINCIPAL), f"r{prefix}-{n // 4}",
+                             json.dumps(bundles.request_entities(n, PRINCIPAL)).encode())
+        call = ProposedCall(f"c{prefix}-{n}", bundles.tool_for(n, tools),
+                            json.dumps(bundles.request_args(n)).encode())
+        out.append((ctx, call))
+    return out
+
+
+def _timed(fn, items) -> list[int]:
+    lat = []
+    for item in items:
+        started = time.perf_counter_ns()
+        fn(item)
+        lat.append(time.perf_counter_ns() - started)
+    return lat
+
+
+def _threaded(fn, items, threads: int) -> tuple[list[int], float]:
+    """`threads` threads share `items`; returns latencies and wall seconds."""
+    lat: list[list[int]] = [[] for _ in range(threads)]
+    chunks = [items[t::threads] for t in range(threads)]
+    start = threading.Barrier(threads + 1)
+
+    def run(t: int) -> None:
+        start.wait()
+        lat[t] = _timed(fn, chunks[t])
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    began = time.perf_counter()
+    for w in workers:
+        w.join()
+    return [x for part in lat for x in part], time.perf_counter() - began
+
+
+def inproc_main(spec: dict, out_q) -> None:
+    """Process target. spec: bundle, data_dir, calls, threads (list), tools, profile (bool)."""
+    logging.basicConfig(level=logging.ERROR)
+    from bench.load import exit_with_parent
+    from sidecar.config import Settings
+    from sidecar.engine import decide
+
+    exit_with_parent(spec["parent"])
+    from sidecar.server import build_sidecar
+
+    out: dict[str, Any] = {}
+    try:
+        car = build_sidecar(Settings(bundle=spec["bundle"], data_dir=spec["data_dir"], listen="127.0.0.1:0",
+                                     tokens={"lifetime_seconds": 600}))
+    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
+        out_q.put({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    try:
+        _measure(car, spec, out, decide)
+    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
+        import traceback
+
+        out = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
+    finally:
+        car.close()
+    out_q.put(out)
+
+
+def _measure(car, spec: dict, out: dict, decide) -> None:
+    tools, count = spec["tools"], spec["calls"]
+    bundle = car.bundles.current
+    authorize = lambda item: car.authorizer.authorize(*item)  # noqa: E731
+    first = car.authorizer.authorize(*_calls(10**9, 1, tools, "w")[0])
+    out["decision"] = first.decision.value
+    _timed(authorize, _calls(0, 50, tools, "warm"))
+    cpu = time.process_time()
+    out["decide"] = {"lat": _timed(lambda item: decide(bundle, *item), _calls(0, count, tools, "d")),
+                     "threads": 1}
+    out["decide"]["cpu_ms_per_call"] = (time.process_time() - cpu) * 1e3 / count
+    out["authorizer"] = {}
+    for threads in spec["threads"]:
+        items = _calls(0, count if threads == 1 else count * 2, tools, f"a{threads}")
+        cpu = time.process_time()  # every thread of this process: the audit writer's work too
+        if threads == 1:
+            began = time.perf_counter()
+            lat = _timed(authorize, items)
+            wall = time.perf_counter() - began
+        else:
+            lat, wall = _threaded(authorize, items, threads)
+        out["authorizer"][threads] = {"lat": lat, "seconds": wall,
+                                      "cpu_ms_per_call": (time.process_time() - cpu) * 1e3 / len(items)}
+    out["audit_rows"] = _count_rows(car)
+    out["authorize_calls"] = 1 + 50 + sum(len(v["lat"]) for v in out["authorizer"].values())
+    if spec.get("profile"):
+        out["profile"] = _profile(car, tools, spec.get("profile_calls", 2000))
+
+
+def _count_rows(car) -> dict[str, int]:
+    import sqlite3
+
+    with sqlite3.connect(str(car.settings.audit_path)) as db:
+        return dict(db.execute("SELECT kind, count(*) FROM audit_record GROUP BY kind").fetchall())
+
+
+class _Context:
+    """Enough of grpc.ServicerContext for a handler that does not abort: an active call
+    with no deadline. Methods it does not know are no-ops."""
+
+    def time_remaining(self):
+        return None
+
+    def is_active(self):
+        return True
+
+    def abort(self, code, details):
+        raise RuntimeError(f"{code}: {details}")
+
+    def invocation_metadata(self):
+        return ()
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+    def add_callback(self, callback):
+        return True
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _profile(car, tools: int, count: int) -> dict:
+    """cProfile of the gRPC handler called directly (request message in, response out),
+    one call at a time; the audit writer thread's own work is timed separately."""
+    import cProfile
+
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from sidecar.server import create_server  # noqa: F401 - the same modules the server loads
+
+    service = _service(car)
+    requests = [pb.AuthorizeRequest(
+        context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
+                                  request_id=ctx.request_id, entities_json=ctx.entities_json),
+        call=pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input_json))
+        for ctx, call in _calls(0, count, tools, "prof")]
+    context = _Context()
+    profiler = cProfile.Profile()
+    began = time.perf_counter()
+    profiler.enable()
+    for request in requests:
+        service.Authorize(request, context)
+    profiler.disable()
+    wall = time.perf_counter() - began
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+    return {"calls": count, "wall_seconds": wall, "stages": _stages(stats, count),
+            "top": _top(stats, count), "text": text.getvalue(), "writer": _writer_cost(car),
+            "stage_cpu": _stage_cpu(car, tools, count)}
+
+
+def _service(car):
+    try:
+        from sidecar.service.authorizer import ToolAuthorizerService
+    except ImportError:  # the layout before the service package
+        from sidecar.service import ToolAuthorizerService
+    return ToolAuthorizerService(car.authorizer, car.keyring, car.status)
+
+
+# Stages of the path, by the functions that implement them (matched on file suffix and
+# name, so a stage that moves or disappears is simply left out of the summary).
+STAGES = [
+    ("grpc handler (total)", "service/authorizer.py", "Authorize"),
+    ("authorizer.authorize", "sidecar/authorizer.py", "authorize"),
+    ("request checks (ctx/call)", "sidecar/model.py", "check"),
+    ("prepare: parse + JSON Schema + digest", "sidecar/engine.py", "prepare"),
+    ("  strict JSON parse", "sidecar/strict_json.py", "parse_strict_json"),
+    ("  JSON Schema (best_match/iter_errors)", "jsonschema/exceptions.py", "best_match"),
+    ("  call digest (RFC 8785 + sha256)", "sidecar/digest.py", "call_digest"),
+    ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
+    ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
+    ("ledger reserve", "sidecar/store/sqlite_ledger.py", "reserve"),
+    ("Cedar evaluate", "sidecar/engine.py", "evaluate"),
+    ("  cedarpy.is_authorized", "cedarpy/__init__.py", "is_authorized"),
+    ("ledger complete", "sidecar/store/sqlite_ledger.py", "complete"),
+    ("token issue (PASETO, Ed25519)", "sidecar/tokens.py", "issue"),
+    ("audit event build (AuditEvent)", "sidecar/audit/records.py", "__post_init__"),
+    ("audit write: wait for group commit", "sidecar/audit/writer.py", "write"),
+    ("ULID", "sidecar/authorizer.py", "new_id"),
+]
+
+
+def _stages(stats: pstats.Stats, count: int) -> list[dict]:
+    out = []
+    for label, suffix, name in STAGES:
+        total, calls = 0.0, 0
+        for (filename, _line, func), (_cc, nc, _tt, ct, _callers) in stats.stats.items():
+            if func == name and filename.replace("\\", "/").endswith(suffix):
+                total += ct
+                calls += nc
+        if calls:
+            out.append({"stage": label, "us_per_call": total / count * 1e6, "calls_per_request": calls / count})
+    return out
+
+
+def _top(stats: pstats.Stats, count: int, n: int = 15) -> list[dict]:
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
+    return [{"function": f"{pathlib.Path(f).name}:{line}({func})", "self_us_per_call": tt / count * 1e6,
+             "calls_per_request": nc / count}
+            for (f, line, func), (_cc, nc, tt, _ct, _callers) in rows]
+
+
+# Stages timed without a profiler: the CPU time of the calling thread (thread_time) spent
+# in each step of Authorize, found by name (a step that moves or is renamed is left out).
+TIMED_FUNCTIONS = ("prepare", "request_entities", "evaluate")
+TIMED_METHODS = (("ledger", "reserve"), ("ledger", "complete"), ("issuer", "issue"), ("audit", "write"))
+
+
+def _stage_cpu(car, tools: int, count: int) -> dict:
+    """Authorize called through the gRPC handler (stand-in context), one call at a time,
+    each step wrapped in a thread-CPU timer. The audit writer thread's CPU is what the
+    process used beyond the calling thread."""
+    import functools
+
+    import sidecar.authorizer as authorizer_module
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+    cpu: dict[str, int] = {}
+    wall: dict[str, int] = {}
+
+    def timed(name: str, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            c, w = time.thread_time_ns(), time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cpu[name] = cpu.get(name, 0) + time.thread_time_ns() - c
+                wall[name] = wall.get(name, 0) + time.perf_counter_ns() - w
+        return wrapper
+
+    restore = []
+    for name in TIMED_FUNCTIONS:
+        if callable(getattr(authorizer_module, name, None)):
+            restore.append((authorizer_module, name, getattr(authorizer_module, name)))
+            setattr(authorizer_module, name, timed(name, getattr(authorizer_module, name)))
+    az = car.authorizer
+    for holder, method in TIMED_METHODS:
+        obj = getattr(az, holder, None)
+        if obj is not None and callable(getattr(obj, method, None)):
+            restore.append((obj, method, None))
+            setattr(obj, method, timed(f"{holder}.{method}", getattr(obj, method)))
+    service = _service(car)
+    handler = timed("grpc handler", service.Authorize)
+    authorize = az.authorize
+    az.authorize = timed("authorizer.authorize", authorize)
+    restore.append((az, "authorize", None))
+    requests = [pb.AuthorizeRequest(
+        context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
+                                  request_id=ctx.request_id, entities_json=ctx.entities_json),
+        call=pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input_json))
+        for ctx, call in _calls(0, count, tools, "stage")]
+    context = _Context()
+    try:
+        for request in requests[:20]:
+            handler(request, context)
+        cpu.clear()
+        wall.clear()
+        process, thread = time.process_time_ns(), time.thread_time_ns()
+        for request in requests[20:]:
+            handler(request, context)
+        process, thread = time.process_time_ns() - process, time.thread_time_ns() - thread
+    finally:
+        for obj, name, original in reversed(restore):
+            if original is None:
+                delattr(obj, name)  # the instance attribute hid the class's method
+            else:
+                setattr(obj, name, original)
+    n = len(requests) - 20
+    us = {name: (cpu[name] / n / 1e3, wall[name] / n / 1e3) for name in cpu}
+    handler_cpu, handler_wall = us.pop("grpc handler")
+    total_cpu, total_wall = us.pop("authorizer.authorize")
+    rows = [{"stage": "grpc handler, whole (this thread)", "cpu_us": handler_cpu, "wall_us": handler_wall},
+            {"stage": "  request/response conversion", "cpu_us": handler_cpu - total_cpu,
+             "wall_us": handler_wall - total_wall},
+            {"stage": "  authorizer.authorize", "cpu_us": total_cpu, "wall_us": total_wall}]
+    rows += [{"stage": f"    {name}", "cpu_us": c, "wall_us": w} for name, (c, w) in us.items()]
+    rows.append({"stage": "    the rest (checks, ids, audit event, glue)",
+                 "cpu_us": total_cpu - sum(c for c, _ in us.values()),
+                 "wall_us": total_wall - sum(w for _, w in us.values())})
+    rows.append({"stage": "audit writer thread (other threads)", "cpu_us": (process - thread) / n / 1e3,
+                 "wall_us": float("nan")})
+    return {"calls": n, "process_cpu_us": process / n / 1e3, "stages": rows}
+
+
+def _writer_cost(car) -> dict:
+    """What the audit writer thread does per commit: chain + insert + fsync, batch of 1 and 32."""
+    from sidecar.audit.records import AuditEvent
+
+    def event(i: int) -> AuditEvent:
+        return AuditEvent(kind="authorize", time=time.time(), decision_id=f"01J{i:023d}", request_id="r",
+                          call_id=f"prof-w-{i}", tenant="acme", principal='User::"u1"', tool="t_00001",
+                          resource='Item::"item_1"', result="ALLOW", reasons=("t_00001-p0",), digest="0" * 64,
+                          policy_version="0" * 16, jti="0" * 32, fields={"/item_id": "item_1", "/qty": 5})
+
+    out = {}
+    for batch in (1, 32):
+        rounds = 200 if batch == 1 else 20
+        began = time.perf_counter()
+        for r in range(rounds):
+            car.audit_log.append([event(r * batch + i) for i in range(batch)])
+        out[f"batch_{batch}_ms_per_commit"] = (time.perf_counter() - began) / rounds * 1e3
+    return out
+
+
+def _get(out_q, process, timeout: float):
+    """The child's report; fails at once if the child died without one."""
+    import queue
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return out_q.get(timeout=0.5)
+        except queue.Empty:
+            if not process.is_alive():
+                try:
+                    return out_q.get(timeout=1)
+                except queue.Empty:
+                    raise RuntimeError(f"in-process run died (exit code {process.exitcode})") from None
+    raise TimeoutError(f"in-process run did not finish within {timeout:.0f}s")
+
+
+def run_inproc(bundle: pathlib.Path, *, tools: int, calls: int, threads: list[int], profile: bool = False,
+               profile_calls: int = 2000, data_root: str | None = None, timeout: float = 900) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    out_q = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="bench-inproc-", dir=data_root) as tmp:
+        spec = {"bundle": str(bundle), "data_dir": str(pathlib.Path(tmp) / "data"), "calls": calls,
+                "threads": threads, "tools": tools, "profile": profile, "profile_calls": profile_calls,
+                "parent": os.getpid()}
+        process = ctx.Process(target=inproc_main, args=(spec, out_q), daemon=True, name="bench-inproc")
+        process.start()
+        try:
+            result = _get(out_q, process, timeout)
+        finally:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    if "error" in result:
+        raise RuntimeError(f"in-process run failed: {result['error']}")
+    return result

@@ -1,0 +1,433 @@
+"""toolauthz benchmark: decisions per second and latency, from the transport floor to
+the full decision path, on this machine, in one run.
+
+    .venv/bin/python -m bench                  # full run (about 5 minutes on 2 cores)
+    .venv/bin/python -m bench --quick          # smoke run (seconds)
+    .venv/bin/python -m bench --json out.json  # also write the results as JSON ('-': stdout)
+
+Measured (closed loop: N calls in flight from separate client processes):
+  noop        a ToolAuthorizer servicer returning canned responses of realistic size
+  sidecar     build_sidecar + create_server: validation, Cedar, ledger, token, audit commit
+  Verify      tokens minted by Authorize before the timed phase, each verified once
+  workers     `python -m sidecar.workers --workers N` (SO_REUSEPORT), against N no-op servers
+  in-process  Authorizer.authorize called directly, and engine.decide alone
+  open loop   Authorize at a fixed offered rate, latency from each call's due time
+and then the audit trail of every sidecar is checked: one record per response.
+Every load targets 127.0.0.1, is bounded in calls and seconds, and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+if __package__ in (None, ""):  # `python bench/run.py`
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench import bundles, inproc, load, servers, stats  # noqa: E402
+
+PHASES = frozenset({"noop", "sidecar", "workers", "inproc"})
+TARGET_THROUGHPUT_RATIO = 0.5
+TARGET_COST_RATIO = 1.3
+TARGET_OPEN_P99_MS = 5.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...]
+    concurrency: tuple[int, ...]
+    duration: float  # seconds per closed-loop run
+    client_procs: int  # client processes for the highest concurrency
+    verify_tokens: dict  # concurrency -> tokens minted (= the most Verify calls timed)
+    max_calls: int  # most calls per closed-loop run
+    open_rate: float  # the target's offered rate
+    open_duration: float
+    open_procs: int
+    open_sweep: tuple[float, ...]  # lower offered rates also measured: where the knee is
+    workers: int
+    inproc_calls: int
+    profile_calls: int
+    mode: str = "full"
+
+
+FULL = Plan(sizes=(10, 1000, 10000), concurrency=(1, 32), duration=5.0, client_procs=2,
+            verify_tokens={1: 1500, 32: 5000}, max_calls=40000, open_rate=1000.0, open_duration=10.0, open_procs=1,
+            open_sweep=(200.0, 400.0), workers=2, inproc_calls=1000, profile_calls=2000)
+QUICK = Plan(sizes=(10, 40), concurrency=(1, 4), duration=0.2, client_procs=1, verify_tokens={1: 20, 4: 40},
+             max_calls=2000, open_rate=100.0, open_duration=0.3, open_procs=1, open_sweep=(), workers=2, inproc_calls=30,
+             profile_calls=30, mode="quick")
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Results:
+    date: str
+    machine: dict
+    plan: dict
+    runs: list = field(default_factory=list)
+    open_loop: list = field(default_factory=list)
+    audit: list = field(default_factory=list)
+    inproc: list = field(default_factory=list)
+    startup: list = field(default_factory=list)
+    profile: dict | None = None
+    targets: list = field(default_factory=list)
+
+    def find(self, **match) -> dict | None:
+        return next((r for r in self.runs if all(r.get(k) == v for k, v in match.items())), None)
+
+
+class Bench:
+    def __init__(self, plan: Plan, root: pathlib.Path):
+        self.plan, self.root = plan, root
+        self.default_size = plan.sizes[len(plan.sizes) // 2]
+        self.results = Results(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                               machine={**stats.machine(), "data_filesystem": stats.filesystem(str(root))},
+                               plan=asdict(plan))
+        self.bundles: dict[int, pathlib.Path] = {}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _procs_for(self, concurrency: int) -> int:
+        return 1 if concurrency == 1 else min(self.plan.client_procs, concurrency)
+
+    def _closed(self, server: servers.RunningServer, *, label: str, rpc: str, concurrency: int, policies,
+                workers: int, responses: dict | None = None, cpu=None) -> dict:
+        tools = bundles.tool_count(policies or self.default_size)
+        max_calls = self.plan.verify_tokens.get(concurrency, self.plan.max_calls) if rpc == "verify" \
+            else self.plan.max_calls
+        result = load.closed_loop(server.address, rpc=rpc, concurrency=concurrency,
+                                  procs=self._procs_for(concurrency), duration=self.plan.duration, tools=tools,
+                                  prefix=f"{label.replace(' ', '')}{concurrency}{rpc[0]}{time.monotonic_ns() % 10**6}",
+                                  max_calls=max_calls, cpu=cpu or server.cpu_seconds)
+        if responses is not None:
+            for kind, ids in result.decision_ids.items():
+                responses.setdefault(kind, []).extend(ids)
+        row = {"server": label, "rpc": rpc, "policies": policies, "workers": workers, "concurrency": concurrency,
+               "client_procs": self._procs_for(concurrency), "seconds": round(result.seconds, 3),
+               "calls": result.timed_ok, "throughput_per_s": result.timed_ok / result.seconds,
+               "server_cpu_ms_per_call": result.server_cpu_seconds * 1e3 / max(result.timed_ok, 1),
+               **stats.latency_summary(result.latencies_ns), "errors": dict(result.errors)}
+        self.results.runs.append(row)
+        log(f"{label:8s} {rpc:9s} policies={policies} workers={workers} c={concurrency}: "
+            f"{row['throughput_per_s']:.0f}/s p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+            f"server CPU {row['server_cpu_ms_per_call']:.2f} ms/call"
+            + (f" errors {row['errors']}" if row["errors"] else ""))
+        return row
+
+    def _open_all(self, server: servers.RunningServer, *, policies: int, workers: int, responses: dict) -> None:
+        for rate in sorted({*self.plan.open_sweep, self.plan.open_rate}):
+            self._open(server, rate=rate, policies=policies, workers=workers, responses=responses)
+
+    def _open(self, server: servers.RunningServer, *, rate: float, policies: int | None, workers: int,
+              responses: dict, label: str = "sidecar") -> dict:
+        plan = self.plan
+        result = load.open_loop(server.address, rate=rate, duration=plan.open_duration,
+                                procs=plan.open_procs, tools=bundles.tool_count(policies or self.default_size),
+                                prefix=f"open{workers}w{time.monotonic_ns() % 10**6}", cpu=server.cpu_seconds)
+        for kind, ids in result.decision_ids.items():
+            responses.setdefault(kind, []).extend(ids)
+        errors = sum(result.errors.values())
+        row = {"server": label, "policies": policies, "workers": workers, "offered_per_s": rate,
+               "target": label == "sidecar" and rate == plan.open_rate,
+               "seconds": plan.open_duration, "sent": result.sent,
+               "achieved_send_per_s": result.sent / max(result.send_end - result.start, 1e-9),
+               "completed_per_s": result.timed_ok / max(result.end - result.start, 1e-9),
+               **stats.latency_summary(result.latencies_ns), "errors": dict(result.errors),
+               "failed_calls": errors, "server_cpu_share": result.server_cpu_seconds / max(result.seconds, 1e-9)}
+        self.results.open_loop.append(row)
+        log(f"open loop {label} @{rate:.0f}/s workers={workers}: completed {row['completed_per_s']:.0f}/s "
+            f"p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} p99.9 {row['p999_ms']:.2f} ms"
+            + (f" errors {row['errors']}" if errors else ""))
+        return row
+
+    def _settings(self, size: int, name: str) -> dict:
+        return {"bundle": str(self.bundles[size]), "data_dir": str(self.root / f"data-{name}"),
+                "listen": "127.0.0.1:0", "tokens": {"lifetime_seconds": 600}}
+
+    def _audit(self, label: str, settings: dict, responses: dict) -> None:
+        check = stats.audit_check(str(pathlib.Path(settings["data_dir"]) / "audit.db"), responses)
+        self.results.audit.append({"server": label, **check})
+        log(f"audit {label}: {'ok' if check['ok'] else 'MISMATCH'} "
+            f"(authorize {check['authorize']['records']}/{check['authorize']['responses']}, "
+            f"verify {check['verify']['records']}/{check['verify']['responses']})")
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def generate(self) -> None:
+        for size in self.plan.sizes:
+            self.bundles[size] = bundles.generate_bundle(self.root / f"bundle-{size}", size)
+        log(f"bundles: {', '.join(f'{s} policies / {bundles.tool_count(s)} tools' for s in self.plan.sizes)}")
+
+    def noop(self) -> None:
+        server = servers.start_noop()
+        try:
+            for c in self.plan.concurrency:
+                self._closed(server, label="noop", rpc="authorize", concurrency=c, policies=None, workers=1)
+            self._closed(server, label="noop", rpc="verify", concurrency=max(self.plan.concurrency),
+                         policies=None, workers=1)
+            self._open(server, rate=self.plan.open_rate, policies=None, workers=1, responses={}, label="noop")
+        finally:
+            server.stop()
+
+    def sidecar(self, size: int) -> None:
+        settings = self._settings(size, f"sidecar-{size}")
+        began = time.perf_counter()
+        server = servers.start_sidecar(settings)
+        self.results.startup.append({"server": "sidecar", "policies": size, "workers": 1,
+                                     "seconds": time.perf_counter() - began})
+        responses: dict = {}
+        try:
+            for c in self.plan.concurrency:
+                self._closed(server, label="sidecar", rpc="authorize", concurrency=c, policies=size, workers=1,
+                             responses=responses)
+            if size == self.default_size:
+                for c in self.plan.concurrency:
+                    self._closed(server, label="sidecar", rpc="verify", concurrency=c, policies=size, workers=1,
+                                 responses=responses)
+                self._open_all(server, policies=size, workers=1, responses=responses)
+        finally:
+            server.stop()
+        self._audit(f"sidecar, {size} policies, 1 worker", settings, responses)
+
+    def workers(self) -> None:
+        n, size = self.plan.workers, self.default_size
+        group = servers.start_noop_group(n)
+        try:
+            self._closed(group[0], label="noop", rpc="authorize", concurrency=max(self.plan.concurrency),
+                         policies=None, workers=n, cpu=lambda: sum(s.cpu_seconds() for s in group))
+        finally:
+            for server in group:
+                server.stop()
+        settings = self._settings(size, f"workers-{n}")
+        config = self.root / f"workers-{n}.yaml"
+        config.write_text(json.dumps({**settings, "generate_missing_keys": True}))  # JSON is YAML
+        began = time.perf_counter()
+        server = servers.start_workers(str(config), n)
+        self.results.startup.append({"server": "sidecar", "policies": size, "workers": n,
+                                     "seconds": time.perf_counter() - began})
+        responses: dict = {}
+        try:
+            for c in self.plan.concurrency:
+                self._closed(server, label="sidecar", rpc="authorize", concurrency=c, policies=size, workers=n,
+                             responses=responses)
+            self._closed(server, label="sidecar", rpc="verify", concurrency=max(self.plan.concurrency),
+                         policies=size, workers=n, responses=responses)
+            self._open_all(server, policies=size, workers=n, responses=responses)
+        finally:
+            server.stop()
+        self._audit(f"sidecar, {size} policies, {n} workers", settings, responses)
+
+    def in_process(self, profile: bool) -> None:
+        threads = [1, max(self.plan.concurrency)]
+        for size in self.plan.sizes:
+            with_profile = profile and size == self.default_size
+            out = inproc.run_inproc(self.bundles[size], tools=bundles.tool_count(size), calls=self.plan.inproc_calls,
+                                    threads=threads, profile=with_profile, profile_calls=self.plan.profile_calls,
+                                    data_root=str(self.root))
+            row = {"policies": size, "decision": out["decision"],
+                   "decide": {**stats.latency_summary(out["decide"]["lat"]),
+                              "cpu_ms_per_call": out["decide"]["cpu_ms_per_call"]}}
+            for t, v in out["authorizer"].items():
+                row[f"authorizer_{t}"] = {**stats.latency_summary(v["lat"]), "cpu_ms_per_call": v["cpu_ms_per_call"],
+                                          "threads": t, "throughput_per_s": len(v["lat"]) / v["seconds"]}
+            rows = out["audit_rows"].get("authorize", 0)
+            row["audit"] = {"authorize_calls": out["authorize_calls"], "records": rows,
+                            "ok": rows == out["authorize_calls"]}
+            self.results.inproc.append(row)
+            if with_profile:
+                self.results.profile = {"policies": size, **out["profile"]}
+            log(f"in-process {size} policies: decide p50 {row['decide']['p50_ms'] * 1000:.0f} us, authorizer "
+                f"p50 {row['authorizer_1']['p50_ms']:.2f} ms, {threads[-1]} threads "
+                f"{row[f'authorizer_{threads[-1]}']['throughput_per_s']:.0f}/s")
+
+    # -- verdicts ----------------------------------------------------------------------------
+
+    def targets(self) -> None:
+        r, plan, c = self.results, self.plan, max(self.plan.concurrency)
+        targets = []
+
+        def add(name: str, value: float, limit: float, op: str, detail: str, extra_ok: bool = True) -> None:
+            ok = (value >= limit if op == ">=" else value <= limit) and extra_ok and not math.isnan(value)
+            targets.append({"target": name, "value": value, "limit": limit, "op": op, "pass": ok, "detail": detail})
+
+        noop = r.find(server="noop", rpc="authorize", concurrency=c, workers=1)
+        auth = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=1, policies=self.default_size)
+        if noop and auth:
+            add(f"Authorize/no-op throughput, {c} in flight, 1 process", auth["throughput_per_s"] /
+                noop["throughput_per_s"], TARGET_THROUGHPUT_RATIO, ">=",
+                f"{auth['throughput_per_s']:.0f}/s vs {noop['throughput_per_s']:.0f}/s ({self.default_size} policies)")
+        lo, hi = min(plan.sizes), max(plan.sizes)
+        small = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=1, policies=lo)
+        large = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=1, policies=hi)
+        if small and large:
+            add(f"Authorize cost at {hi} / at {lo} policies", small["throughput_per_s"] / large["throughput_per_s"],
+                TARGET_COST_RATIO, "<=", f"1/throughput at {c} in flight: {1e3 / large['throughput_per_s']:.2f} ms "
+                f"vs {1e3 / small['throughput_per_s']:.2f} ms")
+        for row in (o for o in r.open_loop if o["target"]):
+            complete = not row["failed_calls"] and row["completed_per_s"] >= 0.95 * row["offered_per_s"]
+            add(f"Authorize p99 at {row['offered_per_s']:.0f}/s offered, {row['workers']} worker(s)", row["p99_ms"],
+                TARGET_OPEN_P99_MS, "<=", f"completed {row['completed_per_s']:.0f}/s, {row['failed_calls']} failed "
+                f"calls, p99.9 {row['p999_ms']:.1f} ms", extra_ok=complete)
+        if r.audit:
+            lost = sum(a[k]["missing"] for a in r.audit for k in ("authorize", "verify"))
+            extra = sum(a[k]["extra"] for a in r.audit for k in ("authorize", "verify"))
+            add("audit records lost (one record per response)", lost, 0, "<=",
+                f"{sum(a[k]['records'] for a in r.audit for k in ('authorize', 'verify'))} records checked, "
+                f"{extra} without a response", extra_ok=all(a["ok"] for a in r.audit))
+        r.targets = targets
+
+    def run(self, profile: bool, phases: frozenset[str] = PHASES) -> Results:
+        self.generate()
+        if "noop" in phases:
+            self.noop()
+        if "sidecar" in phases:
+            for size in self.plan.sizes:
+                self.sidecar(size)
+        if "workers" in phases and self.plan.workers > 1:
+            self.workers()
+        if "inproc" in phases:
+            self.in_process(profile)
+        self.targets()
+        return self.results
+
+
+# -- output -------------------------------------------------------------------------------
+
+def _f(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def render(results: Results) -> str:
+    m = results.machine
+    lines = [f"toolauthz benchmark, {results.date} ({results.plan['mode']}): {m['nproc']} cores {m['cpu_model']}, "
+             f"Python {m['python']}, grpcio {m['versions'].get('grpcio', '?')}, data on {m['data_filesystem'] or '?'}",
+             "", "closed loop (decisions/s over the timed phase; latency per call and server CPU per call, ms)",
+             f"{'server':8} {'rpc':9} {'policies':>8} {'workers':>7} {'in flight':>9} {'calls':>7} "
+             f"{'per s':>8} {'p50':>7} {'p99':>8} {'p99.9':>8} {'srv CPU/call':>12}  errors"]
+    for r in results.runs:
+        lines.append(f"{r['server']:8} {r['rpc']:9} {_f(r['policies']):>8} {r['workers']:>7} {r['concurrency']:>9} "
+                     f"{r['calls']:>7} {r['throughput_per_s']:>8.0f} {_f(r['p50_ms']):>7} {_f(r['p99_ms']):>8} "
+                     f"{_f(r['p999_ms']):>8} {_f(r['server_cpu_ms_per_call']):>12}  "
+                     f"{json.dumps(r['errors']) if r['errors'] else '-'}")
+    if results.open_loop:
+        lines += ["", "open loop Authorize (latency from each call's due time, ms)",
+                  f"{'server':8} {'policies':>8} {'workers':>7} {'offered/s':>9} {'sent/s':>8} {'done/s':>8} "
+                  f"{'p50':>7} {'p99':>8} {'p99.9':>8} {'max':>8}  errors"]
+        for o in results.open_loop:
+            lines.append(f"{o['server']:8} {_f(o['policies']):>8} {o['workers']:>7} {o['offered_per_s']:>9.0f} "
+                         f"{o['achieved_send_per_s']:>8.0f} {o['completed_per_s']:>8.0f} {_f(o['p50_ms']):>7} "
+                         f"{_f(o['p99_ms']):>8} {_f(o['p999_ms']):>8} {_f(o['max_ms']):>8}  "
+                         f"{json.dumps(o['errors']) if o['errors'] else '-'}")
+    if results.inproc:
+        t = max(results.plan["concurrency"])
+        lines += ["", "in process, no gRPC (engine.decide alone; Authorizer.authorize with ledger, token, audit; "
+                  "CPU per call of the whole process)",
+                  f"{'policies':>8} {'decide p50 us':>13} {'CPU us':>7} {'authorize p50 ms':>16} {'p99 ms':>7} "
+                  f"{'per s':>7} {'CPU ms':>7} {f'{t} threads per s':>16} {'p99 ms':>8} {'CPU ms':>7}"]
+        for row in results.inproc:
+            a1, an, d = row["authorizer_1"], row[f"authorizer_{t}"], row["decide"]
+            lines.append(f"{row['policies']:>8} {d['p50_ms'] * 1000:>13.0f} {d['cpu_ms_per_call'] * 1000:>7.0f} "
+                         f"{a1['p50_ms']:>16.2f} {a1['p99_ms']:>7.2f} {a1['throughput_per_s']:>7.0f} "
+                         f"{a1['cpu_ms_per_call']:>7.2f} {an['throughput_per_s']:>16.0f} {an['p99_ms']:>8.2f} "
+                         f"{an['cpu_ms_per_call']:>7.2f}")
+    if results.startup:
+        lines += ["", "startup (process start to serving): " + ", ".join(
+            f"{s['policies']} policies / {s['workers']} worker(s) {s['seconds']:.1f} s" for s in results.startup)]
+    if results.audit:
+        lines += ["", "audit check (decision ids of successful responses vs audit records)"]
+        for a in results.audit:
+            lines.append(f"  {a['server']}: authorize {a['authorize']['records']} records / "
+                         f"{a['authorize']['responses']} responses, verify {a['verify']['records']} / "
+                         f"{a['verify']['responses']}, missing {a['authorize']['missing'] + a['verify']['missing']}, "
+                         f"extra {a['authorize']['extra'] + a['verify']['extra']}: {'OK' if a['ok'] else 'MISMATCH'}")
+    if results.profile:
+        p = results.profile
+        lines += ["", f"where the time goes: cProfile of the gRPC handler called directly, {p['calls']} calls, "
+                      f"{p['policies']} policies (us per call; profiler overhead included; nested rows indented)"]
+        for s in p["stages"]:
+            lines.append(f"  {s['stage']:42} {s['us_per_call']:>8.0f}")
+        sc = p.get("stage_cpu")
+        if sc:
+            lines += ["", f"the same path timed without a profiler: CPU of the calling thread per step (us per call; "
+                          f"{sc['calls']} calls; the whole process used {sc['process_cpu_us']:.0f} us per call)"]
+            for s in sc["stages"]:
+                lines.append(f"  {s['stage']:46} {s['cpu_us']:>8.0f}   (wall {_f(s['wall_us'], 0)})")
+        w = p.get("writer") or {}
+        if w:
+            lines.append(f"  audit writer thread, one commit: {w['batch_1_ms_per_commit']:.2f} ms for 1 record, "
+                         f"{w['batch_32_ms_per_commit']:.2f} ms for 32")
+    if results.targets:
+        lines += ["", "targets"]
+        for t in results.targets:
+            lines.append(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {_f(t['value'])} {t['op']} "
+                         f"{_f(t['limit'])}  ({t['detail']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (seconds)")
+    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                        help="write the results as JSON to PATH ('-' or no PATH: stdout, the table then goes "
+                             "to stderr)")
+    parser.add_argument("--sizes", help="policy counts, comma-separated (default 10,1000,10000)")
+    parser.add_argument("--duration", type=float, help="seconds per closed-loop run (default 5)")
+    parser.add_argument("--client-procs", type=int, help="client processes at the highest concurrency (default 2)")
+    parser.add_argument("--open-rate", type=float, help="offered Authorize rate of the open-loop run (default 1000)")
+    parser.add_argument("--open-duration", type=float, help="seconds of each open-loop run (default 10)")
+    parser.add_argument("--open-sweep", help="lower offered rates to measure too, comma-separated (default 200,400)")
+    parser.add_argument("--workers", type=int, help="worker processes to compare with one (default 2; 1: skip)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile of the decision path")
+    parser.add_argument("--phases", default=",".join(sorted(PHASES)),
+                        help="what to run, comma-separated, from: " + ", ".join(sorted(PHASES)) + " (default: all)")
+    parser.add_argument("--data-root", help="where the temporary bundles and data dirs go (default: the temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+
+    phases = frozenset(p.strip() for p in args.phases.split(",") if p.strip())
+    if not phases <= PHASES:
+        parser.error(f"unknown phase(s): {', '.join(sorted(phases - PHASES))}")
+    plan = QUICK if args.quick else FULL
+    overrides = {"sizes": tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None,
+                 "duration": args.duration, "client_procs": args.client_procs, "open_rate": args.open_rate,
+                 "open_duration": args.open_duration, "workers": args.workers,
+                 "open_sweep": tuple(float(r) for r in args.open_sweep.split(",") if r) if args.open_sweep is not None
+                 else None}
+    plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
+    root = pathlib.Path(tempfile.mkdtemp(prefix="toolauthz-bench-", dir=args.data_root))
+    log(f"{plan.mode} run in {root}")
+    try:
+        results = Bench(plan, root).run(profile=not args.no_profile, phases=phases)
+    finally:
+        if args.keep:
+            log(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    table = render(results)
+    to_stdout = args.json == "-"
+    print(table, file=sys.stderr if to_stdout else sys.stdout, flush=True)
+    if args.json:
+        text = json.dumps(asdict(results), indent=2, default=str)
+        if to_stdout:
+            print(text)
+        else:
+            pathlib.Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
