@@ -116,7 +116,7 @@ def test_sighup_reloads_a_running_server(tmp_path, bundle_dir):
     config.write_text(json.dumps({"bundle": str(bundle_dir), "data_dir": str(tmp_path / "data"),
                                   "listen": "127.0.0.1:0", "generate_missing_keys": True,
                                   "reload_poll_seconds": 0}))
-    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", "1"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True)

@@ -248,6 +248,7 @@ class SqliteAuditLog:
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
+        self._write_lock.close()
 
 
 def _to_row(record: AuditRecord) -> tuple[Any, ...]:

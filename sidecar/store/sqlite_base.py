@@ -125,3 +125,4 @@ class SqliteDatabase:
                 conn.close()
             self._all.clear()
         self._local = threading.local()
+        self._write_lock.close()
