@@ -56,7 +56,9 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         raise InputError("unknown_tool", f"no tool named `{shown}` is available")
     tool = tool_slice.tool
     value = parse_strict_json(call.input_json, max_bytes=tool.max_input_bytes, max_depth=MAX_DEPTH)
-    error = best_match(tool.validator.iter_errors(value))
+    # is_valid stops at the first failure; the ranking of every error is only worth its
+    # cost when there is one to report.
+    error = None if tool.validator.is_valid(value) else best_match(tool.validator.iter_errors(value))
     if error is not None:
         where = "/" + "/".join(str(p) for p in error.absolute_path)
         # Name the pointer and keyword only: jsonschema's own message may quote input values.
