@@ -84,14 +84,9 @@ class AsyncGuard(_GuardCore):
             response = await self.client.authorize(ctx, call.to_proto(), timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
             return self._fail(call, att, self._authorize_failed(call, exc))
-        end = self._on_authorized(call, att, response)
-        if end is not None:
-            return end
-        tool = self._tool_for(call, sync=False)
-        if tool is None:
-            return self._fail(call, att, "unknown_tool", content=r.tool_unavailable(call.name))
-        if call.arguments is None:
-            return self._fail(call, att, "invalid_input")
+        tool = self._on_authorized(call, att, response, sync=False)
+        if isinstance(tool, _End):
+            return tool
         token = response.token
         if response.decision == pb.APPROVAL_REQUIRED:
             waited = await self._await_approval(call, att, ctx, approval_wait)

@@ -241,7 +241,9 @@ class _GuardCore:
         return _End(self._result(call, att, r.APPROVAL_PENDING, "approval_pending",
                                  r.approval_pending(att.approval_id)))
 
-    def _on_authorized(self, call: ProposedCall, att: _Attempt, response: pb.AuthorizeResponse) -> _End | None:
+    def _on_authorized(self, call: ProposedCall, att: _Attempt, response: pb.AuthorizeResponse, *,
+                       sync: bool) -> _End | Tool:
+        """The end of the call, or the tool that may now run (after Verify)."""
         att.decision = _DECISIONS.get(response.decision, "")
         att.decision_id = response.decision_id
         att.approval_id = response.approval_id
@@ -259,7 +261,12 @@ class _GuardCore:
             return self._fail(call, att, "already_executed", report=False)
         if response.decision not in _DECISIONS:
             return self._fail(call, att, "authorization_error")
-        return None
+        tool = self._tool_for(call, sync=sync)
+        if tool is None:
+            return self._fail(call, att, "unknown_tool", content=r.tool_unavailable(call.name))
+        if call.arguments is None:  # cannot happen after the sidecar accepted it; fail closed anyway
+            return self._fail(call, att, "invalid_input")
+        return tool
 
     def _tool_for(self, call: ProposedCall, *, sync: bool) -> Tool | None:
         tool = self.tools.get(call.name)
@@ -392,14 +399,9 @@ class Guard(_GuardCore):
             response = self.client.authorize(ctx, call.to_proto(), timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
             return self._fail(call, att, self._authorize_failed(call, exc))
-        end = self._on_authorized(call, att, response)
-        if end is not None:
-            return end
-        tool = self._tool_for(call, sync=True)
-        if tool is None:
-            return self._fail(call, att, "unknown_tool", content=r.tool_unavailable(call.name))
-        if call.arguments is None:  # cannot happen after the sidecar accepted it; fail closed anyway
-            return self._fail(call, att, "invalid_input")
+        tool = self._on_authorized(call, att, response, sync=True)
+        if isinstance(tool, _End):
+            return tool
         token = response.token
         if response.decision == pb.APPROVAL_REQUIRED:
             if cancel is not None and cancel.is_set():
