@@ -10,7 +10,8 @@ from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
-_STATUS_NAMES = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
+# The proto enum is the one list of statuses: PENDING -> `pending`, ...
+_STATUSES = [name.lower() for name in apb.ApprovalStatus.keys() if name != "APPROVAL_STATUS_UNSPECIFIED"]
 
 
 def add_approvals_command(sub, parse_principal) -> None:
@@ -19,7 +20,7 @@ def add_approvals_command(sub, parse_principal) -> None:
     verbs = approvals.add_subparsers(dest="approvals_command", required=True)
     listing = verbs.add_parser("list")
     listing.add_argument("--tenant", default="")
-    listing.add_argument("--status", choices=sorted(_STATUS_NAMES), default="pending")
+    listing.add_argument("--status", choices=_STATUSES, default="pending")
     listing.add_argument("--group", default="")
     show = verbs.add_parser("show")
     show.add_argument("approval_id")
@@ -52,7 +53,7 @@ def run(args) -> int:
         stub = apb_grpc.ApprovalsStub(channel)
         if args.approvals_command == "list":
             reply = stub.ListApprovals(apb.ListApprovalsRequest(
-                tenant=args.tenant, status=_STATUS_NAMES[args.status], group=args.group), timeout=10)
+                tenant=args.tenant, status=apb.ApprovalStatus.Value(args.status.upper()), group=args.group), timeout=10)
             for a in reply.approvals:
                 print(f"{a.approval_id}  {a.short_code}  {apb.ApprovalStatus.Name(a.status).lower():8}  "
                       f"{a.tenant}  {a.tool}  {a.resource}  {a.requester.type}::\"{a.requester.id}\"  {a.arguments_json}")
