@@ -112,3 +112,13 @@ def test_query_decisions_rejects_a_bad_page_token(channel):
     with pytest.raises(grpc.RpcError) as info:
         list(aupb_grpc.AuditStub(channel).QueryDecisions(aupb.QueryDecisionsRequest(page_token="abc")))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_audit_commands_refuse_bad_input_clearly(history, tmp_path, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "query", "--since", "yesterday"]) == 1
+    assert "`yesterday` is not an ISO 8601 time" in capsys.readouterr().err
+    assert main(["audit", "--data-dir", str(tmp_path / "nowhere"), "verify"]) == 1
+    assert "no audit store at" in capsys.readouterr().err
+    assert main(["audit", "--data-dir", data, "show", "no-such-call"]) == 1
+    assert "no audit records for call `no-such-call`" in capsys.readouterr().err
