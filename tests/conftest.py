@@ -33,8 +33,9 @@ def clock() -> FrozenClock:
 
 @pytest.fixture
 def settings(tmp_path, bundle_dir) -> Settings:
+    # No polling watcher: tests reload explicitly, so a background reload never races them.
     return Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
-                    audit={"checkpoint_interval_seconds": 3600})
+                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0)
 
 
 @pytest.fixture

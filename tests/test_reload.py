@@ -44,6 +44,7 @@ def test_reload_under_load_loses_nothing_and_mixes_no_versions(bundle_dir, tmp_p
 
     stop = threading.Event()
     seen, failures = [], []
+    progress = threading.Condition()
 
     def client(n: int) -> None:
         i = 0
@@ -53,6 +54,8 @@ def test_reload_under_load_loses_nothing_and_mixes_no_versions(bundle_dir, tmp_p
                 seen.append((r.policy_version, r.decision, tuple(r.reasons)))
             except grpc.RpcError as exc:  # any error is a lost request
                 failures.append(exc.code())
+            with progress:
+                progress.notify_all()
             i += 1
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
@@ -66,8 +69,8 @@ def test_reload_under_load_loses_nothing_and_mixes_no_versions(bundle_dir, tmp_p
             else:
                 forbid_file.unlink()
             assert sidecar.reloader.reload()
-            while len(seen) < before + 20 and not failures:
-                pass  # let the clients run against this version
+            with progress:  # let the clients run against this version
+                assert progress.wait_for(lambda: len(seen) >= before + 20 or failures, timeout=60)
     finally:
         stop.set()
         for t in threads:
