@@ -23,7 +23,7 @@ from sidecar.digest import call_digest
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
 from sidecar.errors import InputError, NotFoundError
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
-from sidecar.store.ledger import OUTCOMES, CallEntry, CallLedger
+from sidecar.store.ledger import OUTCOMES, CallEntry, CallLedger, RecordedDecision
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
@@ -126,26 +126,36 @@ class Authorizer:
 
         base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
-        now = self.clock.now()
+        verdicts: list[Verdict] = []
+
+        def decide(calls: int, tool_calls: int) -> RecordedDecision | None:
+            # Runs inside the ledger's transaction: the run's counts cannot change under it.
+            verdict = evaluate(bundle, ctx, prepared, RunCounts(calls, tool_calls), entities)
+            verdicts.append(verdict)
+            if verdict.decision is Decision.APPROVAL_REQUIRED:
+                return None  # recorded undecided until its approval exists
+            return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
+                                    tuple((e.code, e.message) for e in verdict.errors))
+
         reservation = self.ledger.reserve(CallEntry(
             ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
-            str(ctx.principal), now))
+            str(ctx.principal), self.clock.now()), decide)
         if reservation.existing is not None:
             return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-
-        try:
-            verdict = evaluate(bundle, ctx, prepared, RunCounts(reservation.calls, reservation.tool_calls), entities)
-            self._count_shadow(bundle, verdict)
-            approval_id = ""
-            if verdict.decision is Decision.APPROVAL_REQUIRED:
+        (verdict,) = verdicts
+        self._count_shadow(bundle, verdict)
+        approval_id = ""
+        if verdict.decision is Decision.APPROVAL_REQUIRED:
+            try:
                 approval_id = self._open_approval(ctx, call.call_id, prepared, verdict, decision_id, bundle.version,
                                                   base["fields"])
-            self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value, decision_id=decision_id,
-                                 policy_version=bundle.version, reasons=verdict.reasons,
-                                 errors=tuple((e.code, e.message) for e in verdict.errors), approval_id=approval_id)
-        except Exception:
-            self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
-            raise
+                self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value,
+                                     decision_id=decision_id, policy_version=bundle.version, reasons=verdict.reasons,
+                                     errors=tuple((e.code, e.message) for e in verdict.errors),
+                                     approval_id=approval_id)
+            except Exception:
+                self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
+                raise
         token, gone = None, False
         if verdict.decision is Decision.ALLOW:
             gone = not still_wanted()
@@ -162,8 +172,9 @@ class Authorizer:
                                    policy_version=version, fields=fields).approval_id
 
     def _abandon(self, tenant: str, call_id: str, decision_id: str, version: str) -> None:
-        """A reserved call whose decision failed is recorded as denied, so that a retry of
-        the same call id gets an answer rather than `call_in_progress` forever."""
+        """A reserved call whose approval could not be opened is recorded as denied, so
+        that a retry of the same call id gets an answer rather than `call_in_progress`
+        forever. (A failure while deciding leaves nothing reserved: `reserve` rolls back.)"""
         try:
             self.ledger.complete(tenant, call_id, decision=Decision.DENY.value, decision_id=decision_id,
                                  policy_version=version, reasons=(), errors=(("internal_error", "the call could not be decided"),))

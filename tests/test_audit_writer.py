@@ -146,12 +146,31 @@ def test_close_commits_what_is_queued_then_refuses(log):
         writer.write(event(3))
 
 
-def test_write_times_out_as_store_unavailable(log):
+def test_write_times_out_as_store_unavailable_and_is_never_committed(log):
     gated = GatedLog(log)
     writer = AuditWriter(gated)
+    leader = threading.Thread(target=writer.write, args=(event(1),))
+    leader.start()
+    assert gated.first_entered.wait(WAIT)  # the first write is committing, and stuck
     with pytest.raises(StoreUnavailable, match="not committed within"):
-        writer.write(event(1), timeout=0.01)
+        writer.write(event(2), timeout=0.01)
     gated.release.set()
+    leader.join(WAIT)
+    writer.close()
+    assert [r.event.call_id for r in log.iter_records()] == ["c-1"]  # the timed-out one is dropped
+
+
+def test_one_writer_commits_on_its_own_thread(log):
+    threads = []
+
+    class ThreadRecordingLog:
+        def append(self, events):
+            threads.append(threading.get_ident())
+            return log.append(events)
+
+    writer = AuditWriter(ThreadRecordingLog())
+    assert writer.write(event(1)).seq == 1
+    assert threads == [threading.get_ident()]  # no hand-off to another thread
     writer.close()
 
 

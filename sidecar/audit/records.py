@@ -27,6 +27,8 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
     # value that cannot be canonicalized fails at the caller, not inside a shared batch.
     if not isinstance(value, dict):
         raise TypeError(f"audit `{name}` must be a dict")
+    if not value:
+        return {}  # the usual `detail`: nothing to normalize
     try:
         return json.loads(rfc8785.dumps(value))
     except ValueError as exc:  # CanonicalizationError, or a lone surrogate

@@ -22,8 +22,6 @@ import threading
 from dataclasses import fields as dataclass_fields
 from typing import Any, Iterator, Sequence
 
-import rfc8785
-
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, KINDS, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery, check_page
@@ -256,9 +254,15 @@ def _to_row(record: AuditRecord) -> tuple[Any, ...]:
     values = [getattr(event, name) for name in _EVENT_COLUMNS]
     for i, name in enumerate(_EVENT_COLUMNS):
         if name in _JSON_COLUMNS:
-            value = values[i]
-            values[i] = rfc8785.dumps(list(value) if isinstance(value, tuple) else value).decode()
+            # Plain JSON is enough here: the hash covers the canonical body recomputed
+            # from the values, and these values (already canonical copies) read back equal.
+            values[i] = _json_text(values[i])
     return (record.seq, *values, record.prev_hash, record.hash)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True,
+                      allow_nan=False)
 
 
 def _from_row(row: Sequence[Any]) -> AuditRecord:

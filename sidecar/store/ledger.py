@@ -7,7 +7,7 @@ deny on StoreUnavailable. Several sidecar processes may share one ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
 
@@ -49,10 +49,32 @@ class Reservation:
     tool_calls: int = 0
 
 
+@dataclass(frozen=True)
+class RecordedDecision:
+    """The decision fields of a call, as `reserve`'s `decide` returns them."""
+
+    decision: str
+    decision_id: str
+    policy_version: str
+    reasons: tuple[str, ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()  # (code, message)
+
+
+# Called with the run's counts (calls, tool_calls) inside reserve's transaction.
+Decide = Callable[[int, int], "RecordedDecision | None"]
+
+
 class CallLedger(Protocol):
-    def reserve(self, entry: CallEntry) -> Reservation:
+    def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
         """Atomically: if (tenant, call_id) exists return it; else count the calls of
-        entry.request_id (all tools, and entry.tool) and insert entry undecided."""
+        entry.request_id (all tools, and entry.tool) and insert the entry.
+
+        With `decide`, the counts go to `decide` inside the same transaction and the
+        entry is inserted with the decision it returns (undecided if it returns None,
+        for `complete` to fill later): one transaction per decision instead of two, and
+        concurrent calls of one run are counted and decided one after the other. An
+        exception from `decide` rolls back: nothing is recorded. (A backend shared by
+        replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)"""
 
     def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
                  policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],

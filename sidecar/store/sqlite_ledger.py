@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 from sidecar.errors import ConflictError, NotFoundError
-from sidecar.store.ledger import CallEntry, Reservation
+from sidecar.store.ledger import CallEntry, Decide, RecordedDecision, Reservation
 from sidecar.store.sqlite_base import SqliteDatabase
 
 _SCHEMA = """
@@ -47,7 +47,7 @@ class SqliteLedger(SqliteDatabase):
     def __init__(self, path: str):
         super().__init__(path, _SCHEMA, label="ledger")
 
-    def reserve(self, entry: CallEntry) -> Reservation:
+    def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
         with self.transaction() as db:
             existing = self._get(db, entry.tenant, entry.call_id)
             if existing is not None:
@@ -55,10 +55,16 @@ class SqliteLedger(SqliteDatabase):
             calls, tool_calls = db.execute(
                 "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
                 (entry.tool, entry.tenant, entry.request_id)).fetchone()
+            decided = decide(calls, tool_calls) if decide is not None else None
+            if decided is None:
+                decided = RecordedDecision("", "", "")
             db.execute(
-                "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal, entry.created_at))
+                "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
+                "decision, decision_id, policy_version, reasons, errors) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+                 entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+                 json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
             return Reservation(None, calls, tool_calls)
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
