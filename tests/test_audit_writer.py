@@ -79,8 +79,7 @@ def run_writers(writer: AuditWriter, gated: GatedLog, count: int = THREADS):
     assert gated.first_entered.wait(WAIT)
     for t in threads[1:]:
         t.start()
-    with writer._cond:  # no sleeping: woken by every enqueue
-        assert writer._cond.wait_for(lambda: len(writer._queue) == count - 1, WAIT)
+    assert writer._group.wait_until_queued(count - 1, WAIT)  # no sleeping: woken by every enqueue
     gated.release.set()
     for t in threads:
         t.join(WAIT)
@@ -134,8 +133,7 @@ def test_close_commits_what_is_queued_then_refuses(log):
     assert gated.first_entered.wait(WAIT)
     second = threading.Thread(target=writer.write, args=(event(2),))
     second.start()
-    with writer._cond:
-        assert writer._cond.wait_for(lambda: len(writer._queue) == 1, WAIT)
+    assert writer._group.wait_until_queued(1, WAIT)
     closer = threading.Thread(target=writer.close)
     closer.start()
     gated.release.set()
@@ -152,7 +150,7 @@ def test_write_times_out_as_store_unavailable_and_is_never_committed(log):
     leader = threading.Thread(target=writer.write, args=(event(1),))
     leader.start()
     assert gated.first_entered.wait(WAIT)  # the first write is committing, and stuck
-    with pytest.raises(StoreUnavailable, match="not committed within"):
+    with pytest.raises(StoreUnavailable, match="not done within"):
         writer.write(event(2), timeout=0.01)
     gated.release.set()
     leader.join(WAIT)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from typing import Sequence
 
 from sidecar.errors import ConflictError, NotFoundError
 from sidecar.store.ledger import CallEntry, Decide, RecordedDecision, Reservation
+from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.sqlite_base import SqliteDatabase
 
 _SCHEMA = """
@@ -46,26 +48,44 @@ _COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, d
 class SqliteLedger(SqliteDatabase):
     def __init__(self, path: str):
         super().__init__(path, _SCHEMA, label="ledger")
+        self._reservations: GroupCommit[tuple[CallEntry, Decide | None], Reservation] = GroupCommit(
+            self._reserve_batch, name="ledger")
 
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
+        # Concurrent reservations share one transaction: see group_commit.py.
+        return self._reservations.submit((entry, decide))
+
+    def _reserve_batch(self, items: Sequence[tuple[CallEntry, Decide | None]]) -> list[Reservation | ItemFailed]:
+        results: list[Reservation | ItemFailed] = []
         with self.transaction() as db:
-            existing = self._get(db, entry.tenant, entry.call_id)
-            if existing is not None:
-                return Reservation(existing)
-            calls, tool_calls = db.execute(
-                "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
-                (entry.tool, entry.tenant, entry.request_id)).fetchone()
-            decided = decide(calls, tool_calls) if decide is not None else None
-            if decided is None:
-                decided = RecordedDecision("", "", "")
-            db.execute(
-                "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
-                "decision, decision_id, policy_version, reasons, errors) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
-                 entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-                 json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
-            return Reservation(None, calls, tool_calls)
+            for entry, decide in items:
+                existing = self._get(db, entry.tenant, entry.call_id)
+                if existing is not None:
+                    results.append(Reservation(existing))
+                    continue
+                calls, tool_calls = db.execute(
+                    "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
+                    (entry.tool, entry.tenant, entry.request_id)).fetchone()
+                try:
+                    decided = decide(calls, tool_calls) if decide is not None else None
+                except Exception as exc:  # this call's failure alone: nothing of it is stored
+                    results.append(ItemFailed(exc))
+                    continue
+                if decided is None:
+                    decided = RecordedDecision("", "", "")
+                db.execute(
+                    "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
+                    "decision, decision_id, policy_version, reasons, errors) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+                     entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+                     json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
+                results.append(Reservation(None, calls, tool_calls))
+        return results
+
+    def close(self) -> None:
+        self._reservations.close()
+        super().close()
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
         with self.transaction() as db:
