@@ -152,22 +152,44 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
             if parent.get("type") == "Tenant" and parent.get("id") != tenant_id:
                 raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` names another tenant")
         by_uid[uid] = entity
-    synthesized = list(extra)
+    synthesized = []
     for uid in anchors:
         if uid in by_uid:
             if tenant not in by_uid[uid]["parents"]:
                 by_uid[uid]["parents"].append(tenant)
-        elif uid not in bundle.static_uids and all(s["uid"] != {"type": uid[0], "id": uid[1]} for s in synthesized):
-            synthesized.append({"uid": {"type": uid[0], "id": uid[1]}, "attrs": {}, "parents": [tenant]})
-    entities = bundle.static_entities
+        elif uid not in bundle.static_uids and uid not in synthesized and \
+                all(e["uid"] != {"type": uid[0], "id": uid[1]} for e in extra):
+            synthesized.append(uid)
     try:
+        entities = _anchored(bundle, tenant_id, tuple(synthesized))
+        if extra:
+            entities = entities.with_added_json_str(json.dumps(list(extra)))
         if by_uid:
             entities = entities.with_added_json_str(json.dumps(list(by_uid.values())), bundle.entity_schema)
-        if synthesized:
-            entities = entities.with_added_json_str(json.dumps(synthesized))
     except ValueError as exc:
         raise RequestError(f"entities_json does not match the schema: {exc}") from None
     return entities
+
+
+MAX_ANCHORED = 4096
+
+
+def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[tuple[str, str], ...]) -> cedarpy.Entities:
+    """The static entities plus an attribute-less entity in the tenant for each of `uids`
+    (anchors nobody described), cached on the bundle: a per-request clone of the static
+    entities is the largest part of building a request's entities."""
+    if not uids:
+        return bundle.static_entities
+    key = (tenant_id, uids)
+    cached = bundle.anchored_entities.get(key)
+    if cached is None:
+        tenant = {"type": "Tenant", "id": tenant_id}
+        cached = bundle.static_entities.with_added_json_str(json.dumps(
+            [{"uid": {"type": t, "id": i}, "attrs": {}, "parents": [tenant]} for t, i in uids]))
+        if len(bundle.anchored_entities) >= MAX_ANCHORED:
+            bundle.anchored_entities.clear()  # bounded; a sweep of new principals just refills it
+        bundle.anchored_entities[key] = cached
+    return cached
 
 
 def _supplied_entities(raw: bytes) -> list[dict]:

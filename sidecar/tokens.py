@@ -8,6 +8,7 @@ token store's job (consume `jti` atomically); this module never says `already_us
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -83,8 +84,15 @@ class Verification:
         return self.code == OK
 
 
+@functools.lru_cache(maxsize=4)
 def _rfc3339(epoch: int) -> str:
+    # Cached: every token minted within one second carries the same iat/nbf/exp.
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@functools.lru_cache(maxsize=8)
+def _footer(kid: str) -> bytes:
+    return json.dumps({"kid": kid}, separators=(",", ":")).encode()
 
 
 def _parse_time(value: object) -> float | None:
@@ -128,7 +136,7 @@ class TokenIssuer:
             claims["approver"] = approver
         token = pyseto.encode(
             signing.key, json.dumps(claims, separators=(",", ":")).encode(),
-            footer=json.dumps({"kid": signing.kid}, separators=(",", ":")).encode(),
+            footer=_footer(signing.kid),
             implicit_assertion=digest.encode("ascii"),
         ).decode("ascii")
         if len(token) > MAX_TOKEN_CHARS:  # the verifier would call it malformed

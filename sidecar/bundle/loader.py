@@ -57,6 +57,10 @@ class Bundle:
     # The entity types without the generated tool actions: what per-request entities are
     # validated against, so that their cost does not grow with the number of tools.
     entity_schema: cedarpy.Schema | None = field(repr=False, default=None)
+    # The static entities plus the entities the sidecar synthesizes for a request's
+    # principal and resource, by (tenant, anchors): most calls of a session repeat them.
+    # engine.trusted_entities fills and bounds it.
+    anchored_entities: dict = field(repr=False, compare=False, default_factory=dict)
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
