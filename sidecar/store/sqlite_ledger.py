@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from sidecar.errors import ConflictError, NotFoundError
 from sidecar.store.ledger import CallEntry, Decide, RecordedDecision, Reservation
@@ -48,44 +48,42 @@ _COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, d
 class SqliteLedger(SqliteDatabase):
     def __init__(self, path: str):
         super().__init__(path, _SCHEMA, label="ledger")
-        self._reservations: GroupCommit[tuple[CallEntry, Decide | None], Reservation] = GroupCommit(
-            self._reserve_batch, name="ledger")
+        # The writes every decision and every verification make: concurrent ones share a
+        # transaction (group_commit.py) instead of queueing on the write lock one by one.
+        self._writes: GroupCommit[Callable[[sqlite3.Connection], Any], Any] = GroupCommit(
+            self._run_writes, name="ledger")
 
-    def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
-        # Concurrent reservations share one transaction: see group_commit.py.
-        return self._reservations.submit((entry, decide))
-
-    def _reserve_batch(self, items: Sequence[tuple[CallEntry, Decide | None]]) -> list[Reservation | ItemFailed]:
-        results: list[Reservation | ItemFailed] = []
+    def _run_writes(self, writes: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[Any]:
         with self.transaction() as db:
-            for entry, decide in items:
-                existing = self._get(db, entry.tenant, entry.call_id)
-                if existing is not None:
-                    results.append(Reservation(existing))
-                    continue
-                calls, tool_calls = db.execute(
-                    "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
-                    (entry.tool, entry.tenant, entry.request_id)).fetchone()
-                try:
-                    decided = decide(calls, tool_calls) if decide is not None else None
-                except Exception as exc:  # this call's failure alone: nothing of it is stored
-                    results.append(ItemFailed(exc))
-                    continue
-                if decided is None:
-                    decided = RecordedDecision("", "", "")
-                db.execute(
-                    "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
-                    "decision, decision_id, policy_version, reasons, errors) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
-                     entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-                     json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
-                results.append(Reservation(None, calls, tool_calls))
-        return results
+            return [write(db) for write in writes]
 
     def close(self) -> None:
-        self._reservations.close()
+        self._writes.close()
         super().close()
+
+    def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
+        return self._writes.submit(lambda db: self._reserve(db, entry, decide))
+
+    def _reserve(self, db: sqlite3.Connection, entry: CallEntry, decide: Decide | None) -> Reservation | ItemFailed:
+        existing = self._get(db, entry.tenant, entry.call_id)
+        if existing is not None:
+            return Reservation(existing)
+        calls, tool_calls = db.execute(
+            "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
+            (entry.tool, entry.tenant, entry.request_id)).fetchone()
+        try:
+            decided = decide(calls, tool_calls) if decide is not None else None
+        except Exception as exc:  # this call's failure alone: nothing of it is written
+            return ItemFailed(exc)
+        if decided is None:
+            decided = RecordedDecision("", "", "")
+        db.execute(
+            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
+            "decision, decision_id, policy_version, reasons, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
+        return Reservation(None, calls, tool_calls)
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
         with self.transaction() as db:
@@ -100,20 +98,22 @@ class SqliteLedger(SqliteDatabase):
             return self._get(db, tenant, call_id)
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
-        with self.transaction() as db:
-            entry = self._get(db, tenant, call_id)
-            if entry is None:
-                return "unknown_call"
-            if entry.outcome and not entry.verified_jti:
-                return "call_closed"  # reported as ended (e.g. cancelled) before it ran
-            inserted = db.execute(
-                "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
-            # One execution per call, whichever of its tokens comes first.
-            updated = db.execute(
-                "UPDATE calls SET verified_jti = ?, verified_at = ? WHERE tenant = ? AND call_id = ? AND verified_jti = ''",
-                (jti, now, tenant, call_id)).rowcount
-            return "ok" if inserted and updated else "already_used"
+        return self._writes.submit(lambda db: self._consume(db, tenant, call_id, jti, now))
+
+    def _consume(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
+        entry = self._get(db, tenant, call_id)
+        if entry is None:
+            return "unknown_call"
+        if entry.outcome and not entry.verified_jti:
+            return "call_closed"  # reported as ended (e.g. cancelled) before it ran
+        inserted = db.execute(
+            "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
+        # One execution per call, whichever of its tokens comes first.
+        updated = db.execute(
+            "UPDATE calls SET verified_jti = ?, verified_at = ? WHERE tenant = ? AND call_id = ? AND verified_jti = ''",
+            (jti, now, tenant, call_id)).rowcount
+        return "ok" if inserted and updated else "already_used"
 
     def record_outcome(self, tenant, call_id, status, error_code, output_digest, now) -> CallEntry:
         with self.transaction() as db:
