@@ -69,7 +69,7 @@ class AuditEvent:
         set_(self, "time", float(self.time))
         for name in ("reasons", "error_codes"):
             set_(self, name, tuple(getattr(self, name)))
-        strings = [getattr(self, f.name) for f in dataclass_fields(self) if f.type == "str"]
+        strings = [getattr(self, name) for name in _TEXT_FIELDS]
         for value in strings + [*self.reasons, *self.error_codes]:
             if not isinstance(value, str):
                 raise TypeError("audit text fields must be strings")
@@ -90,6 +90,10 @@ class AuditEvent:
         return event
 
 
+_FIELDS = tuple(f.name for f in dataclass_fields(AuditEvent))
+_TEXT_FIELDS = tuple(f.name for f in dataclass_fields(AuditEvent) if f.type == "str")
+
+
 @dataclass(frozen=True)
 class AuditRecord:
     """An event as committed: its place in the log and its link in the chain."""
@@ -105,7 +109,7 @@ class AuditRecord:
 
 def canonical_body(seq: int, event: AuditEvent) -> bytes:
     """RFC 8785 JSON of every event field plus seq (the hashes are not part of it)."""
-    body: dict[str, Any] = {f.name: getattr(event, f.name) for f in dataclass_fields(event)}
+    body: dict[str, Any] = {name: getattr(event, name) for name in _FIELDS}
     body["reasons"] = list(event.reasons)
     body["error_codes"] = list(event.error_codes)
     body["seq"] = seq
