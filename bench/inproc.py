@@ -78,6 +78,9 @@ def inproc_main(spec: dict, out_q) -> None:
     try:
         car = build_sidecar(Settings(bundle=spec["bundle"], data_dir=spec["data_dir"], listen="127.0.0.1:0",
                                      tokens={"lifetime_seconds": 600}))
+        from sidecar.heap import keep_bundles_frozen
+
+        keep_bundles_frozen(car)  # as a serving process does
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
         out_q.put({"error": f"{type(exc).__name__}: {exc}"})
         return

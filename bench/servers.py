@@ -125,11 +125,13 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
 # -- the real sidecar, one process -------------------------------------------------------
 
 def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, parent: int) -> None:
-    """Process target: build_sidecar + create_server on 127.0.0.1:0."""
+    """Process target: build_sidecar + create_server on 127.0.0.1:0, with the bundle kept
+    out of the garbage collector's way as `toolauthz serve` does."""
     import logging
 
     logging.basicConfig(level=logging.ERROR)
     from sidecar.config import Settings
+    from sidecar.heap import keep_bundles_frozen
     from sidecar.server import build_sidecar, create_server
 
     stop = threading.Event()
@@ -137,6 +139,7 @@ def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, pare
     try:
         car = build_sidecar(Settings(**settings))
         server, port = create_server(car, f"{HOST}:0")
+        keep_bundles_frozen(car)
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return

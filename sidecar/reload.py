@@ -8,6 +8,7 @@ import logging
 import os
 import pathlib
 import threading
+from typing import Callable
 
 from sidecar.authorizer import BundleHolder
 from sidecar.bundle import load_bundle
@@ -45,6 +46,7 @@ class BundleReloader:
         self.attempts = 0
         self._attempted = threading.Condition()
         self._thread: threading.Thread | None = None
+        self.after_swap: Callable[[], None] | None = None  # serving processes: heap.py
 
     def wait_for_attempt(self, after: int, timeout: float) -> bool:
         """Block until more than `after` reload attempts have finished (for tests and
@@ -76,6 +78,8 @@ class BundleReloader:
             if bundle.version == self._holder.current.version:
                 return False
             self._holder.swap(bundle)
+            if self.after_swap is not None:
+                self.after_swap()
             self.reloads += 1
             log.info("bundle reloaded: version %s", bundle.version)
             return True

@@ -36,6 +36,7 @@ from typing import Iterator
 
 from sidecar.config import Settings
 from sidecar.errors import BundleError, ToolAuthzError
+from sidecar.heap import keep_bundles_frozen
 
 log = logging.getLogger("toolauthz.workers")
 
@@ -90,6 +91,7 @@ def _serve_here(settings: Settings, sidecar, version: str) -> int:
     except BaseException:
         sidecar.close()
         raise
+    keep_bundles_frozen(sidecar)
     host = split_listen(settings.listen)[0]
     print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
           f"data in {settings.data_dir}", flush=True)
@@ -290,6 +292,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
     reloader = getattr(sidecar, "reloader", None)
     if reloader is not None:
         signal.signal(signal.SIGHUP, lambda *_: reloader.trigger())
+    keep_bundles_frozen(sidecar)
     conn.send(("ready", os.getpid()))
     conn.close()
     while not stop.wait(1.0):

@@ -1,0 +1,77 @@
+"""The serving process freezes its bundle out of the garbage collector's reach; that is
+only safe if a replaced bundle is freed by reference counting alone."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from conftest import ROOT
+from sidecar.authorizer import BundleHolder
+from sidecar.bundle import load_bundle
+from sidecar.heap import freeze_long_lived, keep_bundles_frozen
+from sidecar.reload import BundleReloader
+
+
+@pytest.fixture
+def no_automatic_gc():
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
+@pytest.fixture
+def unfreeze_after():
+    yield
+    gc.unfreeze()
+
+
+def test_a_dropped_bundle_is_freed_without_the_collector(no_automatic_gc):
+    bundle = load_bundle(ROOT / "policies")
+    gc.collect()  # what loading left behind, not the bundle
+    alive = [weakref.ref(bundle), *(weakref.ref(s) for s in bundle.tools.values()),
+             *(weakref.ref(s.tool) for s in bundle.tools.values())]
+    del bundle
+    assert [r for r in alive if r() is not None] == []  # freed by reference counting
+    assert gc.collect() == 0  # and it left no cycle behind for a collection to find
+
+
+def test_freezing_moves_live_objects_out_of_reach(unfreeze_after):
+    gc.unfreeze()
+    freeze_long_lived()
+    assert gc.get_freeze_count() > 0
+
+
+def test_a_serving_process_refreezes_after_each_swap(bundle_dir, unfreeze_after):
+    holder = BundleHolder(load_bundle(bundle_dir))
+    reloader = BundleReloader(holder, poll_seconds=0)
+
+    class Car:
+        pass
+
+    car = Car()
+    car.reloader = reloader
+    keep_bundles_frozen(car)
+    swaps = []
+    reloader.after_swap = lambda: swaps.append(holder.current.version)
+    assert reloader.reload() is False and swaps == []  # nothing changed: nothing swapped
+    (bundle_dir / "zz_extra.cedar").write_text(
+        '@id("extra") forbid (principal, action == Action::"tool:measure_runtime", resource);\n')
+    assert reloader.reload() is True
+    assert swaps == [holder.current.version]
+
+
+def test_keep_bundles_frozen_installs_the_refreeze(bundle_dir, unfreeze_after):
+    holder = BundleHolder(load_bundle(bundle_dir))
+    reloader = BundleReloader(holder, poll_seconds=0)
+
+    class Car:
+        pass
+
+    car = Car()
+    car.reloader = reloader
+    keep_bundles_frozen(car)
+    assert reloader.after_swap is freeze_long_lived
