@@ -2,7 +2,7 @@
 
 Connections: one per thread, created on first use and all closed by `close()` (meant
 for a bounded thread pool: a thread that ends leaves its connection open until then).
-The group-commit writer thread appends while service threads query and a verifier
+Group commits (led by a request thread) append while other threads query and a verifier
 streams the log; with WAL, readers see a snapshot and never wait for the writer, and no
 Python lock serializes a slow query against the appends that every decision waits on.
 Appends from other processes are serialized by SQLite's write lock (BEGIN IMMEDIATE is
