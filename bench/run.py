@@ -267,6 +267,14 @@ class Bench:
             add(f"Authorize/no-op throughput, {c} in flight, 1 process", auth["throughput_per_s"] /
                 noop["throughput_per_s"], TARGET_THROUGHPUT_RATIO, ">=",
                 f"{auth['throughput_per_s']:.0f}/s vs {noop['throughput_per_s']:.0f}/s ({self.default_size} policies)")
+        many = plan.workers
+        noop_many = r.find(server="noop", rpc="authorize", concurrency=c, workers=many)
+        auth_many = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=many, policies=self.default_size)
+        if many > 1 and noop_many and auth_many:  # the same target, as both serve by default on 2 cores
+            add(f"Authorize/no-op throughput, {c} in flight, {many} processes each", auth_many["throughput_per_s"] /
+                noop_many["throughput_per_s"], TARGET_THROUGHPUT_RATIO, ">=",
+                f"{auth_many['throughput_per_s']:.0f}/s vs {noop_many['throughput_per_s']:.0f}/s "
+                f"({self.default_size} policies)")
         lo, hi = min(plan.sizes), max(plan.sizes)
         small = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=1, policies=lo)
         large = r.find(server="sidecar", rpc="authorize", concurrency=c, workers=1, policies=hi)

@@ -65,15 +65,16 @@ def test_every_audit_record_is_accounted_for(quick_run):
 def test_targets_are_judged_and_printed(quick_run):
     results, table = quick_run
     names = [t["target"] for t in results["targets"]]
-    assert len(names) == 5
-    assert any(n.startswith("Authorize/no-op throughput") for n in names)
+    assert len(names) == 6
+    assert [n for n in names if n.startswith("Authorize/no-op throughput")] == [
+        "Authorize/no-op throughput, 4 in flight, 1 process", "Authorize/no-op throughput, 4 in flight, 2 processes each"]
     assert any(n.startswith("Authorize cost at 40 / at 10 policies") for n in names)
     assert sum(n.startswith("Authorize p99 at 100/s offered") for n in names) == 2
     assert any(n.startswith("audit records lost") for n in names)
     assert all(isinstance(t["pass"], bool) for t in results["targets"])
     for section in ("closed loop", "open loop", "in process", "audit check", "where the time goes", "targets"):
         assert section in table
-    assert table.count("PASS ") + table.count("FAIL ") == 5
+    assert table.count("PASS ") + table.count("FAIL ") == 6
 
 
 def test_the_script_form_runs_too():
