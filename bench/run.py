@@ -331,13 +331,16 @@ def render(results: Results) -> str:
                      f"{_f(r['p999_ms']):>8} {_f(r['server_cpu_ms_per_call']):>12}  "
                      f"{json.dumps(r['errors']) if r['errors'] else '-'}")
     if results.open_loop:
-        lines += ["", "open loop Authorize (latency from each call's due time, ms)",
+        lines += ["", "open loop Authorize (latency from each call's due time, ms; server CPU in cores and ms per "
+                  "answered call)",
                   f"{'server':8} {'policies':>8} {'workers':>7} {'offered/s':>9} {'sent/s':>8} {'done/s':>8} "
-                  f"{'p50':>7} {'p99':>8} {'p99.9':>8} {'max':>8}  errors"]
+                  f"{'p50':>7} {'p99':>8} {'p99.9':>8} {'max':>8} {'srv cores':>9} {'ms/call':>7}  errors"]
         for o in results.open_loop:
+            per_call = o["server_cpu_share"] / max(o["completed_per_s"], 1e-9) * 1e3
             lines.append(f"{o['server']:8} {_f(o['policies']):>8} {o['workers']:>7} {o['offered_per_s']:>9.0f} "
                          f"{o['achieved_send_per_s']:>8.0f} {o['completed_per_s']:>8.0f} {_f(o['p50_ms']):>7} "
-                         f"{_f(o['p99_ms']):>8} {_f(o['p999_ms']):>8} {_f(o['max_ms']):>8}  "
+                         f"{_f(o['p99_ms']):>8} {_f(o['p999_ms']):>8} {_f(o['max_ms']):>8} "
+                         f"{_f(o['server_cpu_share']):>9} {_f(per_call):>7}  "
                          f"{json.dumps(o['errors']) if o['errors'] else '-'}")
     if results.inproc:
         t = max(results.plan["concurrency"])
