@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
+import threading
 
 import grpc
 import pytest
@@ -210,6 +212,24 @@ def test_per_run_limit(stub):
     assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"]
     other_run = stub.Authorize(make_request(call_id="c6", request_id="run-2"))
     assert other_run.decision == pb.ALLOW
+
+
+def test_per_run_limit_holds_under_concurrent_calls(stub, sidecar):
+    """Calls of one run decided concurrently (and so batched together) are counted one
+    after the other: exactly the limit is allowed, whatever the interleaving."""
+    barrier = threading.Barrier(16)
+
+    def call(i):
+        barrier.wait(30)
+        return stub.Authorize(make_request(call_id=f"c{i}"))
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(call, range(16)))
+    allowed = [r for r in responses if r.decision == pb.ALLOW]
+    assert len(allowed) == 5 and all(r.token for r in allowed)
+    assert sorted(error_codes(r) for r in responses if r.decision != pb.ALLOW) == [["limit_exceeded"]] * 11
+    records = sidecar.audit_log.query(AuditQuery(request_id="run-1"), limit=100)
+    assert sorted(r.event.decision_id for r in records) == sorted(r.decision_id for r in responses)
 
 
 def test_policies_see_run_counters(bundle_dir, settings, clock):
