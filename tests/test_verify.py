@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import multiprocessing
 
@@ -116,6 +117,39 @@ def test_ledger_failure_means_no_token_and_no_valid(stub, sidecar):
     finally:
         sidecar.authorizer.ledger = real
     assert stub.Verify(verify_request(request, response.token)).valid
+
+
+def test_a_failed_ledger_batch_leaves_nothing_behind(stub, sidecar):
+    """Concurrent decisions share a ledger transaction; when its commit fails, every
+    caller in it is refused, none of their rows stays, and a retry decides afresh."""
+    ledger = sidecar.ledger
+
+    def commit_fails(writes):
+        with ledger.transaction() as db:
+            for write in writes:
+                write(db)  # decided and inserted, then the commit fails: all rolled back
+            raise StoreUnavailable("disk full at commit")
+
+    real = ledger._writes._run_batch
+    ledger._writes._run_batch = commit_fails
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(lambda i: _code_of(stub, make_request(call_id=f"b{i}")), range(8)))
+    finally:
+        ledger._writes._run_batch = real
+    assert outcomes == [grpc.StatusCode.UNAVAILABLE] * 8
+    assert all(ledger.get("acme", f"b{i}") is None for i in range(8))
+    assert sidecar.audit_log.query(AuditQuery(call_id="b0"), limit=5) == []
+    retry = stub.Authorize(make_request(call_id="b0"))
+    assert retry.decision == pb.ALLOW and retry.token and not retry.replayed
+
+
+def _code_of(stub, request):
+    try:
+        stub.Authorize(request)
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
 
 
 def test_audit_failure_means_no_token(stub, sidecar):
