@@ -135,7 +135,7 @@ class Authorizer:
             if verdict.decision is Decision.APPROVAL_REQUIRED:
                 return None  # recorded undecided until its approval exists
             return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
-                                    tuple((e.code, e.message) for e in verdict.errors))
+                                    _error_pairs(verdict))
 
         reservation = self.ledger.reserve(CallEntry(
             ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
@@ -151,8 +151,7 @@ class Authorizer:
                                                   base["fields"])
                 self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value,
                                      decision_id=decision_id, policy_version=bundle.version, reasons=verdict.reasons,
-                                     errors=tuple((e.code, e.message) for e in verdict.errors),
-                                     approval_id=approval_id)
+                                     errors=_error_pairs(verdict), approval_id=approval_id)
             except Exception:
                 self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
                 raise
@@ -287,6 +286,11 @@ class Authorizer:
 
     def _write(self, event: AuditEvent) -> None:
         self.audit.write(event)  # raises StoreUnavailable: the caller sends no token
+
+
+def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:
+    """A verdict's errors as the ledger stores them."""
+    return tuple((e.code, e.message) for e in verdict.errors)
 
 
 class AuditSink:

@@ -41,12 +41,10 @@ class CallEntry:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Either the call was new (entry is None) and is now reserved, with the run's
-    counts taken in the same transaction, or it existed already (entry set)."""
+    """Either the call was new (existing is None) and is now reserved, or it existed
+    already (existing set). The run's counts go to `reserve`'s `decide`."""
 
     existing: CallEntry | None
-    calls: int = 0
-    tool_calls: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,11 @@ _COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, d
             "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra")
 
 
+def _json_columns(reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """The `reasons` and `errors` columns, as `_get` reads them back."""
+    return json.dumps(list(reasons)), json.dumps([list(e) for e in errors])
+
+
 class SqliteLedger(SqliteDatabase):
     def __init__(self, path: str):
         super().__init__(path, _SCHEMA, label="ledger")
@@ -82,16 +87,15 @@ class SqliteLedger(SqliteDatabase):
             "decision, decision_id, policy_version, reasons, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
              entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors])))
-        return Reservation(None, calls, tool_calls)
+             *_json_columns(decided.reasons, decided.errors)))
+        return Reservation(None)
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
         with self.transaction() as db:
             db.execute(
                 "UPDATE calls SET decision = ?, decision_id = ?, policy_version = ?, reasons = ?, errors = ?, "
                 "approval_id = ? WHERE tenant = ? AND call_id = ? AND decision = ''",
-                (decision, decision_id, policy_version, json.dumps(list(reasons)), json.dumps([list(e) for e in errors]),
-                 approval_id, tenant, call_id))
+                (decision, decision_id, policy_version, *_json_columns(reasons, errors), approval_id, tenant, call_id))
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self.transaction(immediate=False) as db:
