@@ -7,7 +7,10 @@ import pathlib
 import shutil
 
 import grpc
+import pyseto
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sidecar.clock import FrozenClock
 from sidecar.config import Settings
@@ -93,3 +96,13 @@ def make_request(tool: str = "issue_refund", args: dict | bytes | None = None, *
 
 def verify_request(req: pb.AuthorizeRequest, token: str) -> pb.VerifyRequest:
     return pb.VerifyRequest(token=token, context=req.context, call=req.call)
+
+
+def key_pair() -> tuple[pyseto.KeyInterface, pyseto.KeyInterface]:
+    """A fresh Ed25519 key pair as PASETO v4.public keys (private, public)."""
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pyseto.Key.new(4, "public", private_pem), pyseto.Key.new(4, "public", public_pem)

@@ -12,9 +12,8 @@ import sqlite3
 import pyseto
 import pytest
 import rfc8785
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from conftest import key_pair
 from sidecar.audit import (
     GENESIS_HASH, AuditEvent, AuditRecord, CheckpointError, SqliteAuditLog, canonical_body,
     record_hash, sign_checkpoint, verify_chain, verify_checkpoint,
@@ -23,15 +22,6 @@ from sidecar.audit.checkpoint import PURPOSE
 from sidecar.audit.records import chain
 
 T0 = 1_800_000_000.0
-
-
-def key_pair() -> tuple[object, object]:
-    key = Ed25519PrivateKey.generate()
-    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                               serialization.PublicFormat.SubjectPublicKeyInfo)
-    return pyseto.Key.new(4, "public", private_pem), pyseto.Key.new(4, "public", public_pem)
 
 
 AUDIT_KEY, AUDIT_PUB = key_pair()

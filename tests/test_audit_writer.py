@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import threading
 
-import pyseto
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from conftest import key_pair
 from sidecar.audit import (
     AuditEvent, AuditQuery, AuditWriter, Checkpointer, SqliteAuditLog, verify_chain,
     verify_checkpoint,
@@ -19,15 +17,6 @@ from sidecar.errors import StoreUnavailable
 T0 = 1_800_000_000.0
 THREADS = 16
 WAIT = 30  # seconds; only reached if the code under test hangs
-
-
-def key_pair():
-    key = Ed25519PrivateKey.generate()
-    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                               serialization.PublicFormat.SubjectPublicKeyInfo)
-    return pyseto.Key.new(4, "public", private_pem), pyseto.Key.new(4, "public", public_pem)
 
 
 def event(i: int) -> AuditEvent:

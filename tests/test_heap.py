@@ -45,33 +45,22 @@ def test_freezing_moves_live_objects_out_of_reach(unfreeze_after):
     assert gc.get_freeze_count() > 0
 
 
+class ServingSidecar:
+    """What keep_bundles_frozen needs of a sidecar: its reloader."""
+
+    def __init__(self, bundle_dir):
+        self.holder = BundleHolder(load_bundle(bundle_dir))
+        self.reloader = BundleReloader(self.holder, poll_seconds=0)
+
+
 def test_a_serving_process_refreezes_after_each_swap(bundle_dir, unfreeze_after):
-    holder = BundleHolder(load_bundle(bundle_dir))
-    reloader = BundleReloader(holder, poll_seconds=0)
-
-    class Car:
-        pass
-
-    car = Car()
-    car.reloader = reloader
+    car = ServingSidecar(bundle_dir)
     keep_bundles_frozen(car)
+    assert car.reloader.after_swap is freeze_long_lived
     swaps = []
-    reloader.after_swap = lambda: swaps.append(holder.current.version)
-    assert reloader.reload() is False and swaps == []  # nothing changed: nothing swapped
+    car.reloader.after_swap = lambda: swaps.append(car.holder.current.version)
+    assert car.reloader.reload() is False and swaps == []  # nothing changed: nothing swapped
     (bundle_dir / "zz_extra.cedar").write_text(
         '@id("extra") forbid (principal, action == Action::"tool:measure_runtime", resource);\n')
-    assert reloader.reload() is True
-    assert swaps == [holder.current.version]
-
-
-def test_keep_bundles_frozen_installs_the_refreeze(bundle_dir, unfreeze_after):
-    holder = BundleHolder(load_bundle(bundle_dir))
-    reloader = BundleReloader(holder, poll_seconds=0)
-
-    class Car:
-        pass
-
-    car = Car()
-    car.reloader = reloader
-    keep_bundles_frozen(car)
-    assert reloader.after_swap is freeze_long_lived
+    assert car.reloader.reload() is True
+    assert swaps == [car.holder.current.version]
