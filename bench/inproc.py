@@ -157,20 +157,26 @@ class _Context:
         return lambda *args, **kwargs: None
 
 
+def _requests(count: int, tools: int, prefix: str) -> list:
+    """The calls of `_calls` as AuthorizeRequest messages, for the handler called directly."""
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+    return [pb.AuthorizeRequest(
+        context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
+                                  request_id=ctx.request_id, entities_json=ctx.entities_json),
+        call=pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input_json))
+        for ctx, call in _calls(0, count, tools, prefix)]
+
+
 def _profile(car, tools: int, count: int) -> dict:
     """cProfile of the gRPC handler called directly (request message in, response out),
     one call at a time; one audit commit is also timed alone."""
     import cProfile
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
     from sidecar.server import create_server  # noqa: F401 - the same modules the server loads
 
     service = _service(car)
-    requests = [pb.AuthorizeRequest(
-        context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
-                                  request_id=ctx.request_id, entities_json=ctx.entities_json),
-        call=pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input_json))
-        for ctx, call in _calls(0, count, tools, "prof")]
+    requests = _requests(count, tools, "prof")
     context = _Context()
     profiler = cProfile.Profile()
     began = time.perf_counter()
@@ -251,7 +257,6 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
     import functools
 
     import sidecar.authorizer as authorizer_module
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     cpu: dict[str, int] = {}
     wall: dict[str, int] = {}
@@ -283,11 +288,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
     authorize = az.authorize
     az.authorize = timed("authorizer.authorize", authorize)
     restore.append((az, "authorize", None))
-    requests = [pb.AuthorizeRequest(
-        context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
-                                  request_id=ctx.request_id, entities_json=ctx.entities_json),
-        call=pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input_json))
-        for ctx, call in _calls(0, count, tools, "stage")]
+    requests = _requests(count, tools, "stage")
     context = _Context()
     try:
         for request in requests[:20]:
