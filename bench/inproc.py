@@ -127,7 +127,7 @@ def _measure(car, spec: dict, out: dict, decide) -> None:
 def _count_rows(car) -> dict[str, int]:
     import sqlite3
 
-    with sqlite3.connect(str(car.settings.audit_path)) as db:
+    with sqlite3.connect(str(car.settings.database_path)) as db:
         return dict(db.execute("SELECT kind, count(*) FROM audit_record GROUP BY kind").fetchall())
 
 

@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import bundles, inproc, load, servers, stats  # noqa: E402
+from sidecar.config import DATABASE_FILE  # noqa: E402
 
 PHASES = frozenset({"noop", "sidecar", "workers", "inproc"})
 TARGET_THROUGHPUT_RATIO = 0.5
@@ -156,7 +157,7 @@ class Bench:
                 "listen": "127.0.0.1:0", "tokens": {"lifetime_seconds": 600}}
 
     def _audit(self, label: str, settings: dict, responses: dict) -> None:
-        check = stats.audit_check(str(pathlib.Path(settings["data_dir"]) / "audit.db"), responses)
+        check = stats.audit_check(str(pathlib.Path(settings["data_dir"]) / DATABASE_FILE), responses)
         self.results.audit.append({"server": label, **check})
         log(f"audit {label}: {'ok' if check['ok'] else 'MISMATCH'} "
             f"(authorize {check['authorize']['records']}/{check['authorize']['responses']}, "

@@ -1,7 +1,8 @@
 """The authorizer: the engine's verdict plus the call ledger, tokens and the audit trail.
 
 Fail closed: any error between the verdict and the response means no token. The audit
-record of every answer is committed before the answer is returned.
+record of every answer is committed before the answer is returned; a decision's record
+and a verification's record commit in the same transaction as their ledger write.
 """
 
 from __future__ import annotations
@@ -126,23 +127,31 @@ class Authorizer:
 
         base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
-        verdicts: list[Verdict] = []
+        decided: list[tuple[Verdict, IssuedToken | None]] = []
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision | None:
-            # Runs inside the ledger's transaction: the run's counts cannot change under it.
+            # Runs inside the ledger's transaction: the run's counts cannot change under
+            # it, and the row, the token's jti and the audit record commit together.
             verdict = evaluate(bundle, ctx, prepared, RunCounts(calls, tool_calls), entities)
-            verdicts.append(verdict)
+            token = None
             if verdict.decision is Decision.APPROVAL_REQUIRED:
+                decided.append((verdict, token))
                 return None  # recorded undecided until its approval exists
+            gone = verdict.decision is Decision.ALLOW and not still_wanted()
+            if verdict.decision is Decision.ALLOW and not gone:
+                token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version)
+            decided.append((verdict, token))
             return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
-                                    _error_pairs(verdict))
+                                    _error_pairs(verdict), audit=self._event(
+                                        base, verdict, jti=token.jti if token else "",
+                                        detail={"client_gone": True} if gone else None))
 
         reservation = self.ledger.reserve(CallEntry(
             ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
             str(ctx.principal), self.clock.now()), decide)
         if reservation.existing is not None:
             return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-        (verdict,) = verdicts
+        (verdict, token), = decided
         self._count_shadow(bundle, verdict)
         approval_id = ""
         if verdict.decision is Decision.APPROVAL_REQUIRED:
@@ -155,12 +164,7 @@ class Authorizer:
             except Exception:
                 self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
                 raise
-        token, gone = None, False
-        if verdict.decision is Decision.ALLOW:
-            gone = not still_wanted()
-            token = None if gone else self._issue(ctx, call.call_id, prepared, decision_id, bundle.version)
-        self._record({**base, "approval_id": approval_id}, verdict, jti=token.jti if token else "",
-                     detail={"client_gone": True} if gone else None)
+            self._record({**base, "approval_id": approval_id}, verdict)
         return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
                                prepared.digest, token, approval_id)
 
@@ -241,9 +245,12 @@ class Authorizer:
             code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
         else:
             code, jti, decision_id = "bad_signature", "", ""
-        if code == "ok":
-            code = self.ledger.consume(ctx.tenant, call.call_id, jti, self.clock.now())
-        self._write(AuditEvent(time=self.clock.now(), decision_id=decision_id, result=code, digest=digest, jti=jti, **base))
+        event = lambda result: AuditEvent(  # noqa: E731
+            time=self.clock.now(), decision_id=decision_id, result=result, digest=digest, jti=jti, **base)
+        if code == "ok":  # single use and its record: one transaction
+            code = self.ledger.consume(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event)
+        else:
+            self._write(event(code))
         return VerifyResult(code == "ok", code, decision_id)
 
     # -- ReportOutcome -----------------------------------------------------------------
@@ -279,10 +286,13 @@ class Authorizer:
         return out
 
     def _record(self, base: dict, verdict: Verdict, *, jti: str = "", detail: dict | None = None) -> None:
-        self._write(AuditEvent(
+        self._write(self._event(base, verdict, jti=jti, detail=detail))
+
+    def _event(self, base: dict, verdict: Verdict, *, jti: str = "", detail: dict | None = None) -> AuditEvent:
+        return AuditEvent(
             time=self.clock.now(), result=verdict.decision.value, reasons=verdict.reasons,
             error_codes=tuple(e.code for e in verdict.errors), jti=jti,
-            detail={**verdict.detail, **(detail or {})}, **base))
+            detail={**verdict.detail, **(detail or {})}, **base)
 
     def _write(self, event: AuditEvent) -> None:
         self.audit.write(event)  # raises StoreUnavailable: the caller sends no token

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 from sidecar.audit import AuditQuery, AuditRecord, SqliteAuditLog, verify_chain
 from sidecar.audit.store import MAX_PAGE
+from sidecar.config import DATABASE_FILE
 from sidecar.errors import ToolAuthzError
 
 _FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
@@ -45,7 +46,7 @@ def add_audit_command(sub) -> None:
 
 
 def run(args) -> int:
-    path = pathlib.Path(args.data_dir) / "audit.db"
+    path = pathlib.Path(args.data_dir) / DATABASE_FILE
     if not path.exists():
         raise ToolAuthzError(f"no audit store at `{path}`")
     log = SqliteAuditLog(str(path))

@@ -38,6 +38,9 @@ class ApprovalSettings(_Strict):
     ttl_seconds: float = Field(900.0, gt=0, le=7 * 24 * 3600)
 
 
+DATABASE_FILE = "toolauthz.db"
+
+
 class Settings(_Strict):
     bundle: pathlib.Path = pathlib.Path("policies")
     listen: str = "127.0.0.1:50051"
@@ -63,12 +66,12 @@ class Settings(_Strict):
         return self.data_dir / "audit-key.pem"
 
     @property
-    def ledger_path(self) -> pathlib.Path:
-        return self.data_dir / "ledger.db"
-
-    @property
-    def audit_path(self) -> pathlib.Path:
-        return self.data_dir / "audit.db"
+    def database_path(self) -> pathlib.Path:
+        """One SQLite file for the call ledger, the approvals and the audit trail: the
+        fsync that makes an audit record durable also makes durable every ledger write
+        committed before it (one write-ahead log), such as the consumed token of the
+        Verify that record reports."""
+        return self.data_dir / DATABASE_FILE
 
     def key_grace_seconds(self) -> float:
         """A retired key verifies for the longest token lifetime plus leeway."""

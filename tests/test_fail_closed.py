@@ -75,14 +75,14 @@ def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
 
     car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
     entered, release = threading.Semaphore(0), threading.Event()
-    real_write = car.authorizer.audit.write
+    real_reserve = car.authorizer.ledger.reserve
 
-    def held_write(event):
+    def held_reserve(*args, **kwargs):
         entered.release()
         release.wait(30)
-        return real_write(event)
+        return real_reserve(*args, **kwargs)
 
-    car.authorizer.audit.write = held_write  # type: ignore[method-assign]
+    car.authorizer.ledger.reserve = held_reserve  # type: ignore[method-assign]
     srv, port = create_server(car, "127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import make_request, verify_request
 from sidecar.cli import main
+from sidecar.config import DATABASE_FILE
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -62,7 +63,7 @@ def test_verify_passes_untouched_and_names_an_edited_record(history, capsys):
     data = closed(history)
     assert main(["audit", "--data-dir", data, "verify"]) == 0
     assert capsys.readouterr().out.startswith("ok: ")
-    db = sqlite3.connect(f"{data}/audit.db")
+    db = sqlite3.connect(f"{data}/{DATABASE_FILE}")
     db.execute("DROP TRIGGER audit_record_no_update")
     db.execute("UPDATE audit_record SET result = 'ALLOW' WHERE seq = 3")
     db.commit()

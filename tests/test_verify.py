@@ -5,13 +5,15 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import multiprocessing
+import sqlite3
 
 import grpc
 import pytest
 
-from conftest import make_request, verify_request
+from conftest import make_request, order_entity, verify_request
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
+from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.tokens import CallClaims, verify_offline
 
@@ -152,19 +154,64 @@ def _code_of(stub, request):
     return grpc.StatusCode.OK
 
 
-def test_audit_failure_means_no_token(stub, sidecar):
-    class BrokenAudit:
-        def write(self, event):
-            raise StoreUnavailable("audit disk full")
+def _break_audit_inserts(monkeypatch, sidecar):
+    """Every append to the audit trail fails as a full disk would, inside whatever
+    transaction makes it."""
+    def disk_full(conn, events):
+        raise sqlite3.OperationalError("database or disk is full")
 
-    real = sidecar.authorizer.audit
-    sidecar.authorizer.audit = BrokenAudit()
-    try:
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Authorize(make_request())
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        sidecar.authorizer.audit = real
+    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+
+
+def test_audit_failure_means_no_token_and_no_decision(stub, sidecar, monkeypatch):
+    _break_audit_inserts(monkeypatch, sidecar)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(make_request())
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # The decision and its record are one transaction: neither was kept, so the call id
+    # is not poisoned and a retry once the disk has room is decided afresh.
+    assert sidecar.ledger.get("acme", "toolu_1") is None and sidecar.audit_log.head()[0] == 0
+    monkeypatch.undo()
+    retry = stub.Authorize(make_request())
+    assert retry.decision == pb.ALLOW and retry.token and not retry.replayed
+
+
+def test_audit_failure_of_a_verification_leaves_the_token_unspent(stub, sidecar, monkeypatch):
+    request, response = allowed(stub)
+    _break_audit_inserts(monkeypatch, sidecar)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Verify(verify_request(request, response.token))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert sidecar.ledger.get("acme", "toolu_1").verified_jti == ""  # consumed only with its record
+    monkeypatch.undo()
+    assert stub.Verify(verify_request(request, response.token)).code == "ok"
+    assert stub.Verify(verify_request(request, response.token)).code == "already_used"
+
+
+def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar):
+    """Authorize and Verify each make one commit, holding the ledger write and its audit
+    record, with synchronous=FULL: durable before the answer leaves."""
+    def call(call_id):
+        return (TrustedContext("acme", Principal("User", "alice"), "run-1",
+                               json.dumps([order_entity("ord_1", "alice")]).encode()),
+                ProposedCall(call_id, "issue_refund", b'{"order_id": "ord_1", "amount_cents": 1500}'))
+
+    authorizer = sidecar.authorizer
+    assert authorizer.authorize(*call("warm")).decision.value == "ALLOW"  # opens this thread's connections
+    statements = []
+    for conn in sidecar.ledger._all + sidecar.audit_log._connections:
+        conn.set_trace_callback(lambda sql: statements.append(sql) if sql in ("BEGIN IMMEDIATE", "COMMIT") else None)
+    ctx, proposed = call("toolu_9")
+    result = authorizer.authorize(ctx, proposed)
+    assert result.token is not None and statements == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert sidecar.ledger.get("acme", "toolu_9").decision == "ALLOW"
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_9"), limit=5)
+    assert record.event.jti == result.token.jti
+    statements.clear()
+    assert authorizer.verify(result.token.token, ctx, proposed).code == "ok"
+    assert statements == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert {conn.execute("PRAGMA synchronous").fetchone()[0]
+            for conn in sidecar.ledger._all + sidecar.audit_log._connections} == {2}  # FULL
 
 
 def _race_verify(port: int, request_bytes: bytes, barrier, results) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, make_request, verify_request
 from sidecar.audit import SqliteAuditLog, verify_chain
-from sidecar.config import Settings
+from sidecar.config import DATABASE_FILE, Settings
 from sidecar.keys import load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
@@ -154,10 +154,10 @@ def test_two_workers_share_the_port_the_ledger_and_one_audit_chain(workers_facto
     workers.proc.send_signal(signal.SIGTERM)
     assert workers.wait() == 0, "\n".join(workers.err)
     assert not any(alive(pid) for pid in pids)
-    with sqlite3.connect(data / "audit.db") as db:
+    with sqlite3.connect(data / DATABASE_FILE) as db:
         counts = dict(db.execute("SELECT kind, count(*) FROM audit_record GROUP BY kind"))
     assert counts == {"authorize": 64, "verify": 16}
-    log = SqliteAuditLog(str(data / "audit.db"))
+    log = SqliteAuditLog(str(data / DATABASE_FILE))
     try:  # two writers, one chain, and each worker's final checkpoint verifies
         audit_key = load_private_key_file(data / "audit-key.pem").public_key
         assert verify_chain(log.iter_records(), log.checkpoints(), audit_key) == []

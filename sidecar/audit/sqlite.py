@@ -134,7 +134,7 @@ class SqliteAuditLog:
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
-        self._write_lock = WriteLock(self.path, busy_timeout, cross_process=True)
+        self._write_lock = WriteLock.for_database(self.path)
         try:
             with self._errors("open"):
                 self._create_schema(self._conn())
@@ -182,21 +182,28 @@ class SqliteAuditLog:
     def append(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
         if not events:
             return []
-        with self._errors("append"), self._write_lock:
+        with self._errors("append"), self._write_lock.held(self._busy_timeout):
             conn = self._conn()
             # IMMEDIATE takes the write lock before the head is read, so no other
             # process can append between reading the head and committing after it.
             conn.execute("BEGIN IMMEDIATE")
             try:
-                row = conn.execute(
-                    "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1").fetchone()
-                records = chain(list(events), *(row or (0, GENESIS_HASH)))
-                conn.executemany(_INSERT, [_to_row(r) for r in records])
+                records = self.append_in(conn, events)
                 conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):  # report the first error
                     conn.execute("ROLLBACK")
                 raise
+        return records
+
+    @staticmethod
+    def append_in(conn: sqlite3.Connection, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        """Chain and insert `events` inside a write transaction the caller holds on this
+        database (BEGIN IMMEDIATE, so that no other writer can append after the head read
+        here): how the call ledger commits a decision's record with its row."""
+        row = conn.execute("SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1").fetchone()
+        records = chain(list(events), *(row or (0, GENESIS_HASH)))
+        conn.executemany(_INSERT, [_to_row(r) for r in records])
         return records
 
     def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
@@ -246,7 +253,7 @@ class SqliteAuditLog:
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
-        self._write_lock.close()
+        self._write_lock.release_user()
 
 
 def _to_row(record: AuditRecord) -> tuple[Any, ...]:

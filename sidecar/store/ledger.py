@@ -7,7 +7,10 @@ deny on StoreUnavailable. Several sidecar processes may share one ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from sidecar.audit.records import AuditEvent
 
 OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
 
@@ -56,6 +59,8 @@ class RecordedDecision:
     policy_version: str
     reasons: tuple[str, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()  # (code, message)
+    # The decision's audit record, committed in the same transaction as the row.
+    audit: "AuditEvent | None" = None
 
 
 # Called with the run's counts (calls, tool_calls) inside reserve's transaction.
@@ -72,7 +77,11 @@ class CallLedger(Protocol):
         for `complete` to fill later): one transaction per decision instead of two, and
         concurrent calls of one run are counted and decided one after the other. An
         exception from `decide` rolls back: nothing is recorded. (A backend shared by
-        replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)"""
+        replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)
+
+        The decision's `audit` event is appended to the audit trail in the same
+        transaction, so a decision and its record are committed, durably, together or
+        not at all, with one commit."""
 
     def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
                  policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],
@@ -81,10 +90,13 @@ class CallLedger(Protocol):
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
 
-    def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
+    def consume(self, tenant: str, call_id: str, jti: str, now: float,
+                audit: "Callable[[str], AuditEvent] | None" = None) -> str:
         """Single use, atomically: 'ok' the first time any token of this call is
         presented; 'already_used' after; 'unknown_call' if the call is not recorded;
-        'call_closed' if an outcome was reported before it was ever verified."""
+        'call_closed' if an outcome was reported before it was ever verified. With
+        `audit`, the event it builds from that answer is appended to the audit trail in
+        the same transaction."""
 
     def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str,
                        output_digest: str, now: float) -> CallEntry:

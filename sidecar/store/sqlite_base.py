@@ -18,32 +18,78 @@ from sidecar.errors import StoreUnavailable
 class WriteLock:
     """One writer at a time on one SQLite file. Threads of this process queue on a
     threading.Lock; processes on an flock() of a side file, tried without blocking and
-    retried after 50 us, doubling to 1 ms, until `timeout`. SQLite's own busy handler
+    retried after 50 us, doubling to 1 ms, until the timeout. SQLite's own busy handler
     sleeps 1, 2, 5, 10 ... 100 ms between tries, far longer than a write transaction
-    here (~0.1 ms), so contending writers would mostly sleep while the lock is free."""
+    here (~0.1 ms), so contending writers would mostly sleep while the lock is free.
+
+    `for_database` gives every store of this process that writes one file the same lock:
+    flock() is held per open file, so two locks on one file in one process would make
+    its own writers wait for each other through the retry loop above."""
+
+    _shared: dict[str, "WriteLock"] = {}
+    _shared_guard = threading.Lock()
 
     def __init__(self, db_path: str, timeout: float, cross_process: bool = True):
         self._threads = threading.Lock()
         self._timeout = timeout
         self._path = db_path + "-writer.lock" if cross_process else None
         self._fd = None
+        self._key: str | None = None
+        self._users = 0
+
+    @classmethod
+    def for_database(cls, db_path: str) -> "WriteLock":
+        """The process's lock of `db_path`; give it back with `release_user`."""
+        key = os.path.realpath(db_path)
+        with cls._shared_guard:
+            lock = cls._shared.get(key)
+            if lock is None:
+                lock = cls._shared[key] = cls(db_path, 10.0)
+                lock._key = key
+            lock._users += 1
+            return lock
+
+    def release_user(self) -> None:
+        """One store is done with a shared lock; the last one closes it."""
+        with self._shared_guard:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if self._key is not None and self._shared.get(self._key) is self:
+                del self._shared[self._key]
+        self.close()
+
+    @contextmanager
+    def held(self, timeout: float) -> Iterator["WriteLock"]:
+        self._acquire(timeout)
+        try:
+            yield self
+        finally:
+            self._release()
 
     def __enter__(self):
-        if not self._threads.acquire(timeout=self._timeout):
+        self._acquire(self._timeout)
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+    def _acquire(self, timeout: float) -> None:
+        if not self._threads.acquire(timeout=timeout):
             raise sqlite3.OperationalError("database is locked (write lock)")
         if self._path is None:
-            return self
+            return
         if self._fd is None:
             try:
                 self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             except OSError as exc:
                 self._threads.release()
                 raise sqlite3.OperationalError(f"cannot open the write lock: {exc.strerror}") from None
-        deadline, pause = time.monotonic() + self._timeout, 50e-6
+        deadline, pause = time.monotonic() + timeout, 50e-6
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                return
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     self._threads.release()
@@ -54,7 +100,7 @@ class WriteLock:
                 self._threads.release()
                 raise
 
-    def __exit__(self, *exc):
+    def _release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._threads.release()
@@ -71,7 +117,8 @@ class SqliteDatabase:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        self._write_lock = WriteLock(path, 10.0, cross_process=True)
+        self._closed = False
+        self._write_lock = WriteLock.for_database(path)
         try:
             self._conn().executescript(schema)
         except sqlite3.Error as exc:
@@ -82,7 +129,9 @@ class SqliteDatabase:
         if conn is None:
             conn = sqlite3.connect(self._path, isolation_level=None, timeout=10.0, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            # FULL: what a commit records (a consumed token, an approval, a decision with
+            # its audit record) must survive a power cut before the answer leaves.
+            conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=10000")
             self._local.conn = conn
             with self._all_lock:
@@ -93,14 +142,14 @@ class SqliteDatabase:
     def transaction(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
         if immediate:
             try:
-                lock = self._write_lock.__enter__()
+                self._write_lock.__enter__()
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
             try:
                 with self._transaction(True) as conn:
                     yield conn
             finally:
-                lock.__exit__()
+                self._write_lock.__exit__()
         else:
             with self._transaction(False) as conn:
                 yield conn
@@ -121,8 +170,11 @@ class SqliteDatabase:
 
     def close(self) -> None:
         with self._all_lock:
+            if self._closed:
+                return
+            self._closed = True
             for conn in self._all:
                 conn.close()
             self._all.clear()
         self._local = threading.local()
-        self._write_lock.close()
+        self._write_lock.release_user()

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sidecar.errors import ConflictError, NotFoundError
 from sidecar.store.ledger import CallEntry, Decide, RecordedDecision, Reservation
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.sqlite_base import SqliteDatabase
+
+if TYPE_CHECKING:
+    from sidecar.audit.records import AuditEvent
+    from sidecar.audit.sqlite import SqliteAuditLog
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -51,8 +56,14 @@ def _json_columns(reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...])
 
 
 class SqliteLedger(SqliteDatabase):
-    def __init__(self, path: str):
+    """`audit`: the audit log in the same database file, for the decisions and
+    verifications whose audit record commits with their ledger write."""
+
+    def __init__(self, path: str, audit: SqliteAuditLog | None = None):
+        if audit is not None and os.path.realpath(audit.path) != os.path.realpath(path):
+            raise ValueError("the audit log must live in the ledger's database file: one transaction holds both")
         super().__init__(path, _SCHEMA, label="ledger")
+        self._audit = audit
         # The writes every decision and every verification make: concurrent ones share a
         # transaction (group_commit.py) instead of queueing on the write lock one by one.
         self._writes: GroupCommit[Callable[[sqlite3.Connection], Any], Any] = GroupCommit(
@@ -82,12 +93,16 @@ class SqliteLedger(SqliteDatabase):
             return ItemFailed(exc)
         if decided is None:
             decided = RecordedDecision("", "", "")
+        if decided.audit is not None and self._audit is None:
+            return ItemFailed(RuntimeError("a decision with an audit record needs a ledger with an audit log"))
         db.execute(
             "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
             "decision, decision_id, policy_version, reasons, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
              entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
              *_json_columns(decided.reasons, decided.errors)))
+        if decided.audit is not None:
+            self._audit.append_in(db, [decided.audit])
         return Reservation(None)
 
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
@@ -101,8 +116,17 @@ class SqliteLedger(SqliteDatabase):
         with self.transaction(immediate=False) as db:
             return self._get(db, tenant, call_id)
 
-    def consume(self, tenant: str, call_id: str, jti: str, now: float) -> str:
-        return self._writes.submit(lambda db: self._consume(db, tenant, call_id, jti, now))
+    def consume(self, tenant: str, call_id: str, jti: str, now: float,
+                audit: Callable[[str], AuditEvent] | None = None) -> str:
+        if audit is not None and self._audit is None:
+            raise RuntimeError("an audited consume needs a ledger with an audit log")
+
+        def write(db: sqlite3.Connection) -> str:
+            code = self._consume(db, tenant, call_id, jti, now)
+            if audit is not None:
+                self._audit.append_in(db, [audit(code)])
+            return code
+        return self._writes.submit(write)
 
     def _consume(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
         entry = self._get(db, tenant, call_id)

@@ -1,0 +1,51 @@
+"""One SQLite file for the ledger, the approvals and the audit trail, and one write lock
+per file in a process."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.audit.sqlite import SqliteAuditLog
+from sidecar.config import DATABASE_FILE
+from sidecar.store.sqlite_approvals import SqliteApprovals
+from sidecar.store.sqlite_base import WriteLock
+from sidecar.store.sqlite_ledger import SqliteLedger
+
+
+def test_stores_of_one_file_share_one_write_lock_until_the_last_closes(tmp_path):
+    path = str(tmp_path / DATABASE_FILE)
+    audit = SqliteAuditLog(path)
+    ledger = SqliteLedger(path, audit=audit)
+    approvals = SqliteApprovals(path)
+    other = SqliteLedger(str(tmp_path / "other.db"))
+    assert ledger._write_lock is approvals._write_lock is audit._write_lock
+    assert other._write_lock is not ledger._write_lock
+    lock = ledger._write_lock
+    with lock.held(1.0):
+        assert lock._fd is not None  # the flock side file is open while the stores are
+    ledger.close()
+    ledger.close()  # a second close gives nothing back twice
+    audit.close()
+    assert WriteLock.for_database(path) is lock  # approvals still holds it
+    lock.release_user()
+    approvals.close()
+    assert lock._fd is None  # the last user closed it
+    fresh = WriteLock.for_database(path)
+    assert fresh is not lock
+    fresh.release_user()
+    other.close()
+
+
+def test_a_ledger_refuses_an_audit_log_in_another_file(tmp_path):
+    audit = SqliteAuditLog(str(tmp_path / "audit-elsewhere.db"))
+    try:
+        with pytest.raises(ValueError, match="same|ledger's database file"):
+            SqliteLedger(str(tmp_path / DATABASE_FILE), audit=audit)
+    finally:
+        audit.close()
+
+
+def test_the_sidecar_keeps_all_its_state_in_one_file(sidecar, settings):
+    assert sidecar.ledger.get("acme", "nothing") is None
+    names = {p.name for p in settings.data_dir.iterdir() if p.suffix == ".db"}
+    assert names == {DATABASE_FILE}
