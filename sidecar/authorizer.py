@@ -127,31 +127,44 @@ class Authorizer:
 
         base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
-        decided: list[tuple[Verdict, IssuedToken | None]] = []
+        tool = prepared.slice.tool.name
+
+        def draft(counts: tuple[int, int]) -> _Draft:
+            verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
+            wanted = verdict.decision is not Decision.ALLOW or still_wanted()
+            token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version) \
+                if verdict.decision is Decision.ALLOW and wanted else None
+            return _Draft(counts, verdict, token, gone=not wanted)
+
+        # Decided before the ledger's transaction, on the run's counts as they are now:
+        # Cedar and the signature stay outside the write lock that every process sharing
+        # the database queues on. The transaction keeps the draft if the counts are
+        # unchanged (they change only when calls of one run race), else decides again.
+        drafts = [draft(self.ledger.run_counts(ctx.tenant, ctx.request_id, tool))]
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision | None:
-            # Runs inside the ledger's transaction: the run's counts cannot change under
-            # it, and the row, the token's jti and the audit record commit together.
-            verdict = evaluate(bundle, ctx, prepared, RunCounts(calls, tool_calls), entities)
-            token = None
+            # Inside the ledger's transaction: the run's counts cannot change under it,
+            # and the row, the token's jti and the audit record commit together.
+            current = drafts[-1]
+            if current.counts != (calls, tool_calls):
+                current = draft((calls, tool_calls))
+            elif current.token is not None and not still_wanted():
+                current = _Draft(current.counts, current.verdict, None, gone=True)
+            drafts.append(current)
+            verdict = current.verdict
             if verdict.decision is Decision.APPROVAL_REQUIRED:
-                decided.append((verdict, token))
                 return None  # recorded undecided until its approval exists
-            gone = verdict.decision is Decision.ALLOW and not still_wanted()
-            if verdict.decision is Decision.ALLOW and not gone:
-                token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version)
-            decided.append((verdict, token))
             return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
                                     _error_pairs(verdict), audit=self._event(
-                                        base, verdict, jti=token.jti if token else "",
-                                        detail={"client_gone": True} if gone else None))
+                                        base, verdict, jti=current.token.jti if current.token else "",
+                                        detail={"client_gone": True} if current.gone else None))
 
         reservation = self.ledger.reserve(CallEntry(
-            ctx.tenant, call.call_id, ctx.request_id, prepared.slice.tool.name, prepared.digest,
+            ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest,
             str(ctx.principal), self.clock.now()), decide)
         if reservation.existing is not None:
             return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-        (verdict, token), = decided
+        verdict, token = drafts[-1].verdict, drafts[-1].token
         self._count_shadow(bundle, verdict)
         approval_id = ""
         if verdict.decision is Decision.APPROVAL_REQUIRED:
@@ -296,6 +309,17 @@ class Authorizer:
 
     def _write(self, event: AuditEvent) -> None:
         self.audit.write(event)  # raises StoreUnavailable: the caller sends no token
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """A decision made on the run's counts `counts`, with its token if one is due;
+    `gone`: an ALLOW whose client no longer wants it (no token)."""
+
+    counts: tuple[int, int]
+    verdict: Verdict
+    token: IssuedToken | None
+    gone: bool = False
 
 
 def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:

@@ -340,3 +340,39 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
         assert decide("c", b'{"ticket": 8}') == "DENY"
     finally:
         car.close()
+
+
+def test_a_decision_drafted_on_stale_run_counts_is_made_again_inside_the_transaction(stub, sidecar, monkeypatch):
+    """Cedar runs before the ledger's transaction, on the run's counts as read then; a
+    call of the same run recorded in between must not let the stale draft through."""
+    for i in range(5):
+        assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
+    monkeypatch.setattr(sidecar.ledger, "run_counts", lambda *args: (0, 0))  # read before the five were recorded
+    sixth = stub.Authorize(make_request(call_id="c5"))
+    assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"] and sixth.token == ""
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="c5"), limit=5)
+    assert (record.event.result, record.event.jti, record.event.error_codes) == ("DENY", "", ("limit_exceeded",))
+    assert sidecar.ledger.get("acme", "c5").decision == "DENY"
+
+
+def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monkeypatch):
+    """Every process sharing the database queues on its write lock: the expensive steps
+    of a decision must not hold it."""
+    import sidecar.authorizer as authorizer_module
+
+    lock = sidecar.ledger._write_lock
+    seen = []
+    real_evaluate, real_issue = authorizer_module.evaluate, sidecar.authorizer.issuer.issue
+
+    def evaluate(*args, **kwargs):
+        seen.append(("evaluate", lock._threads.locked()))
+        return real_evaluate(*args, **kwargs)
+
+    def issue(*args, **kwargs):
+        seen.append(("issue", lock._threads.locked()))
+        return real_issue(*args, **kwargs)
+
+    monkeypatch.setattr(authorizer_module, "evaluate", evaluate)
+    monkeypatch.setattr(sidecar.authorizer.issuer, "issue", issue)
+    assert stub.Authorize(make_request()).token
+    assert seen == [("evaluate", False), ("issue", False)]

@@ -49,3 +49,51 @@ def test_the_sidecar_keeps_all_its_state_in_one_file(sidecar, settings):
     assert sidecar.ledger.get("acme", "nothing") is None
     names = {p.name for p in settings.data_dir.iterdir() if p.suffix == ".db"}
     assert names == {DATABASE_FILE}
+
+
+def _recorded_fsyncs(monkeypatch) -> list[str]:
+    import os
+
+    names, real = [], os.fsync
+
+    def fsync(fd):
+        names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return names
+
+
+def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monkeypatch):
+    import sqlite3
+
+    from sidecar.store.sqlite_base import sync_log
+
+    wal = tmp_path / "wal.db"
+    conn = sqlite3.connect(wal)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x)")
+    plain = tmp_path / "plain.db"
+    sqlite3.connect(plain).execute("CREATE TABLE t (x)")
+    names = _recorded_fsyncs(monkeypatch)
+    sync_log(str(wal))
+    sync_log(str(plain))  # no log next to it: the database file itself
+    assert names == ["wal.db-wal", "plain.db"]
+    conn.close()
+
+
+def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(sidecar, stub, monkeypatch):
+    from conftest import make_request
+
+    lock = sidecar.audit_log._write_lock
+    states = []
+    names = _recorded_fsyncs(monkeypatch)
+    real_sync = sidecar.audit_log._sync
+
+    def sync(action):
+        states.append(lock._threads.locked())
+        return real_sync(action)
+
+    monkeypatch.setattr(sidecar.audit_log, "_sync", sync)
+    denied = stub.Authorize(make_request(tool="no_such_tool"))  # denied before the ledger: the writer alone
+    assert denied.decision_id and names == [f"{DATABASE_FILE}-wal"] and states == [False]

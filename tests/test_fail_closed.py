@@ -67,6 +67,9 @@ def test_deadline_passing_during_the_decision_means_no_token(sidecar):
     sidecar.authorizer.ledger.reserve = slow_reserve
     response = service(sidecar).Authorize(make_request(), ctx)
     assert response.token == ""
+    # The token drafted before the transaction was dropped in it: the record says so.
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
+    assert record.event.jti == "" and record.event.detail.get("client_gone") is True
 
 
 def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):

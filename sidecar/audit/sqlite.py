@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, KINDS, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery, check_page
-from sidecar.store.sqlite_base import WriteLock
+from sidecar.store.sqlite_base import WriteLock, sync_log
 from sidecar.errors import StoreUnavailable
 
 SCHEMA_VERSION = 1
@@ -168,9 +168,10 @@ class SqliteAuditLog:
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
                                    isolation_level=None, check_same_thread=False)
-            # FULL: a record reported committed must survive a power cut; group commit
-            # pays for the extra fsync.
-            conn.execute("PRAGMA synchronous = FULL")
+            # NORMAL, and sync_log after each write once the write lock is released: a
+            # record reported committed survives a power cut, and other processes need
+            # not wait for this one's fsync (sidecar/store/sqlite_base.py).
+            conn.execute("PRAGMA synchronous = NORMAL")
             with self._lock:
                 if self._closed:
                     conn.close()
@@ -194,7 +195,14 @@ class SqliteAuditLog:
                 with contextlib.suppress(sqlite3.Error):  # report the first error
                     conn.execute("ROLLBACK")
                 raise
+        self._sync("append")
         return records
+
+    def _sync(self, action: str) -> None:
+        try:
+            sync_log(self.path)
+        except OSError as exc:
+            raise StoreUnavailable(f"audit log `{self.path}`: {action} failed: cannot sync: {exc.strerror}") from exc
 
     @staticmethod
     def append_in(conn: sqlite3.Connection, events: Sequence[AuditEvent]) -> list[AuditRecord]:
@@ -237,6 +245,7 @@ class SqliteAuditLog:
                 "INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+        self._sync("add checkpoint")
 
     def checkpoints(self) -> list[Checkpoint]:
         with self._errors("read checkpoints"):

@@ -83,6 +83,10 @@ class CallLedger(Protocol):
         transaction, so a decision and its record are committed, durably, together or
         not at all, with one commit."""
 
+    def run_counts(self, tenant: str, request_id: str, tool: str) -> tuple[int, int]:
+        """The calls recorded so far in the run `request_id`: (all tools, `tool`). A read
+        outside any write transaction: `reserve` counts again before it records."""
+
     def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
                  policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],
                  approval_id: str = "") -> None:

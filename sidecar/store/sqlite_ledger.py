@@ -84,9 +84,7 @@ class SqliteLedger(SqliteDatabase):
         existing = self._get(db, entry.tenant, entry.call_id)
         if existing is not None:
             return Reservation(existing)
-        calls, tool_calls = db.execute(
-            "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
-            (entry.tool, entry.tenant, entry.request_id)).fetchone()
+        calls, tool_calls = self._run_counts(db, entry.tenant, entry.request_id, entry.tool)
         try:
             decided = decide(calls, tool_calls) if decide is not None else None
         except Exception as exc:  # this call's failure alone: nothing of it is written
@@ -105,6 +103,16 @@ class SqliteLedger(SqliteDatabase):
             self._audit.append_in(db, [decided.audit])
         return Reservation(None)
 
+    def run_counts(self, tenant: str, request_id: str, tool: str) -> tuple[int, int]:
+        return self.read(lambda db: self._run_counts(db, tenant, request_id, tool))
+
+    @staticmethod
+    def _run_counts(db: sqlite3.Connection, tenant: str, request_id: str, tool: str) -> tuple[int, int]:
+        calls, tool_calls = db.execute(
+            "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
+            (tool, tenant, request_id)).fetchone()
+        return calls, tool_calls
+
     def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
         with self.transaction() as db:
             db.execute(
@@ -113,8 +121,7 @@ class SqliteLedger(SqliteDatabase):
                 (decision, decision_id, policy_version, *_json_columns(reasons, errors), approval_id, tenant, call_id))
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
-        with self.transaction(immediate=False) as db:
-            return self._get(db, tenant, call_id)
+        return self.read(lambda db: self._get(db, tenant, call_id))
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float,
                 audit: Callable[[str], AuditEvent] | None = None) -> str:
