@@ -213,7 +213,10 @@ STAGES = [
     ("  call digest (RFC 8785 + sha256)", "sidecar/digest.py", "call_digest"),
     ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
     ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
-    ("ledger reserve (1 txn, Cedar inside)", "sidecar/store/sqlite_ledger.py", "reserve"),
+    ("run counts (a read before deciding)", "sidecar/store/sqlite_ledger.py", "run_counts"),
+    ("ledger reserve (row + audit record, 1 commit)", "sidecar/store/sqlite_ledger.py", "reserve"),
+    ("  audit record: chain + insert", "sidecar/audit/sqlite.py", "append_in"),
+    ("  fsync of the log, after the lock", "sidecar/store/sqlite_base.py", "sync_log"),
     ("Cedar evaluate", "sidecar/engine.py", "evaluate"),
     ("  cedarpy.is_authorized", "cedarpy/__init__.py", "is_authorized"),
     ("token issue (PASETO, Ed25519)", "sidecar/tokens.py", "issue"),
@@ -246,30 +249,38 @@ def _top(stats: pstats.Stats, count: int, n: int = 15) -> list[dict]:
 # Stages timed without a profiler: the CPU time of the calling thread (thread_time) spent
 # in each step of Authorize, found by name (a step that moves or is renamed is left out).
 TIMED_FUNCTIONS = ("prepare", "request_entities", "evaluate")
-TIMED_METHODS = (("ledger", "reserve"), ("issuer", "issue"), ("audit", "write"))
+TIMED_METHODS = (("ledger", "run_counts"), ("ledger", "reserve"), ("issuer", "issue"), ("audit", "write"))
 
 
 def _stage_cpu(car, tools: int, count: int) -> dict:
     """Authorize called through the gRPC handler (stand-in context), one call at a time,
-    each step wrapped in a thread-CPU timer. Cedar runs inside the ledger's transaction:
-    the ledger row shows the transaction without it. Other threads (none take part in a
-    decision any more) show what the process used beyond the calling thread."""
+    each step wrapped in a thread-CPU timer. A step's time excludes the timed steps it
+    calls (Cedar inside the ledger's transaction, when a draft is decided again there).
+    Other threads (none take part in a decision) show what the process used beyond the
+    calling thread."""
     import functools
 
     import sidecar.authorizer as authorizer_module
 
     cpu: dict[str, int] = {}
     wall: dict[str, int] = {}
+    inner: list[list[int]] = []  # per open step: the time of the steps it called
 
     def timed(name: str, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            inner.append([0, 0])
             c, w = time.thread_time_ns(), time.perf_counter_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
-                cpu[name] = cpu.get(name, 0) + time.thread_time_ns() - c
-                wall[name] = wall.get(name, 0) + time.perf_counter_ns() - w
+                dc, dw = time.thread_time_ns() - c, time.perf_counter_ns() - w
+                nested_c, nested_w = inner.pop()
+                cpu[name] = cpu.get(name, 0) + dc - nested_c
+                wall[name] = wall.get(name, 0) + dw - nested_w
+                if inner:
+                    inner[-1][0] += dc
+                    inner[-1][1] += dw
         return wrapper
 
     restore = []
@@ -307,19 +318,19 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
                 setattr(obj, name, original)
     n = len(requests) - 20
     us = {name: (cpu[name] / n / 1e3, wall[name] / n / 1e3) for name in cpu}
-    handler_cpu, handler_wall = us.pop("grpc handler")
-    total_cpu, total_wall = us.pop("authorizer.authorize")
-    rows = [{"stage": "grpc handler, whole (this thread)", "cpu_us": handler_cpu, "wall_us": handler_wall},
-            {"stage": "  request/response conversion", "cpu_us": handler_cpu - total_cpu,
-             "wall_us": handler_wall - total_wall},
+    # Exclusive times: the handler's own is the conversion; add the nested ones back
+    # for the two whole rows.
+    conversion_cpu, conversion_wall = us.pop("grpc handler")
+    rest_cpu, rest_wall = us.pop("authorizer.authorize")
+    total_cpu = rest_cpu + sum(c for c, _ in us.values())
+    total_wall = rest_wall + sum(w for _, w in us.values())
+    rows = [{"stage": "grpc handler, whole (this thread)", "cpu_us": total_cpu + conversion_cpu,
+             "wall_us": total_wall + conversion_wall},
+            {"stage": "  request/response conversion", "cpu_us": conversion_cpu, "wall_us": conversion_wall},
             {"stage": "  authorizer.authorize", "cpu_us": total_cpu, "wall_us": total_wall}]
-    if "evaluate" in us and "ledger.reserve" in us:  # nested: show the transaction alone
-        (ec, ew), (lc, lw) = us["evaluate"], us.pop("ledger.reserve")
-        us["ledger.reserve without evaluate"] = (lc - ec, lw - ew)
-    rows += [{"stage": f"    {name}", "cpu_us": c, "wall_us": w} for name, (c, w) in us.items()]
-    rows.append({"stage": "    the rest (checks, ids, audit event, glue)",
-                 "cpu_us": total_cpu - sum(c for c, _ in us.values()),
-                 "wall_us": total_wall - sum(w for _, w in us.values())})
+    labels = {"ledger.reserve": "ledger.reserve + audit record + fsync"}
+    rows += [{"stage": f"    {labels.get(name, name)}", "cpu_us": c, "wall_us": w} for name, (c, w) in us.items()]
+    rows.append({"stage": "    the rest (checks, ids, audit event, glue)", "cpu_us": rest_cpu, "wall_us": rest_wall})
     rows.append({"stage": "other threads", "cpu_us": (process - thread) / n / 1e3,
                  "wall_us": float("nan")})
     return {"calls": n, "process_cpu_us": process / n / 1e3, "stages": rows}
