@@ -213,7 +213,7 @@ STAGES = [
     ("  call digest (RFC 8785 + sha256)", "sidecar/digest.py", "call_digest"),
     ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
     ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
-    ("run counts (a read before deciding)", "sidecar/store/sqlite_ledger.py", "run_counts"),
+    ("  drafts before the write lock (Cedar, token)", "sidecar/store/sqlite_ledger.py", "_draft"),
     ("ledger reserve (row + audit record, 1 commit)", "sidecar/store/sqlite_ledger.py", "reserve"),
     ("  audit record: chain + insert", "sidecar/audit/sqlite.py", "append_in"),
     ("  fsync of the log, after the lock", "sidecar/store/sqlite_base.py", "sync_log"),
@@ -249,7 +249,7 @@ def _top(stats: pstats.Stats, count: int, n: int = 15) -> list[dict]:
 # Stages timed without a profiler: the CPU time of the calling thread (thread_time) spent
 # in each step of Authorize, found by name (a step that moves or is renamed is left out).
 TIMED_FUNCTIONS = ("prepare", "request_entities", "evaluate")
-TIMED_METHODS = (("ledger", "run_counts"), ("ledger", "reserve"), ("issuer", "issue"), ("audit", "write"))
+TIMED_METHODS = (("ledger", "reserve"), ("issuer", "issue"), ("audit", "write"))
 
 
 def _stage_cpu(car, tools: int, count: int) -> dict:

@@ -136,17 +136,14 @@ class Authorizer:
                 if verdict.decision is Decision.ALLOW and wanted else None
             return _Draft(counts, verdict, token, gone=not wanted)
 
-        # Decided before the ledger's transaction, on the run's counts as they are now:
-        # Cedar and the signature stay outside the write lock that every process sharing
-        # the database queues on. The transaction keeps the draft if the counts are
-        # unchanged (they change only when calls of one run race), else decides again.
-        drafts = [draft(self.ledger.run_counts(ctx.tenant, ctx.request_id, tool))]
+        drafts: list[_Draft] = []
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision | None:
-            # Inside the ledger's transaction: the run's counts cannot change under it,
-            # and the row, the token's jti and the audit record commit together.
-            current = drafts[-1]
-            if current.counts != (calls, tool_calls):
+            # Called by the ledger before its transaction on the counts it expects, then
+            # in it on the counts that hold: Cedar and the signature run again only if
+            # they differ. The row, the token's jti and the audit record commit together.
+            current = drafts[-1] if drafts else None
+            if current is None or current.counts != (calls, tool_calls):
                 current = draft((calls, tool_calls))
             elif current.token is not None and not still_wanted():
                 current = _Draft(current.counts, current.verdict, None, gone=True)

@@ -345,9 +345,16 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
 def test_a_decision_drafted_on_stale_run_counts_is_made_again_inside_the_transaction(stub, sidecar, monkeypatch):
     """Cedar runs before the ledger's transaction, on the run's counts as read then; a
     call of the same run recorded in between must not let the stale draft through."""
+    from sidecar.store.sqlite_ledger import SqliteLedger
+
     for i in range(5):
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
-    monkeypatch.setattr(sidecar.ledger, "run_counts", lambda *args: (0, 0))  # read before the five were recorded
+    real = SqliteLedger._run_counts
+
+    def counts(db, *args):  # outside the transaction: as if read before the five were recorded
+        return real(db, *args) if db.in_transaction else (0, 0)
+
+    monkeypatch.setattr(SqliteLedger, "_run_counts", staticmethod(counts))
     sixth = stub.Authorize(make_request(call_id="c5"))
     assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"] and sixth.token == ""
     [record] = sidecar.audit_log.query(AuditQuery(call_id="c5"), limit=5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import pytest
 
@@ -101,9 +102,11 @@ def test_calls_of_one_run_batched_together_see_each_other(ledger):
     reserved before it, also inside one batch."""
     entered, release = threading.Event(), threading.Event()
     seen: dict[str, tuple[int, int]] = {}
+    asked: Counter = Counter()
 
     def decide_for(call_id):
         def decide(calls, tool_calls):
+            asked[call_id, calls, tool_calls] += 1
             seen[call_id] = (calls, tool_calls)
             if call_id == "c0#0":
                 entered.set()
@@ -130,6 +133,10 @@ def test_calls_of_one_run_batched_together_see_each_other(ledger):
     first, duplicate = sorted((results[1], results[5]), key=lambda r: r.existing is not None)
     assert first.existing is None and duplicate.existing.decision_id == ledger.get("acme", "c1").decision_id
     assert len([key for key in seen if key.startswith("c1")]) == 1  # the duplicate was never decided
+    # Drafted before the transaction on predicted counts (those in the table plus the
+    # calls ahead in the batch), asked again in it with the same counts: Cedar would
+    # run once per call.
+    assert {n for (key, *_), n in asked.items() if not key.startswith("c3")} == {2}
     for i in (0, 2, 4):
         assert results[i].existing is None and ledger.get("acme", f"c{i}").decision == "ALLOW"
 

@@ -81,11 +81,12 @@ class CallLedger(Protocol):
 
         The decision's `audit` event is appended to the audit trail in the same
         transaction, so a decision and its record are committed, durably, together or
-        not at all, with one commit."""
+        not at all, with one commit.
 
-    def run_counts(self, tenant: str, request_id: str, tool: str) -> tuple[int, int]:
-        """The calls recorded so far in the run `request_id`: (all tools, `tool`). A read
-        outside any write transaction: `reserve` counts again before it records."""
+        `decide` may also be called before the transaction, on the counts the ledger
+        expects, so that its expensive part stays out of the write lock; the decision
+        recorded is the one it returns inside, so it must be cheap to call again with
+        the same counts."""
 
     def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
                  policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],
