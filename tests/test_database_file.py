@@ -54,13 +54,13 @@ def test_the_sidecar_keeps_all_its_state_in_one_file(sidecar, settings):
 def _recorded_fsyncs(monkeypatch) -> list[str]:
     import os
 
-    names, real = [], os.fsync
+    names, real = [], os.fdatasync
 
     def fsync(fd):
         names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
         return real(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fsync)
     return names
 
 

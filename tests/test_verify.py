@@ -204,13 +204,13 @@ def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar, mo
     lock = sidecar.ledger._write_lock
     for conn in sidecar.ledger._all + sidecar.audit_log._connections:
         conn.set_trace_callback(lambda sql: events.append(sql) if sql in ("BEGIN IMMEDIATE", "COMMIT") else None)
-    real_fsync = os.fsync
+    real_fsync = os.fdatasync
 
     def fsync(fd):
         events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), lock._threads.locked()))
         return real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fsync)
     synced = ("fsync", "toolauthz.db-wal", False)
     ctx, proposed = call("toolu_9")
     result = authorizer.authorize(ctx, proposed)

@@ -114,7 +114,7 @@ class WriteLock:
 
 
 def sync_log(db_path: str) -> None:
-    """Makes every transaction committed so far on `db_path` durable by fsyncing its
+    """Makes every transaction committed so far on `db_path` durable by syncing its
     write-ahead log. Connections commit with synchronous=NORMAL (no fsync while the write
     lock is held) and a committer calls this after releasing the lock, so processes
     sharing the file do not queue behind each other's fsync, and one fsync may cover
@@ -127,7 +127,7 @@ def sync_log(db_path: str) -> None:
         except FileNotFoundError:
             continue
         try:
-            os.fsync(fd)
+            os.fdatasync(fd)  # as SQLite itself syncs: the data and the size, not the times
         finally:
             os.close(fd)
         return
