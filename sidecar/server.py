@@ -20,7 +20,7 @@ from sidecar.authorizer import Authorizer, BundleHolder
 from sidecar.bundle import load_bundle
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import Settings
-from sidecar.errors import KeyFileError
+from sidecar.errors import KeyFileError, StoreUnavailable
 from sidecar.keyring import KeyRing, load_keyring
 from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -85,6 +85,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     bundle = load_bundle(settings.bundle)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _refuse_old_layout(data, settings.database_path)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
     if getattr(keyring, "created_key", None) is not None:
@@ -110,6 +111,19 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, reloader)
+
+
+def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
+    """Data directories written before the ledger and the audit trail shared one file
+    hold `ledger.db` and `audit.db`. Starting on a fresh database beside them would
+    forget which tokens were spent and start a second audit chain, so refuse instead."""
+    old = [name for name in ("ledger.db", "audit.db") if (data / name).exists()]
+    if old and not database.exists():
+        raise StoreUnavailable(
+            f"`{data}` holds {' and '.join(old)} from an earlier version, which kept the ledger and the audit "
+            f"trail apart; this version keeps both in `{database.name}`. Keep the old files for the record "
+            f"(`toolauthz audit verify` of that version checks them), move them out of the data directory, "
+            f"and start again")
 
 
 def _audit_key(settings: Settings) -> SigningKey:

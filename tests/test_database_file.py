@@ -97,3 +97,16 @@ def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(side
     monkeypatch.setattr(sidecar.audit_log, "_sync", sync)
     denied = stub.Authorize(make_request(tool="no_such_tool"))  # denied before the ledger: the writer alone
     assert denied.decision_id and names == [f"{DATABASE_FILE}-wal"] and states == [False]
+
+
+def test_a_data_directory_of_the_two_file_layout_is_refused(settings, clock):
+    """Starting on a fresh database beside an old ledger would forget which tokens were
+    spent, and start a second audit chain."""
+    from sidecar.errors import StoreUnavailable
+    from sidecar.server import build_sidecar
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    (settings.data_dir / "ledger.db").write_bytes(b"")
+    with pytest.raises(StoreUnavailable, match="ledger.db from an earlier version"):
+        build_sidecar(settings, clock=clock)
+    assert not settings.database_path.exists()
