@@ -48,7 +48,10 @@ def add_audit_command(sub) -> None:
 def run(args) -> int:
     path = pathlib.Path(args.data_dir) / DATABASE_FILE
     if not path.exists():
-        raise ToolAuthzError(f"no audit store at `{path}`")
+        older = pathlib.Path(args.data_dir) / "audit.db"
+        hint = f"; `{older}` is the audit trail of an earlier version: read it with that version" \
+            if older.exists() else ""
+        raise ToolAuthzError(f"no audit store at `{path}`{hint}")
     log = SqliteAuditLog(str(path))
     try:
         return {"query": _query, "export": _export, "show": _show, "verify": _verify}[args.audit_command](log, args)

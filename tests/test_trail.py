@@ -121,5 +121,9 @@ def test_audit_commands_refuse_bad_input_clearly(history, tmp_path, capsys):
     assert "`yesterday` is not an ISO 8601 time" in capsys.readouterr().err
     assert main(["audit", "--data-dir", str(tmp_path / "nowhere"), "verify"]) == 1
     assert "no audit store at" in capsys.readouterr().err
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "audit.db").write_bytes(b"")  # the two-file layout of earlier versions
+    assert main(["audit", "--data-dir", str(tmp_path / "old"), "verify"]) == 1
+    assert "audit.db` is the audit trail of an earlier version" in capsys.readouterr().err
     assert main(["audit", "--data-dir", data, "show", "no-such-call"]) == 1
     assert "no audit records for call `no-such-call`" in capsys.readouterr().err
