@@ -67,10 +67,9 @@ class Settings(_Strict):
 
     @property
     def database_path(self) -> pathlib.Path:
-        """One SQLite file for the call ledger, the approvals and the audit trail: the
-        fsync that makes an audit record durable also makes durable every ledger write
-        committed before it (one write-ahead log), such as the consumed token of the
-        Verify that record reports."""
+        """One SQLite file for the call ledger, the approvals and the audit trail, so that
+        a decision's ledger row and its audit record (or a token's consumption and its
+        Verify record) commit in one transaction."""
         return self.data_dir / DATABASE_FILE
 
     def key_grace_seconds(self) -> float:

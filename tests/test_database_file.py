@@ -76,8 +76,8 @@ def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monke
     plain = tmp_path / "plain.db"
     sqlite3.connect(plain).execute("CREATE TABLE t (x)")
     names = _recorded_fsyncs(monkeypatch)
-    sync_log(str(wal))
-    sync_log(str(plain))  # no log next to it: the database file itself
+    sync_log(str(wal), "test")
+    sync_log(str(plain), "test")  # no log next to it: the database file itself
     assert names == ["wal.db-wal", "plain.db"]
     conn.close()
 
@@ -88,13 +88,15 @@ def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(side
     lock = sidecar.audit_log._write_lock
     states = []
     names = _recorded_fsyncs(monkeypatch)
-    real_sync = sidecar.audit_log._sync
+    import sidecar.audit.sqlite as audit_sqlite
 
-    def sync(action):
+    real_sync = audit_sqlite.sync_log
+
+    def sync(path, label):
         states.append(lock._threads.locked())
-        return real_sync(action)
+        return real_sync(path, label)
 
-    monkeypatch.setattr(sidecar.audit_log, "_sync", sync)
+    monkeypatch.setattr(audit_sqlite, "sync_log", sync)
     denied = stub.Authorize(make_request(tool="no_such_tool"))  # denied before the ledger: the writer alone
     assert denied.decision_id and names == [f"{DATABASE_FILE}-wal"] and states == [False]
 
@@ -110,3 +112,26 @@ def test_a_data_directory_of_the_two_file_layout_is_refused(settings, clock):
     with pytest.raises(StoreUnavailable, match="ledger.db from an earlier version"):
         build_sidecar(settings, clock=clock)
     assert not settings.database_path.exists()
+
+
+def test_a_disk_that_refuses_the_sync_means_no_token(sidecar, stub, monkeypatch):
+    """The commit is durable only once synced: an answer that cannot wait for that is
+    UNAVAILABLE, with no token, and the message names the store."""
+    import errno
+    import os
+
+    import grpc
+
+    from conftest import make_request
+    from sidecar.errors import StoreUnavailable
+    from sidecar.store.sqlite_base import sync_log
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", eio)
+    with pytest.raises(StoreUnavailable, match="ledger `.*`: cannot sync: Input/output error"):
+        sync_log(str(sidecar.settings.database_path), "ledger")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(make_request())
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -195,14 +195,8 @@ class SqliteAuditLog:
                 with contextlib.suppress(sqlite3.Error):  # report the first error
                     conn.execute("ROLLBACK")
                 raise
-        self._sync("append")
+        sync_log(self.path, "audit log")
         return records
-
-    def _sync(self, action: str) -> None:
-        try:
-            sync_log(self.path)
-        except OSError as exc:
-            raise StoreUnavailable(f"audit log `{self.path}`: {action} failed: cannot sync: {exc.strerror}") from exc
 
     @staticmethod
     def append_in(conn: sqlite3.Connection, events: Sequence[AuditEvent]) -> list[AuditRecord]:
@@ -245,7 +239,7 @@ class SqliteAuditLog:
                 "INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
-        self._sync("add checkpoint")
+        sync_log(self.path, "audit log")
 
     def checkpoints(self) -> list[Checkpoint]:
         with self._errors("read checkpoints"):

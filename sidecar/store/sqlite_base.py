@@ -113,23 +113,26 @@ class WriteLock:
             self._fd = None
 
 
-def sync_log(db_path: str) -> None:
+def sync_log(db_path: str, label: str) -> None:
     """Makes every transaction committed so far on `db_path` durable by syncing its
     write-ahead log. Connections commit with synchronous=NORMAL (no fsync while the write
     lock is held) and a committer calls this after releasing the lock, so processes
     sharing the file do not queue behind each other's fsync, and one fsync may cover
     several commits. Sound because, in WAL mode with NORMAL, SQLite syncs the log before
     a checkpoint copies frames out of it and the database after: a committed frame is
-    either still in the log, made durable here, or already synced into the database."""
-    for path in (db_path + "-wal", db_path):  # no log: everything was checkpointed
+    either still in the log, made durable here, or already synced into the database.
+    Raises StoreUnavailable (`label` names the store) when the disk refuses."""
+    for path in (db_path + "-wal", db_path):
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fdatasync(fd)  # as SQLite itself syncs: the data and the size, not the times
+            finally:
+                os.close(fd)
         except FileNotFoundError:
-            continue
-        try:
-            os.fdatasync(fd)  # as SQLite itself syncs: the data and the size, not the times
-        finally:
-            os.close(fd)
+            continue  # no log: everything was checkpointed into the database
+        except OSError as exc:
+            raise StoreUnavailable(f"{label} `{db_path}`: cannot sync: {exc.strerror}") from exc
         return
 
 
@@ -172,11 +175,7 @@ class SqliteDatabase:
                     yield conn
             finally:
                 self._write_lock.__exit__()
-            # Committed: durable before the caller answers anyone.
-            try:
-                sync_log(self._path)
-            except OSError as exc:
-                raise StoreUnavailable(f"{self._label} `{self._path}`: cannot sync: {exc.strerror}") from exc
+            sync_log(self._path, self._label)  # committed: durable before anyone is answered
         else:
             with self._transaction(False) as conn:
                 yield conn
