@@ -13,7 +13,6 @@ import os
 import pathlib
 import pstats
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -44,24 +43,29 @@ def _timed(fn, items) -> list[int]:
     return lat
 
 
-def _threaded(fn, items, threads: int) -> tuple[list[int], float]:
-    """`threads` threads share `items`; returns latencies and wall seconds."""
-    lat: list[list[int]] = [[] for _ in range(threads)]
-    chunks = [items[t::threads] for t in range(threads)]
-    start = threading.Barrier(threads + 1)
+def _through_pump(car, items, in_flight: int) -> tuple[list[int], float]:
+    """`in_flight` coroutines on one event loop share `items`, each handing its call to
+    the decision pump and awaiting the answer, as the served handlers do; returns
+    latencies and wall seconds."""
+    import asyncio
 
-    def run(t: int) -> None:
-        start.wait()
-        lat[t] = _timed(fn, chunks[t])
+    plan = car.authorizer.plan_authorize
+    queue = iter(items)
+    lat: list[int] = []
 
-    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    start.wait()
-    began = time.perf_counter()
-    for w in workers:
-        w.join()
-    return [x for part in lat for x in part], time.perf_counter() - began
+    async def client() -> None:
+        for ctx, call in queue:
+            started = time.perf_counter_ns()
+            await car.pump.answer(lambda: plan(ctx, call))
+            lat.append(time.perf_counter_ns() - started)
+
+    async def main() -> float:
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(in_flight)))
+        return time.perf_counter() - began
+
+    wall = asyncio.run(main())
+    return lat, wall
 
 
 def inproc_main(spec: dict, out_q) -> None:
@@ -109,13 +113,13 @@ def _measure(car, spec: dict, out: dict, decide) -> None:
     out["authorizer"] = {}
     for threads in spec["threads"]:
         items = _calls(0, count if threads == 1 else count * 2, tools, f"a{threads}")
-        cpu = time.process_time()  # every thread of this process: the audit writer's work too
+        cpu = time.process_time()  # every thread of this process: the pump's work too
         if threads == 1:
             began = time.perf_counter()
             lat = _timed(authorize, items)
             wall = time.perf_counter() - began
         else:
-            lat, wall = _threaded(authorize, items, threads)
+            lat, wall = _through_pump(car, items, threads)
         out["authorizer"][threads] = {"lat": lat, "seconds": wall,
                                       "cpu_ms_per_call": (time.process_time() - cpu) * 1e3 / len(items)}
     out["audit_rows"] = _count_rows(car)
@@ -132,29 +136,40 @@ def _count_rows(car) -> dict[str, int]:
 
 
 class _Context:
-    """Enough of grpc.ServicerContext for a handler that does not abort: an active call
-    with no deadline. Methods it does not know are no-ops."""
+    """Enough of grpc.aio.ServicerContext for a handler that does not abort: a call with
+    no deadline."""
 
     def time_remaining(self):
         return None
 
-    def is_active(self):
-        return True
-
-    def abort(self, code, details):
+    async def abort(self, code, details):
         raise RuntimeError(f"{code}: {details}")
 
-    def invocation_metadata(self):
-        return ()
 
-    def peer(self):
-        return "ipv4:127.0.0.1:1"
+class _InlinePump:
+    """The decision pump's interface, run on the calling thread: the handler's whole path
+    then runs where a profiler or a thread-CPU timer sees it."""
 
-    def add_callback(self, callback):
-        return True
+    def __init__(self, authorizer):
+        self._authorizer = authorizer
 
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
+    async def answer(self, make_plan):
+        return decide_inline(self._authorizer, make_plan)
+
+
+def decide_inline(authorizer, make_plan):
+    return authorizer.run(make_plan())
+
+
+def _call(handler, request, context):
+    """Runs a coroutine handler that never suspends (its pump is inline), no event loop."""
+    coroutine = handler(request, context)
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("the handler suspended")
 
 
 def _requests(count: int, tools: int, prefix: str) -> list:
@@ -182,7 +197,7 @@ def _profile(car, tools: int, count: int) -> dict:
     began = time.perf_counter()
     profiler.enable()
     for request in requests:
-        service.Authorize(request, context)
+        _call(service.Authorize, request, context)
     profiler.disable()
     wall = time.perf_counter() - began
     stats = pstats.Stats(profiler, stream=io.StringIO())
@@ -194,18 +209,16 @@ def _profile(car, tools: int, count: int) -> dict:
 
 
 def _service(car):
-    try:
-        from sidecar.service.authorizer import ToolAuthorizerService
-    except ImportError:  # the layout before the service package
-        from sidecar.service import ToolAuthorizerService
-    return ToolAuthorizerService(car.authorizer, car.keyring, car.status)
+    from sidecar.service.authorizer import ToolAuthorizerService
+
+    return ToolAuthorizerService(car.authorizer, _InlinePump(car.authorizer), car.keyring, car.status)
 
 
 # Stages of the path, by the functions that implement them (matched on file suffix and
 # name, so a stage that moves or disappears is simply left out of the summary).
 STAGES = [
     ("grpc handler (total)", "service/authorizer.py", "Authorize"),
-    ("authorizer.authorize", "sidecar/authorizer.py", "authorize"),
+    ("authorizer: plan + run", "bench/inproc.py", "decide_inline"),
     ("request checks (ctx/call)", "sidecar/model.py", "check"),
     ("prepare: parse + JSON Schema + digest", "sidecar/engine.py", "prepare"),
     ("  strict JSON parse", "sidecar/strict_json.py", "parse_strict_json"),
@@ -214,7 +227,7 @@ STAGES = [
     ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
     ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
     ("  drafts before the write lock (Cedar, token)", "sidecar/store/sqlite_ledger.py", "_draft"),
-    ("ledger reserve (row + audit record, 1 commit)", "sidecar/store/sqlite_ledger.py", "reserve"),
+    ("ledger apply (row + audit record, 1 commit)", "sidecar/store/sqlite_ledger.py", "apply"),
     ("  audit record: chain + insert", "sidecar/audit/sqlite.py", "append_in"),
     ("  fsync of the log, after the lock", "sidecar/store/sqlite_base.py", "sync_log"),
     ("Cedar evaluate", "sidecar/engine.py", "evaluate"),
@@ -249,7 +262,7 @@ def _top(stats: pstats.Stats, count: int, n: int = 15) -> list[dict]:
 # Stages timed without a profiler: the CPU time of the calling thread (thread_time) spent
 # in each step of Authorize, found by name (a step that moves or is renamed is left out).
 TIMED_FUNCTIONS = ("prepare", "request_entities", "evaluate")
-TIMED_METHODS = (("ledger", "reserve"), ("issuer", "issue"), ("audit", "write"))
+TIMED_METHODS = (("ledger", "apply"), ("issuer", "issue"), ("audit", "write"))
 
 
 def _stage_cpu(car, tools: int, count: int) -> dict:
@@ -294,11 +307,11 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
         if obj is not None and callable(getattr(obj, method, None)):
             restore.append((obj, method, None))
             setattr(obj, method, timed(f"{holder}.{method}", getattr(obj, method)))
+    global decide_inline
     service = _service(car)
-    handler = timed("grpc handler", service.Authorize)
-    authorize = az.authorize
-    az.authorize = timed("authorizer.authorize", authorize)
-    restore.append((az, "authorize", None))
+    handler = timed("grpc handler", lambda request, context: _call(service.Authorize, request, context))
+    inline = decide_inline
+    decide_inline = timed("authorizer.authorize", inline)
     requests = _requests(count, tools, "stage")
     context = _Context()
     try:
@@ -311,6 +324,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
             handler(request, context)
         process, thread = time.process_time_ns() - process, time.thread_time_ns() - thread
     finally:
+        decide_inline = inline
         for obj, name, original in reversed(restore):
             if original is None:
                 delattr(obj, name)  # the instance attribute hid the class's method
@@ -328,7 +342,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
              "wall_us": total_wall + conversion_wall},
             {"stage": "  request/response conversion", "cpu_us": conversion_cpu, "wall_us": conversion_wall},
             {"stage": "  authorizer.authorize", "cpu_us": total_cpu, "wall_us": total_wall}]
-    labels = {"ledger.reserve": "ledger.reserve + audit record + fsync"}
+    labels = {"ledger.apply": "ledger.apply: row + audit record + fsync"}
     rows += [{"stage": f"    {labels.get(name, name)}", "cpu_us": c, "wall_us": w} for name, (c, w) in us.items()]
     rows.append({"stage": "    the rest (checks, ids, audit event, glue)", "cpu_us": rest_cpu, "wall_us": rest_wall})
     rows.append({"stage": "other threads", "cpu_us": (process - thread) / n / 1e3,

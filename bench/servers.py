@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,32 +87,31 @@ def canned_responses() -> tuple[bytes, bytes]:
 
 
 def noop_server_main(conn, options: dict[str, Any]) -> None:
-    """Process target: the transport floor, with the same server options as create_server."""
-    import grpc
-
+    """Process target: the transport floor, served as the sidecar serves (sidecar/service/
+    running.py: grpc.aio, coroutine handlers, the same options)."""
     from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
     from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from sidecar.service.running import AioServer
 
     authorize_bytes, verify_bytes = canned_responses()
     authorize = pb.AuthorizeResponse.FromString(authorize_bytes)
     verify = pb.VerifyResponse.FromString(verify_bytes)
 
     class Noop(pb_grpc.ToolAuthorizerServicer):
-        def Authorize(self, request, context):
+        async def Authorize(self, request, context):
             return authorize
 
-        def Verify(self, request, context):
+        async def Verify(self, request, context):
             return verify
 
     stop = threading.Event()
     _watchdog(stop, options.get("max_seconds", DEFAULT_MAX_SECONDS), options["parent"])
     max_bytes, max_rpcs = options.get("max_message_bytes", 4 << 20), options.get("max_concurrent_rpcs", 256)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=min(32, max_rpcs)),
-                         options=[("grpc.max_receive_message_length", max_bytes),
-                                  ("grpc.max_send_message_length", max_bytes),
-                                  ("grpc.so_reuseport", 1 if options.get("reuse_port") else 0)],
-                         maximum_concurrent_rpcs=max_rpcs)
-    pb_grpc.add_ToolAuthorizerServicer_to_server(Noop(), server)
+    server = AioServer(lambda s: pb_grpc.add_ToolAuthorizerServicer_to_server(Noop(), s),
+                       options=[("grpc.max_receive_message_length", max_bytes),
+                                ("grpc.max_send_message_length", max_bytes),
+                                ("grpc.so_reuseport", 1 if options.get("reuse_port") else 0)],
+                       max_concurrent_rpcs=max_rpcs, thread_pool_size=min(32, max_rpcs), name="noop-loop")
     port = server.add_insecure_port(f"{HOST}:{options.get('port', 0)}")
     server.start()
     conn.send({"port": port, "pid": os.getpid()})

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from ulid import ULID
 
@@ -22,14 +22,16 @@ from sidecar.bundle.catalog import resolve_pointer
 from sidecar.clock import Clock
 from sidecar.digest import call_digest
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
-from sidecar.errors import InputError, NotFoundError
+from sidecar.errors import InputError, NotFoundError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
-from sidecar.store.ledger import OUTCOMES, CallEntry, CallLedger, RecordedDecision
+from sidecar.store.ledger import (OUTCOMES, AppendAudit, CallEntry, CallLedger, ConsumeToken, LedgerOp,
+                                  RecordedDecision, ReserveCall, Reservation, only_result)
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
 log = logging.getLogger("toolauthz.authorizer")
 MAX_VERIFY_INPUT_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 class BundleHolder:
@@ -105,12 +107,45 @@ class Authorizer:
     def new_id(self) -> str:
         return str(ULID.from_timestamp(self.clock.now()))
 
+    # -- running plans -----------------------------------------------------------------
+
+    def run(self, plan: "Plan[T]") -> T:
+        """One request's plan: its write, then its answer (or the exception)."""
+        result = only_result(self.ledger.apply([plan.op])) if plan.op is not None else None
+        return plan.finish(result)
+
+    def run_many(self, plans: "Sequence[Plan]") -> list:
+        """Many requests' plans, their writes sharing the ledger's commits; each one's
+        answer or the exception it failed with, in order, so that one bad request never
+        fails the others."""
+        ops = [plan.op for plan in plans if plan.op is not None]
+        try:
+            results = iter(self.ledger.apply(ops) if ops else [])
+        except StoreUnavailable as exc:
+            results = iter([_unavailable(exc) for _ in ops])
+        answers: list = []
+        for plan in plans:
+            try:
+                result = next(results) if plan.op is not None else None
+                if isinstance(result, BaseException):
+                    raise result
+                answers.append(plan.finish(result))
+            except Exception as exc:  # noqa: BLE001 - this request's failure, answered to it alone
+                answers.append(exc)
+        return answers
+
     # -- Authorize ---------------------------------------------------------------------
 
     def authorize(self, ctx: TrustedContext, call: ProposedCall,
                   still_wanted: Callable[[], bool] = lambda: True) -> AuthorizeResult:
         """`still_wanted` is asked right before a token would be minted: a client that
         cancelled or whose deadline passed gets none (a retry replays the decision)."""
+        return self.run(self.plan_authorize(ctx, call, still_wanted))
+
+    def plan_authorize(self, ctx: TrustedContext, call: ProposedCall,
+                       still_wanted: Callable[[], bool] = lambda: True) -> "Plan[AuthorizeResult]":
+        """Everything of `authorize` up to its ledger write: checks, validation and the
+        decision's inputs. The decision itself is made by the ledger's `decide` call."""
         ctx.check()
         call.check()
         bundle = self.bundles.current
@@ -122,8 +157,8 @@ class Authorizer:
             prepared = prepare(bundle, ctx, call)
         except InputError as exc:
             verdict = deny(exc.code, exc.message)
-            self._record(base, verdict)
-            return AuthorizeResult(Decision.DENY, decision_id, bundle.version, errors=verdict.errors)
+            return Plan(AppendAudit(self._event(base, verdict)),
+                        lambda _: AuthorizeResult(Decision.DENY, decision_id, bundle.version, errors=verdict.errors))
 
         base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
@@ -156,27 +191,35 @@ class Authorizer:
                                         base, verdict, jti=current.token.jti if current.token else "",
                                         detail={"client_gone": True} if current.gone else None))
 
-        reservation = self.ledger.reserve(CallEntry(
-            ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest,
-            str(ctx.principal), self.clock.now()), decide)
-        if reservation.existing is not None:
-            return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-        verdict, token = drafts[-1].verdict, drafts[-1].token
-        self._count_shadow(bundle, verdict)
-        approval_id = ""
-        if verdict.decision is Decision.APPROVAL_REQUIRED:
-            try:
-                approval_id = self._open_approval(ctx, call.call_id, prepared, verdict, decision_id, bundle.version,
-                                                  base["fields"])
-                self.ledger.complete(ctx.tenant, call.call_id, decision=verdict.decision.value,
-                                     decision_id=decision_id, policy_version=bundle.version, reasons=verdict.reasons,
-                                     errors=_error_pairs(verdict), approval_id=approval_id)
-            except Exception:
-                self._abandon(ctx.tenant, call.call_id, decision_id, bundle.version)
-                raise
-            self._record({**base, "approval_id": approval_id}, verdict)
-        return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
-                               prepared.digest, token, approval_id)
+        def finish(reservation: Reservation) -> AuthorizeResult:
+            if reservation.existing is not None:
+                return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
+            verdict, token = drafts[-1].verdict, drafts[-1].token
+            self._count_shadow(bundle, verdict)
+            approval_id = ""
+            if verdict.decision is Decision.APPROVAL_REQUIRED:
+                approval_id = self._await_approval(base, ctx, call.call_id, prepared, verdict)
+            return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
+                                   prepared.digest, token, approval_id)
+
+        entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, str(ctx.principal),
+                          self.clock.now())
+        return Plan(ReserveCall(entry, decide), finish)
+
+    def _await_approval(self, base: dict, ctx: TrustedContext, call_id: str, prepared: PreparedCall,
+                        verdict: Verdict) -> str:
+        """Opens the approval of a reserved call and records the call as waiting for it."""
+        decision_id, version = base["decision_id"], base["policy_version"]
+        try:
+            approval_id = self._open_approval(ctx, call_id, prepared, verdict, decision_id, version, base["fields"])
+            self.ledger.complete(ctx.tenant, call_id, decision=verdict.decision.value, decision_id=decision_id,
+                                 policy_version=version, reasons=verdict.reasons, errors=_error_pairs(verdict),
+                                 approval_id=approval_id)
+        except Exception:
+            self._abandon(ctx.tenant, call_id, decision_id, version)
+            raise
+        self._record({**base, "approval_id": approval_id}, verdict)
+        return approval_id
 
     def _open_approval(self, ctx, call_id, prepared, verdict, decision_id, version, fields) -> str:
         if self.approvals is None:
@@ -239,6 +282,9 @@ class Authorizer:
     # -- Verify ------------------------------------------------------------------------
 
     def verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> VerifyResult:
+        return self.run(self.plan_verify(token, ctx, call))
+
+    def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> "Plan[VerifyResult]":
         ctx.check()
         call.check()
         base = dict(kind="verify", request_id=ctx.request_id, call_id=call.call_id, tenant=ctx.tenant,
@@ -258,10 +304,9 @@ class Authorizer:
         event = lambda result: AuditEvent(  # noqa: E731
             time=self.clock.now(), decision_id=decision_id, result=result, digest=digest, jti=jti, **base)
         if code == "ok":  # single use and its record: one transaction
-            code = self.ledger.consume(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event)
-        else:
-            self._write(event(code))
-        return VerifyResult(code == "ok", code, decision_id)
+            return Plan(ConsumeToken(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event),
+                        lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id))
+        return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id))
 
     # -- ReportOutcome -----------------------------------------------------------------
 
@@ -306,6 +351,22 @@ class Authorizer:
 
     def _write(self, event: AuditEvent) -> None:
         self.audit.write(event)  # raises StoreUnavailable: the caller sends no token
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    """A request made ready up to its one ledger write: `op` (None: nothing to write),
+    and `finish`, which turns that write's result into the answer (writing more itself
+    only on the rare paths: replays, approvals). Many plans' writes can share a commit."""
+
+    op: LedgerOp | None
+    finish: Callable[[Any], T]
+
+
+def _unavailable(cause: BaseException) -> StoreUnavailable:
+    error = StoreUnavailable(str(cause))
+    error.__cause__ = cause
+    return error
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,9 @@ import logging
 import os
 import pathlib
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 
-import grpc
+from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -25,6 +24,7 @@ from sidecar.keyring import KeyRing, load_keyring
 from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.pump import DecisionPump
 from sidecar.reload import BundleReloader
 from sidecar.approvals import ApprovalDesk
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -34,6 +34,7 @@ from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.service.running import AioServer
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.store import SqliteLedger
 from sidecar.tokens import TokenIssuer, TokenVerifier
@@ -54,6 +55,7 @@ class Sidecar:
     authorizer: Authorizer
     approvals: ApprovalDesk
     approval_store: SqliteApprovals
+    pump: DecisionPump
     reloader: BundleReloader | None = None
     closed: bool = False
     started_at: float = field(default_factory=time.time)
@@ -71,6 +73,7 @@ class Sidecar:
             return
         self.closed = True
         self.reloader.close()
+        self.pump.close()
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.audit_log.close()
@@ -110,7 +113,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, reloader)
+                   desk, approval_store, DecisionPump(authorizer), reloader)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
@@ -135,51 +138,62 @@ def _audit_key(settings: Settings) -> SigningKey:
 
 
 def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_address: str | None = None,
-                  reuse_port: bool = False) -> tuple[grpc.Server, int]:
+                  reuse_port: bool = False) -> tuple[AioServer, int]:
     """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests).
 
     With `approvals_address` (or `approvals_listen` in the settings) the Approvals service
     listens there instead, on a server of its own (see `create_approvals_server`).
     `reuse_port` lets worker processes share the address (see sidecar/workers.py)."""
     settings = sidecar.settings
-    server = _new_server(settings, reuse_port)
-    pb_grpc.add_ToolAuthorizerServicer_to_server(
-        ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status), server)
-    aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), server)
     names = [pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name,
              aupb.DESCRIPTOR.services_by_name["Audit"].full_name]
-    if not (approvals_address or settings.approvals_listen):
-        apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
+    with_approvals = not (approvals_address or settings.approvals_listen)
+    if with_approvals:
         names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
-    return _start(server, names, address or settings.listen)
+
+    def build(server) -> None:
+        pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
+            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), server)
+        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), server)
+        if with_approvals:
+            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
+
+    return _start(settings, build, names, address or settings.listen, reuse_port)
 
 
-def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[grpc.Server, int]:
+def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
     """The Approvals service alone, for deployments that expose it to an approval tool."""
-    server = _new_server(sidecar.settings)
-    apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
-    return _start(server, [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
+    return _start(sidecar.settings,
+                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server),
+                  [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
                   address or sidecar.settings.approvals_listen)
 
 
-def _new_server(settings: Settings, reuse_port: bool = False) -> grpc.Server:
+def _start(settings: Settings, build, names: list[str], address: str,
+           reuse_port: bool = False) -> tuple[AioServer, int]:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
                ("grpc.so_reuseport", 1 if reuse_port else 0)]
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=min(32, settings.max_concurrent_rpcs)),
-                       options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
+    health_servicer = aio_health.HealthServicer()
 
+    def build_all(server) -> None:
+        build(server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
-def _start(server: grpc.Server, names: list[str], address: str) -> tuple[grpc.Server, int]:
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot listen on {address}")
-    server.start()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    for name in names:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server = AioServer(build_all, options=options, max_concurrent_rpcs=settings.max_concurrent_rpcs,
+                       thread_pool_size=min(32, settings.max_concurrent_rpcs))
+    try:
+        port = server.add_insecure_port(address)
+        server.start()
+        server.run(lambda: _serving(health_servicer, names))
+    except BaseException:
+        server.stop(None)
+        raise
     return server, port
+
+
+async def _serving(health_servicer, names: list[str]) -> None:
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -50,7 +50,7 @@ def test_every_measurement_is_reported(quick_run):
         assert LATENCY_FIELDS | {"cpu_ms_per_call"} <= set(row["decide"])
         assert LATENCY_FIELDS | {"cpu_ms_per_call", "throughput_per_s"} <= set(row["authorizer_4"])
     stages = {s["stage"] for s in results["profile"]["stages"]}
-    assert {"authorizer.authorize", "Cedar evaluate", "token issue (PASETO, Ed25519)"} <= stages
+    assert {"authorizer: plan + run", "Cedar evaluate", "token issue (PASETO, Ed25519)"} <= stages
 
 
 def test_every_audit_record_is_accounted_for(quick_run):

@@ -82,8 +82,9 @@ def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monke
     conn.close()
 
 
-def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(sidecar, stub, monkeypatch):
-    from conftest import make_request
+def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(sidecar, monkeypatch):
+    """The audit writer's own commits (outcomes, approvals, replays), like the ledger's."""
+    from sidecar.audit.records import AuditEvent
 
     lock = sidecar.audit_log._write_lock
     states = []
@@ -97,8 +98,8 @@ def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(side
         return real_sync(path, label)
 
     monkeypatch.setattr(audit_sqlite, "sync_log", sync)
-    denied = stub.Authorize(make_request(tool="no_such_tool"))  # denied before the ledger: the writer alone
-    assert denied.decision_id and names == [f"{DATABASE_FILE}-wal"] and states == [False]
+    record = sidecar.audit_writer.write(AuditEvent(kind="outcome", time=1.0, call_id="c1", result="completed"))
+    assert record.seq >= 1 and names == [f"{DATABASE_FILE}-wal"] and states == [False]
 
 
 def test_a_data_directory_of_the_two_file_layout_is_refused(settings, clock):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from concurrent import futures
@@ -14,58 +15,81 @@ from sidecar.audit.store import AuditQuery
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.service.common import proposed_call, trusted_context
 
 
 class FakeContext:
-    """Just enough of grpc.ServicerContext to drive a handler directly."""
+    """Just enough of grpc.aio.ServicerContext to drive a handler directly."""
 
-    def __init__(self, remaining: float | None = 10.0, active: bool = True):
-        self.remaining, self.active, self.aborted = remaining, active, None
+    def __init__(self, remaining: float | None = 10.0):
+        self.remaining, self.aborted = remaining, None
 
     def time_remaining(self):
         return self.remaining
 
-    def is_active(self):
-        return self.active
-
-    def abort(self, code, details):
+    async def abort(self, code, details):
         self.aborted = (code, details)
         raise grpc.RpcError(details)
 
 
 def service(sidecar) -> ToolAuthorizerService:
-    return ToolAuthorizerService(sidecar.authorizer, sidecar.keyring, sidecar.status)
+    return ToolAuthorizerService(sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status)
+
+
+def authorize(sidecar, request, ctx):
+    return asyncio.run(service(sidecar).Authorize(request, ctx))
 
 
 def test_expired_deadline_is_refused_before_any_work(sidecar):
     ctx = FakeContext(remaining=-0.5)
     with pytest.raises(grpc.RpcError):
-        service(sidecar).Authorize(make_request(), ctx)
+        authorize(sidecar, make_request(), ctx)
     assert ctx.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert sidecar.ledger.get("acme", "toolu_1") is None
     assert sidecar.audit_log.head()[0] == 0
 
 
-def test_client_gone_before_the_token_means_no_token(sidecar):
-    svc = service(sidecar)
-    gone = svc.Authorize(make_request(), FakeContext(active=False))
-    assert gone.decision == pb.ALLOW and gone.token == ""
+def test_client_gone_before_the_token_means_no_token(sidecar, monkeypatch):
+    """The client cancels while its call waits for the pump: the handler is cancelled,
+    the decision is still made and recorded, with no token."""
+    entered, release = threading.Event(), threading.Event()
+    real_apply = sidecar.ledger.apply
+
+    def held_apply(ops):
+        entered.set()
+        release.wait(30)
+        return real_apply(ops)
+
+    monkeypatch.setattr(sidecar.ledger, "apply", held_apply)
+
+    async def cancelled_while_deciding():
+        call = asyncio.ensure_future(service(sidecar).Authorize(make_request(), FakeContext()))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        call.cancel()
+        [outcome] = await asyncio.gather(call, return_exceptions=True)
+        release.set()
+        return outcome
+
+    assert isinstance(asyncio.run(cancelled_while_deciding()), asyncio.CancelledError)
+    sidecar.pump.close()  # waits for the batch in flight
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
+    assert record.event.result == "ALLOW"
     assert record.event.detail.get("client_gone") is True and record.event.jti == ""
-    retry = svc.Authorize(make_request(), FakeContext())
+    monkeypatch.undo()
+    retry = sidecar.authorizer.authorize(trusted_context(make_request().context), proposed_call(make_request().call))
     assert retry.replayed and retry.token  # the decision stands; the retry gets its token
 
 
 def test_deadline_passing_during_the_decision_means_no_token(sidecar):
     ctx = FakeContext(remaining=10.0)
-    original = sidecar.authorizer.ledger.reserve
+    original = sidecar.authorizer.ledger.apply
 
-    def slow_reserve(*args, **kwargs):
+    def slow_apply(ops):
         ctx.remaining = 0.0  # the deadline runs out while the decision is being stored
-        return original(*args, **kwargs)
+        return original(ops)
 
-    sidecar.authorizer.ledger.reserve = slow_reserve
-    response = service(sidecar).Authorize(make_request(), ctx)
+    sidecar.authorizer.ledger.apply = slow_apply
+    response = authorize(sidecar, make_request(), ctx)
     assert response.token == ""
     # The token drafted before the transaction was dropped in it: the record says so.
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
@@ -78,14 +102,15 @@ def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
 
     car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
     entered, release = threading.Semaphore(0), threading.Event()
-    real_reserve = car.authorizer.ledger.reserve
+    real_apply = car.authorizer.ledger.apply
 
-    def held_reserve(*args, **kwargs):
-        entered.release()
+    def held_apply(ops):
+        for _ in ops:  # however the calls are batched, each one is held here
+            entered.release()
         release.wait(30)
-        return real_reserve(*args, **kwargs)
+        return real_apply(ops)
 
-    car.authorizer.ledger.reserve = held_reserve  # type: ignore[method-assign]
+    car.authorizer.ledger.apply = held_apply  # type: ignore[method-assign]
     srv, port = create_server(car, "127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
 from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.service.common import status_mapped, status_mapped_stream, timestamp, trusted_context
+from sidecar.service.common import status_mapped, status_mapped_async_stream, timestamp, trusted_context
 from sidecar.store.approvals import ApprovalRecord
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
@@ -62,7 +64,17 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         record = self._desk.decide(request.approval_id, trusted_context(request.approver), verdict, request.reason)
         return approval_message(self._desk.hide_token(record))
 
-    @status_mapped_stream
-    def WatchApproval(self, request: apb.GetApprovalRequest, context):
-        for record in self._desk.watch(request.approval_id, _viewer(request), context.is_active):
-            yield approval_message(record)
+    @status_mapped_async_stream
+    async def WatchApproval(self, request: apb.GetApprovalRequest, context):
+        # The desk's watch blocks between changes, so it runs on a thread; a coroutine
+        # (unlike a plain generator on grpc.aio) is cancelled when the client goes away,
+        # and then ends that thread's watch too.
+        ended = threading.Event()
+        records = self._desk.watch(request.approval_id, _viewer(request), lambda: not ended.is_set())
+        loop = asyncio.get_running_loop()
+        try:
+            while (record := await loop.run_in_executor(None, next, records, None)) is not None:
+                yield approval_message(record)
+        finally:
+            ended.set()
+            self._desk.poke()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
@@ -10,28 +12,45 @@ from sidecar.keyring import KeyRing
 from sidecar.model import Decision
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
+from sidecar.pump import DecisionPump
+from sidecar.service.common import proposed_call, status_mapped, status_mapped_async, timestamp, trusted_context
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
 
 
-def _time_left(context) -> bool:
-    remaining = context.time_remaining()
-    return remaining is None or remaining > 0
+def still_wanted(context, gone: threading.Event):
+    """Asked on the pump's thread before a token is minted: has the client cancelled
+    (`gone`, set by the handler) or has its deadline passed?"""
+
+    def wanted() -> bool:
+        remaining = context.time_remaining()
+        return not gone.is_set() and (remaining is None or remaining > 0)
+
+    return wanted
 
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
-    def __init__(self, authorizer: Authorizer, keyring: KeyRing, status):
+    """Authorize and Verify are coroutines on the server's event loop that hand their
+    work to the decision pump (sidecar/pump.py); the rest are plain handlers, which the
+    server runs on its thread pool."""
+
+    def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, status):
         self._authorizer = authorizer
+        self._pump = pump
         self._keyring = keyring
         self._status = status  # callable -> dict of the GetStatusResponse fields
 
-    @status_mapped
-    def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
-        result = self._authorizer.authorize(trusted_context(request.context), proposed_call(request.call),
-                                            still_wanted=lambda: context.is_active() and _time_left(context))
+    @status_mapped_async
+    async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
+        ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
+        wanted = still_wanted(context, gone)
+        try:
+            result = await self._pump.answer(lambda: self._authorizer.plan_authorize(ctx, call, wanted))
+        except asyncio.CancelledError:
+            gone.set()  # the client cancelled: if the decision is still to be made, no token
+            raise
         response = pb.AuthorizeResponse(
             decision=_DECISIONS[result.decision], decision_id=result.decision_id, reasons=list(result.reasons),
             errors=[pb.DecisionError(code=e.code, message=e.message) for e in result.errors],
@@ -42,9 +61,10 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             response.expires_at.CopyFrom(timestamp(result.token.expires_at))
         return response
 
-    @status_mapped
-    def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
-        result = self._authorizer.verify(request.token, trusted_context(request.context), proposed_call(request.call))
+    @status_mapped_async
+    async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
+        token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
+        result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call))
         return pb.VerifyResponse(valid=result.valid, code=result.code, decision_id=result.decision_id)
 
     @status_mapped

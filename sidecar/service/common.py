@@ -37,21 +37,23 @@ _STATUS = [
 ]
 
 
-def _check_deadline(context: grpc.ServicerContext) -> None:
+def _expired(context) -> bool:
     remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the request was handled")
+    return remaining is not None and remaining <= 0
 
 
-def _abort_for(exc: Exception, name: str, context: grpc.ServicerContext):
+_EXPIRED = (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the request was handled")
+
+
+def _status_for(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
     for kinds, code in _STATUS:
         if isinstance(exc, kinds):
-            context.abort(code, exc.message if isinstance(exc, InputError) else str(exc))
+            return code, exc.message if isinstance(exc, InputError) else str(exc)
     if isinstance(exc, StoreUnavailable):
         log.error("store unavailable in %s: %s", name, exc)
-        context.abort(grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made")
+        return grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made"
     log.error("internal error in %s", name, exc_info=exc)
-    context.abort(grpc.StatusCode.INTERNAL, "internal error")
+    return grpc.StatusCode.INTERNAL, "internal error"
 
 
 def status_mapped(handler):
@@ -59,11 +61,27 @@ def status_mapped(handler):
 
     @functools.wraps(handler)
     def wrapper(self, request, context: grpc.ServicerContext):
-        _check_deadline(context)
+        if _expired(context):
+            context.abort(*_EXPIRED)
         try:
             return handler(self, request, context)
         except Exception as exc:  # noqa: BLE001 - the boundary
-            _abort_for(exc, handler.__name__, context)
+            context.abort(*_status_for(exc, handler.__name__))
+
+    return wrapper
+
+
+def status_mapped_async(handler):
+    """The same mapping for a coroutine handler (grpc.aio)."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request, context):
+        if _expired(context):
+            await context.abort(*_EXPIRED)
+        try:
+            return await handler(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - the boundary
+            await context.abort(*_status_for(exc, handler.__name__))
 
     return wrapper
 
@@ -73,11 +91,28 @@ def status_mapped_stream(handler):
 
     @functools.wraps(handler)
     def wrapper(self, request, context: grpc.ServicerContext):
-        _check_deadline(context)
+        if _expired(context):
+            context.abort(*_EXPIRED)
         try:
             yield from handler(self, request, context)
         except Exception as exc:  # noqa: BLE001 - the boundary
-            _abort_for(exc, handler.__name__, context)
+            context.abort(*_status_for(exc, handler.__name__))
+
+    return wrapper
+
+
+def status_mapped_async_stream(handler):
+    """The same mapping for a server-streaming coroutine handler (an async generator)."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request, context):
+        if _expired(context):
+            await context.abort(*_EXPIRED)
+        try:
+            async for message in handler(self, request, context):
+                yield message
+        except Exception as exc:  # noqa: BLE001 - the boundary
+            await context.abort(*_status_for(exc, handler.__name__))
 
     return wrapper
 

@@ -83,6 +83,28 @@ class GroupCommit(Generic[T, R]):
         assert waiter.done
         return waiter.result  # type: ignore[return-value]
 
+    def submit_many(self, items: Sequence[T]) -> list[R | BaseException]:
+        """Run `items` in as few batches as `max_batch` allows and return, in order, each
+        one's result or the exception it failed with (instead of raising it): a caller
+        that batches requests itself, like the decision pump, settles each on its own."""
+        waiters: list[_Waiter[T, R]] = [_Waiter(item) for item in items]
+        if not waiters:
+            return []
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable(f"{self._name} is closed")
+            self._queue.extend(waiters)
+            waiters[0].lead = not self._running
+            self._running = True
+            self._cond.notify_all()
+        for waiter in waiters:
+            if not waiter.lead:
+                waiter.wake.acquire()  # settled by a batch, or promoted to lead the next
+            if waiter.lead and not waiter.done:
+                self._lead()  # it heads the queue: the batch includes it
+        assert all(w.done for w in waiters)
+        return [w.error if w.error is not None else w.result for w in waiters]  # type: ignore[misc]
+
     def wait_until_queued(self, count: int, timeout: float) -> bool:
         """True once `count` callers wait behind the running batch (for tests that need
         a known batch composition without sleeping)."""

@@ -7,7 +7,7 @@ deny on StoreUnavailable. Several sidecar processes may share one ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -67,7 +67,54 @@ class RecordedDecision:
 Decide = Callable[[int, int], "RecordedDecision | None"]
 
 
+# -- the ledger's writes, as values, so that many requests' writes can share a commit --
+
+@dataclass(frozen=True)
+class ReserveCall:
+    """`reserve(entry, decide)` as an operation; its result is a Reservation."""
+
+    entry: CallEntry
+    decide: Decide | None = None
+
+
+@dataclass(frozen=True)
+class ConsumeToken:
+    """`consume(...)` as an operation; its result is the code."""
+
+    tenant: str
+    call_id: str
+    jti: str
+    now: float
+    audit: "Callable[[str], AuditEvent] | None" = None
+
+
+@dataclass(frozen=True)
+class AppendAudit:
+    """An audit record with no ledger write of its own (a denial of unusable input, a
+    failed verification), committed with the other operations; its result is None."""
+
+    event: "AuditEvent"
+
+
+LedgerOp = ReserveCall | ConsumeToken | AppendAudit
+
+
+def only_result(results: list):
+    """The one result of `apply([op])`, raised if it is an exception."""
+    (result,) = results
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 class CallLedger(Protocol):
+    def apply(self, ops: "Sequence[LedgerOp]") -> list:
+        """Runs the operations in order, each with the meaning of the method it names,
+        sharing transactions (and their fsync) as the backend sees fit, and returns each
+        one's result, or the exception it failed with instead of raising it: an operation
+        that fails writes nothing and leaves the others alone; a transaction that fails
+        gives each of its operations a StoreUnavailable of its own."""
+
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
         """Atomically: if (tenant, call_id) exists return it; else count the calls of
         entry.request_id (all tools, and entry.tool) and insert the entry.

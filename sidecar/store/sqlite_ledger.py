@@ -9,7 +9,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
-from sidecar.store.ledger import CallEntry, Decide, RecordedDecision, Reservation
+from sidecar.store.ledger import (AppendAudit, CallEntry, ConsumeToken, Decide, LedgerOp, RecordedDecision,
+                                  ReserveCall, Reservation, only_result)
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.sqlite_base import SqliteDatabase
 
@@ -109,8 +110,26 @@ class SqliteLedger(SqliteDatabase):
         self._writes.close()
         super().close()
 
+    def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
+        return self._writes.submit_many([self._write_for(op) for op in ops])
+
+    def _write_for(self, op: LedgerOp) -> Callable[[sqlite3.Connection], Any]:
+        """The batch item of one operation; a misuse fails that operation alone."""
+        if isinstance(op, ReserveCall):
+            return _Reserve(self, op.entry, op.decide)
+        if not isinstance(op, (ConsumeToken, AppendAudit)):
+            return lambda db: ItemFailed(TypeError(f"not a ledger operation: {op!r}"))
+        if self._audit is None and (isinstance(op, AppendAudit) or op.audit is not None):
+            return lambda db: ItemFailed(RuntimeError("an audit record needs a ledger with an audit log"))
+        if isinstance(op, ConsumeToken):
+            return lambda db: self._consume(db, op)
+
+        def append(db: sqlite3.Connection) -> None:
+            self._audit.append_in(db, [op.event])
+        return append
+
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
-        return self._writes.submit(_Reserve(self, entry, decide))
+        return only_result(self.apply([ReserveCall(entry, decide)]))
 
     def _reserve(self, db: sqlite3.Connection, entry: CallEntry, decide: Decide | None) -> Reservation | ItemFailed:
         existing = self._get(db, entry.tenant, entry.call_id)
@@ -154,17 +173,15 @@ class SqliteLedger(SqliteDatabase):
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float,
                 audit: Callable[[str], AuditEvent] | None = None) -> str:
-        if audit is not None and self._audit is None:
-            raise RuntimeError("an audited consume needs a ledger with an audit log")
+        return only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
 
-        def write(db: sqlite3.Connection) -> str:
-            code = self._consume(db, tenant, call_id, jti, now)
-            if audit is not None:
-                self._audit.append_in(db, [audit(code)])
-            return code
-        return self._writes.submit(write)
+    def _consume(self, db: sqlite3.Connection, op: ConsumeToken) -> str:
+        code = self._consume_code(db, op.tenant, op.call_id, op.jti, op.now)
+        if op.audit is not None:
+            self._audit.append_in(db, [op.audit(code)])
+        return code
 
-    def _consume(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
+    def _consume_code(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
         entry = self._get(db, tenant, call_id)
         if entry is None:
             return "unknown_call"

@@ -1,0 +1,111 @@
+"""A grpc.aio server on an event loop of its own thread, with the blocking surface of
+grpc.Server that the CLI, the workers and the tests use (`stop(grace).wait()`,
+`wait_for_termination`).
+
+Why aio: its event loop moves every message on one thread, and the coroutine handlers
+hand decisions to the decision pump, instead of a thread per call waking and taking the
+interpreter lock in turn (sidecar/pump.py). Plain handlers (the approvals, the audit
+queries, GetKeys, ReportOutcome) still run on a thread pool, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent import futures
+from typing import Awaitable, Callable, TypeVar
+
+import grpc
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        # For the blocking work coroutines hand off (an approval watch waits on a thread).
+        self._executor = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"{name}-blocking")
+        self.loop.set_default_executor(self._executor)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, make: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
+        """Runs the coroutine `make()` on the loop and waits for its result."""
+        async def call() -> T:
+            return await make()
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        async def drain() -> None:
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+            await self.loop.shutdown_default_executor()
+
+        self.run(drain)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class AioServer:
+    """`build(server)` registers the services on a new grpc.aio server, created on the
+    loop's thread (an aio server belongs to the loop it was made on)."""
+
+    def __init__(self, build: Callable[[grpc.aio.Server], None], *, options: list, max_concurrent_rpcs: int,
+                 thread_pool_size: int, name: str = "grpc-loop"):
+        self._loop = _LoopThread(name)
+        self._pool = futures.ThreadPoolExecutor(max_workers=thread_pool_size, thread_name_prefix="grpc-handler")
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+        async def create() -> grpc.aio.Server:
+            server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
+                                     maximum_concurrent_rpcs=max_concurrent_rpcs)
+            build(server)
+            return server
+
+        try:
+            self._server: grpc.aio.Server = self._loop.run(create)
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def add_insecure_port(self, address: str) -> int:
+        async def add() -> int:
+            return self._server.add_insecure_port(address)
+        return self._loop.run(add)
+
+    def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Runs the coroutine `make()` on the server's loop and waits for its result."""
+        return self._loop.run(make)
+
+    def start(self) -> None:
+        self._loop.run(self._server.start)
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stops taking calls, lets those in flight finish for up to `grace` seconds (None:
+        cancel them now), then closes the loop; returns an event set once all is done."""
+        with self._stop_lock:
+            if not self._stopped.is_set():
+                try:
+                    self._loop.run(lambda: self._server.stop(grace))
+                finally:
+                    self._close_loop()
+                    self._stopped.set()
+        return self._stopped
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """True once stopped; False if `timeout` passed first."""
+        return self._stopped.wait(timeout)
+
+    def _close_loop(self) -> None:
+        self._loop.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,142 @@
+"""The decision pump: one thread, batches, each request answered alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from conftest import make_request, verify_request
+
+from sidecar.errors import InputError, StoreUnavailable
+from sidecar.model import Decision
+from sidecar.pump import DecisionPump
+from sidecar.service.common import proposed_call, trusted_context
+
+
+def plan_for(car, request):
+    return lambda: car.authorizer.plan_authorize(trusted_context(request.context), proposed_call(request.call))
+
+
+@pytest.fixture
+def pump(sidecar):
+    pump = DecisionPump(sidecar.authorizer)
+    yield pump
+    pump.close()
+
+
+def held_first_batch(pump):
+    """A job that holds the pump until released, so that what is queued meanwhile forms
+    one known batch."""
+    entered, release = threading.Event(), threading.Event()
+
+    def make_plan():
+        entered.set()
+        release.wait(30)
+        raise InputError("held", "held on purpose")
+
+    return make_plan, entered, release
+
+
+def test_requests_queued_while_the_pump_is_busy_share_one_batch_and_one_commit(sidecar, pump, monkeypatch):
+    applied = []
+    real_apply = sidecar.ledger.apply
+    monkeypatch.setattr(sidecar.ledger, "apply", lambda ops: applied.append(len(ops)) or real_apply(ops))
+    hold, entered, release = held_first_batch(pump)
+
+    async def main():
+        first = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        rest = [asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id=f"c{i}", request_id=f"run{i}"))))
+                for i in range(20)]
+        await asyncio.sleep(0)  # let the 20 reach the queue before the pump is released
+        release.set()
+        with pytest.raises(InputError):
+            await first
+        return await asyncio.gather(*rest)
+
+    results = asyncio.run(main())
+    assert [r.decision for r in results] == [Decision.ALLOW] * 20
+    assert len({r.token.jti for r in results}) == 20
+    assert pump.batches == 2 and applied == [20]  # the 20 in one batch, their writes in one apply
+    assert sidecar.ledger.get("acme", "c19").decision == "ALLOW"
+
+
+def test_a_bad_request_in_a_batch_fails_alone(sidecar, pump):
+    async def main():
+        good = pump.answer(plan_for(sidecar, make_request(call_id="good")))
+        bad = pump.answer(lambda: (_ for _ in ()).throw(InputError("bad_input", "bad")))
+        return await asyncio.gather(good, bad, return_exceptions=True)
+
+    good, bad = asyncio.run(main())
+    assert good.decision is Decision.ALLOW and good.token is not None
+    assert isinstance(bad, InputError) and bad.code == "bad_input"
+
+
+def test_a_failed_commit_fails_every_request_of_its_batch_with_no_token(sidecar, pump, monkeypatch):
+    def broken_apply(ops):
+        raise StoreUnavailable("disk gone")
+
+    monkeypatch.setattr(sidecar.ledger, "apply", broken_apply)
+
+    async def main():
+        return await asyncio.gather(*(pump.answer(plan_for(sidecar, make_request(call_id=f"c{i}")))
+                                      for i in range(3)), return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert all(isinstance(a, StoreUnavailable) for a in answers) and len({id(a) for a in answers}) == 3
+
+
+def test_verify_through_the_pump_consumes_once(sidecar, pump):
+    request = make_request()
+    car = sidecar
+
+    async def main():
+        decided = await pump.answer(plan_for(car, request))
+        verify = verify_request(request, decided.token.token)
+        plan = lambda: car.authorizer.plan_verify(  # noqa: E731
+            verify.token, trusted_context(verify.context), proposed_call(verify.call))
+        return await asyncio.gather(pump.answer(plan), pump.answer(plan))
+
+    first, second = asyncio.run(main())
+    assert sorted([first.code, second.code]) == ["already_used", "ok"]
+
+
+def test_a_cancelled_caller_does_not_disturb_the_others(sidecar, pump):
+    hold, entered, release = held_first_batch(pump)
+
+    async def main():
+        first = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        gone = asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id="gone"))))
+        kept = asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id="kept"))))
+        await asyncio.sleep(0)
+        gone.cancel()
+        release.set()
+        await asyncio.gather(first, return_exceptions=True)
+        return await kept
+
+    assert asyncio.run(main()).decision is Decision.ALLOW
+    # The cancelled call was still decided (its client may retry and replay it).
+    assert sidecar.ledger.get("acme", "gone") is not None
+
+
+def test_close_answers_what_is_queued_then_refuses(sidecar):
+    pump = DecisionPump(sidecar.authorizer)
+    hold, entered, release = held_first_batch(pump)
+
+    async def main():
+        first = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        queued = asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id="queued"))))
+        await asyncio.sleep(0)
+        closing = asyncio.get_running_loop().run_in_executor(None, pump.close)
+        release.set()
+        await closing
+        with pytest.raises(StoreUnavailable):
+            await pump.answer(plan_for(sidecar, make_request(call_id="late")))
+        await asyncio.gather(first, return_exceptions=True)
+        return await queued
+
+    assert asyncio.run(main()).decision is Decision.ALLOW
+    assert sidecar.ledger.get("acme", "late") is None
