@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 
 from sidecar.audit.records import AuditRecord
@@ -9,7 +11,7 @@ from sidecar.audit.store import MAX_PAGE, AuditLog, AuditQuery
 from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.service.common import status_mapped_stream, timestamp
+from sidecar.service.common import status_mapped_async_stream, timestamp
 
 
 def record_message(r: AuditRecord) -> aupb.AuditRecord:
@@ -39,11 +41,14 @@ class AuditService(aupb_grpc.AuditServicer):
     def __init__(self, log: AuditLog):
         self._log = log
 
-    @status_mapped_stream
-    def QueryDecisions(self, request: aupb.QueryDecisionsRequest, context):
+    @status_mapped_async_stream
+    async def QueryDecisions(self, request: aupb.QueryDecisionsRequest, context):
+        # A coroutine, not a plain generator: grpc.aio never closes a plain generator
+        # whose client went away, and its thread would wait forever.
         if request.page_token and not request.page_token.isdigit():
             raise RequestError("page_token must be the seq of the last record received")
         limit = min(request.limit or 100, MAX_PAGE)
         after = int(request.page_token or 0)
-        for record in self._log.query(query_of(request), limit=limit, after_seq=after):
+        query = functools.partial(self._log.query, query_of(request), limit=limit, after_seq=after)
+        for record in await asyncio.get_running_loop().run_in_executor(None, query):
             yield record_message(record)

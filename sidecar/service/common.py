@@ -86,21 +86,6 @@ def status_mapped_async(handler):
     return wrapper
 
 
-def status_mapped_stream(handler):
-    """The same mapping for a server-streaming handler (a generator)."""
-
-    @functools.wraps(handler)
-    def wrapper(self, request, context: grpc.ServicerContext):
-        if _expired(context):
-            context.abort(*_EXPIRED)
-        try:
-            yield from handler(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - the boundary
-            context.abort(*_status_for(exc, handler.__name__))
-
-    return wrapper
-
-
 def status_mapped_async_stream(handler):
     """The same mapping for a server-streaming coroutine handler (an async generator)."""
 

@@ -79,9 +79,17 @@ class AioServer:
             raise
 
     def add_insecure_port(self, address: str) -> int:
+        """The bound port; OSError when the address cannot be bound (grpc.aio raises a
+        RuntimeError where the thread-pool server returned 0)."""
         async def add() -> int:
             return self._server.add_insecure_port(address)
-        return self._loop.run(add)
+        try:
+            port = self._loop.run(add)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen on {address}")
+        return port
 
     def run(self, make: Callable[[], Awaitable[T]]) -> T:
         """Runs the coroutine `make()` on the server's loop and waits for its result."""
