@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store import SqliteLedger
 from sidecar.store.group_commit import GroupCommit, ItemFailed
@@ -86,6 +87,42 @@ def test_a_failed_batch_fails_every_caller_in_it_with_its_own_exception():
         group.submit(1)
 
 
+def test_submit_many_returns_each_result_or_its_exception_in_order_across_batches():
+    """More items than a batch holds, queued behind another caller's batch and ahead of a
+    third's: the caller leads again whenever its own item heads the queue."""
+    run = HeldBatches()
+    group = GroupCommit(run, max_batch=3)
+    many: dict = {}
+    first = threading.Thread(target=lambda: many.setdefault("first", group.submit(100)))
+    first.start()
+    assert run.entered.wait(WAIT)
+    submitter = threading.Thread(target=lambda: many.setdefault("many", group.submit_many([1, "bad", 3, 4, 5])))
+    submitter.start()
+    assert group.wait_until_queued(5, WAIT)
+    last = threading.Thread(target=lambda: many.setdefault("last", group.submit(6)))
+    last.start()
+    assert group.wait_until_queued(6, WAIT)
+    run.release.set()
+    for t in (first, submitter, last):
+        t.join(WAIT)
+    assert run.batches == [[100], [1, "bad", 3], [4, 5, 6]]
+    results = many["many"]
+    assert [results[i] for i in (0, 2, 3, 4)] == [2, 6, 8, 10] and isinstance(results[1], ValueError)
+    assert many["first"] == 200 and many["last"] == 12
+    assert group.submit_many([]) == []
+    group.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        group.submit_many([1])
+
+
+def test_submit_many_of_a_failed_batch_gives_each_item_its_own_store_error():
+    group = GroupCommit(lambda items: (_ for _ in ()).throw(OSError("disk gone")))
+    errors = group.submit_many([1, 2, 3])
+    assert all(isinstance(e, StoreUnavailable) and isinstance(e.__cause__, OSError) for e in errors)
+    assert len({id(e) for e in errors}) == 3
+    group.close()
+
+
 def entry(call_id: str, request_id: str = "run-1", tool: str = "t") -> CallEntry:
     return CallEntry("acme", call_id, request_id, tool, "d" * 64, 'User::"a"', 0.0)
 
@@ -156,3 +193,32 @@ def test_concurrent_consumes_of_one_call_let_exactly_one_through(ledger):
     for t in threads:
         t.join(WAIT)
     assert sorted(codes) == ["already_used"] * 7 + ["ok"]
+
+
+def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(tmp_path):
+    from sidecar.audit.records import AuditEvent
+    from sidecar.audit.sqlite import SqliteAuditLog
+    from sidecar.store.ledger import AppendAudit, ConsumeToken, ReserveCall
+
+    path = str(tmp_path / "one.db")
+    audit = SqliteAuditLog(path)
+    ledger = SqliteLedger(path, audit=audit)
+    bare = SqliteLedger(str(tmp_path / "bare.db"))  # no audit log: audited operations fail alone
+    event = AuditEvent(kind="verify", time=1.0, call_id="c1", result="bad_signature")
+    try:
+        results = ledger.apply([
+            ReserveCall(entry("c1"), lambda calls, tool_calls: RecordedDecision("ALLOW", "d1", "v1")),
+            ConsumeToken("acme", "c1", "jti-1", 2.0),
+            "not an operation",
+            ConsumeToken("acme", "c1", "jti-2", 3.0),
+            AppendAudit(event),
+        ])
+        assert results[0].existing is None and results[1] == "ok" and results[3] == "already_used"
+        assert isinstance(results[2], TypeError) and results[4] is None
+        assert [r.event.result for r in audit.query(AuditQuery(), limit=10)] == ["bad_signature"]
+        bare_results = bare.apply([AppendAudit(event), ReserveCall(entry("c2"))])
+        assert isinstance(bare_results[0], RuntimeError) and bare_results[1].existing is None
+    finally:
+        ledger.close()
+        audit.close()
+        bare.close()
