@@ -2,9 +2,10 @@
 
 Connections: one per thread, created on first use and all closed by `close()` (meant
 for a bounded thread pool: a thread that ends leaves its connection open until then).
-Group commits (led by a request thread) append while other threads query and a verifier
-streams the log; with WAL, readers see a snapshot and never wait for the writer, and no
-Python lock serializes a slow query against the appends that every decision waits on.
+Group commits (led by whichever thread commits: the decision pump, a handler) append
+while other threads query and a verifier streams the log; with WAL, readers see a
+snapshot and never wait for the writer, and no Python lock serializes a slow query
+against the appends that every decision waits on.
 Appends from other processes are serialized by SQLite's write lock (BEGIN IMMEDIATE is
 taken before the head is read).
 
