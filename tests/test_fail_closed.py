@@ -102,15 +102,18 @@ def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
 
     car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
     entered, release = threading.Semaphore(0), threading.Event()
-    real_apply = car.authorizer.ledger.apply
+    real_apply, real_answer = car.authorizer.ledger.apply, car.pump.answer
 
-    def held_apply(ops):
-        for _ in ops:  # however the calls are batched, each one is held here
-            entered.release()
+    def held_apply(ops):  # the pump's first batch waits here; the rest queue behind it
         release.wait(30)
         return real_apply(ops)
 
+    async def counted_answer(make_plan):  # a call has reached its handler: it is in flight
+        entered.release()
+        return await real_answer(make_plan)
+
     car.authorizer.ledger.apply = held_apply  # type: ignore[method-assign]
+    car.pump.answer = counted_answer  # type: ignore[method-assign]
     srv, port = create_server(car, "127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
