@@ -22,10 +22,10 @@ from sidecar.bundle.catalog import resolve_pointer
 from sidecar.clock import Clock
 from sidecar.digest import call_digest
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
-from sidecar.errors import InputError, NotFoundError, StoreUnavailable
+from sidecar.errors import InputError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.ledger import (OUTCOMES, AppendAudit, CallEntry, CallLedger, ConsumeToken, LedgerOp,
-                                  RecordedDecision, ReserveCall, Reservation, only_result)
+                                  RecordedDecision, RecordOutcome, ReserveCall, Reservation, only_result)
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
@@ -312,23 +312,29 @@ class Authorizer:
 
     def report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
                        output_digest: str = "") -> OutcomeResult:
+        return self.run(self.plan_report_outcome(ctx, call_id, status, error_code, output_digest))
+
+    def plan_report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
+                            output_digest: str = "") -> "Plan[OutcomeResult]":
+        """The outcome and its audit record commit together: a call never shows an outcome
+        the audit trail lacks (NotFoundError for another principal's call)."""
         ctx.check()
         ProposedCall(call_id, "-", b"").check()
         if status not in OUTCOMES:
             raise InputError("invalid_outcome", f"outcome must be one of {', '.join(OUTCOMES)}")
-        entry = self.ledger.get(ctx.tenant, call_id)
-        if entry is None or entry.principal != str(ctx.principal):
-            raise NotFoundError(f"no call `{call_id}` for this principal in tenant `{ctx.tenant}`")
-        entry = self.ledger.record_outcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now())
-        unverified = not entry.verified_jti
-        detail = {"error_code": error_code, "output_digest": output_digest}
-        if unverified:
-            detail["flags"] = ["unverified_outcome"]
-        self._write(AuditEvent(kind="outcome", time=self.clock.now(), decision_id=entry.decision_id,
-                               request_id=entry.request_id, call_id=call_id, tenant=ctx.tenant,
-                               principal=entry.principal, tool=entry.tool, result=status, digest=entry.digest,
-                               jti=entry.verified_jti, detail=detail))
-        return OutcomeResult(entry.decision_id, unverified)
+
+        def record(entry: CallEntry) -> AuditEvent:
+            detail = {"error_code": error_code, "output_digest": output_digest}
+            if not entry.verified_jti:
+                detail["flags"] = ["unverified_outcome"]
+            return AuditEvent(kind="outcome", time=self.clock.now(), decision_id=entry.decision_id,
+                              request_id=entry.request_id, call_id=call_id, tenant=ctx.tenant,
+                              principal=entry.principal, tool=entry.tool, result=status, digest=entry.digest,
+                              jti=entry.verified_jti, detail=detail)
+
+        op = RecordOutcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now(),
+                           principal=str(ctx.principal), audit=record)
+        return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti))
 
     # -- audit helpers -----------------------------------------------------------------
 

@@ -342,3 +342,19 @@ def test_a_call_reported_as_ended_can_never_run(stub):
     assert stub.Verify(verify_request(request, response.token)).code == "call_closed"
     replay = stub.Authorize(request)
     assert replay.replayed and replay.token == ""
+
+
+def test_audit_failure_of_an_outcome_records_neither(stub, sidecar, monkeypatch):
+    """The outcome and its audit record are one transaction: a call never shows an
+    outcome that the audit trail lacks, and a retry once the disk has room records it."""
+    request, response = allowed(stub)
+    assert stub.Verify(verify_request(request, response.token)).valid
+    _break_audit_inserts(monkeypatch, sidecar)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(request))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert sidecar.ledger.get("acme", "toolu_1").outcome == ""
+    monkeypatch.undo()
+    assert stub.ReportOutcome(outcome(request)).decision_id == response.decision_id
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
+    assert record.event.result == "completed" and sidecar.ledger.get("acme", "toolu_1").outcome == "completed"

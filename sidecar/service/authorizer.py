@@ -32,9 +32,9 @@ def still_wanted(context, gone: threading.Event):
 
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
-    """Authorize and Verify are coroutines on the server's event loop that hand their
-    work to the decision pump (sidecar/pump.py); the rest are plain handlers, which the
-    server runs on its thread pool."""
+    """Authorize, Verify and ReportOutcome are coroutines on the server's event loop that
+    hand their work to the decision pump (sidecar/pump.py); GetKeys and GetStatus are
+    plain handlers, which the server runs on its thread pool."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, status):
         self._authorizer = authorizer
@@ -74,13 +74,15 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             pb.PublicKey(kid=k.kid, paserk=k.paserk, jwk_json=json.dumps(k.jwk, sort_keys=True), state=k.state)
             for k in keys])
 
-    @status_mapped
-    def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
+    @status_mapped_async
+    async def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
         status = _OUTCOMES.get(request.status)
         if status is None:
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
-        result = self._authorizer.report_outcome(trusted_context(request.context), request.call_id, status,
-                                                 request.error_code, request.output_digest)
+        ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
+                                            request.output_digest)
+        result = await self._pump.answer(
+            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest))
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
 
     @status_mapped

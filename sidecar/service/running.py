@@ -4,8 +4,8 @@ grpc.Server that the CLI, the workers and the tests use (`stop(grace).wait()`,
 
 Why aio: its event loop moves every message on one thread, and the coroutine handlers
 hand decisions to the decision pump, instead of a thread per call waking and taking the
-interpreter lock in turn (sidecar/pump.py). Plain handlers (the approvals, the audit
-queries, GetKeys, ReportOutcome) still run on a thread pool, as before.
+interpreter lock in turn (sidecar/pump.py). Plain handlers (the approval calls but the
+watch, GetKeys, GetStatus) still run on a thread pool, as before.
 """
 
 from __future__ import annotations

@@ -89,6 +89,22 @@ class ConsumeToken:
 
 
 @dataclass(frozen=True)
+class RecordOutcome:
+    """`record_outcome(...)` as an operation; its result is the updated CallEntry. With
+    `principal`, a call of another principal is not found. `audit` builds the outcome's
+    record from the updated entry, committed with it."""
+
+    tenant: str
+    call_id: str
+    status: str
+    error_code: str
+    output_digest: str
+    now: float
+    principal: str = ""
+    audit: "Callable[[CallEntry], AuditEvent] | None" = None
+
+
+@dataclass(frozen=True)
 class AppendAudit:
     """An audit record with no ledger write of its own (a denial of unusable input, a
     failed verification), committed with the other operations; its result is None."""
@@ -96,7 +112,7 @@ class AppendAudit:
     event: "AuditEvent"
 
 
-LedgerOp = ReserveCall | ConsumeToken | AppendAudit
+LedgerOp = ReserveCall | ConsumeToken | RecordOutcome | AppendAudit
 
 
 def only_result(results: list):
@@ -152,6 +168,7 @@ class CallLedger(Protocol):
 
     def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str,
                        output_digest: str, now: float) -> CallEntry:
-        """The one terminal outcome. Raises NotFoundError or ConflictError."""
+        """The one terminal outcome. Raises NotFoundError or ConflictError. (As an
+        operation, RecordOutcome, it also commits the outcome's audit record with it.)"""
 
     def close(self) -> None: ...

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
 from sidecar.store.ledger import (AppendAudit, CallEntry, ConsumeToken, Decide, LedgerOp, RecordedDecision,
-                                  ReserveCall, Reservation, only_result)
+                                  RecordOutcome, ReserveCall, Reservation, only_result)
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.sqlite_base import SqliteDatabase
 
@@ -117,12 +117,14 @@ class SqliteLedger(SqliteDatabase):
         """The batch item of one operation; a misuse fails that operation alone."""
         if isinstance(op, ReserveCall):
             return _Reserve(self, op.entry, op.decide)
-        if not isinstance(op, (ConsumeToken, AppendAudit)):
+        if not isinstance(op, (ConsumeToken, RecordOutcome, AppendAudit)):
             return lambda db: ItemFailed(TypeError(f"not a ledger operation: {op!r}"))
         if self._audit is None and (isinstance(op, AppendAudit) or op.audit is not None):
             return lambda db: ItemFailed(RuntimeError("an audit record needs a ledger with an audit log"))
         if isinstance(op, ConsumeToken):
             return lambda db: self._consume(db, op)
+        if isinstance(op, RecordOutcome):
+            return lambda db: self._record_outcome(db, op)
 
         def append(db: sqlite3.Connection) -> None:
             self._audit.append_in(db, [op.event])
@@ -197,16 +199,22 @@ class SqliteLedger(SqliteDatabase):
         return "ok" if inserted and updated else "already_used"
 
     def record_outcome(self, tenant, call_id, status, error_code, output_digest, now) -> CallEntry:
-        with self.transaction() as db:
-            entry = self._get(db, tenant, call_id)
-            if entry is None:
-                raise NotFoundError(f"no call `{call_id}` in tenant `{tenant}`")
-            if entry.outcome:
-                raise ConflictError(f"call `{call_id}` already has the outcome `{entry.outcome}`")
-            extra = {**entry.extra, "error_code": error_code, "output_digest": output_digest}
-            db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
-                       (status, now, json.dumps(extra), tenant, call_id))
-        return self.get(tenant, call_id)
+        return only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest, now)]))
+
+    def _record_outcome(self, db: sqlite3.Connection, op: RecordOutcome) -> CallEntry | ItemFailed:
+        entry = self._get(db, op.tenant, op.call_id)
+        if entry is None or (op.principal and entry.principal != op.principal):
+            who = " for this principal" if op.principal else ""
+            return ItemFailed(NotFoundError(f"no call `{op.call_id}`{who} in tenant `{op.tenant}`"))
+        if entry.outcome:
+            return ItemFailed(ConflictError(f"call `{op.call_id}` already has the outcome `{entry.outcome}`"))
+        extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
+        db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
+                   (op.status, op.now, json.dumps(extra), op.tenant, op.call_id))
+        entry = self._get(db, op.tenant, op.call_id)
+        if op.audit is not None:
+            self._audit.append_in(db, [op.audit(entry)])
+        return entry
 
     @staticmethod
     def _get(db: sqlite3.Connection, tenant: str, call_id: str) -> CallEntry | None:
