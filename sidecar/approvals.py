@@ -49,8 +49,10 @@ class ApprovalDesk:
         self._changed = threading.Condition()
         self._generation = 0  # bumped on every poke, so a watcher never misses one
 
-    def open(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict, *,
-             decision_id: str, policy_version: str, fields: dict) -> ApprovalRecord:
+    def new_record(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict, *,
+                   decision_id: str, policy_version: str, fields: dict) -> ApprovalRecord:
+        """The pending approval of a call, not yet stored: the call ledger stores it in the
+        transaction that records the decision asking for it (and its audit record)."""
         now = self.clock.now()
         record = ApprovalRecord(
             approval_id=str(ULID.from_timestamp(now)), tenant=ctx.tenant, call_id=call_id,
@@ -59,7 +61,6 @@ class ApprovalDesk:
             policy_id=verdict.approval_policy, digest=prepared.digest, short_code=short_code(prepared.digest),
             decision_id=decision_id, policy_version=policy_version, created_at=now,
             expires_at=now + self.ttl_seconds, fields=fields)
-        self.store.create(record)
         return record
 
     def get(self, approval_id: str, viewer: TrustedContext | None = None) -> ApprovalRecord:

@@ -7,7 +7,6 @@ and a verification's record commit in the same transaction as their ledger write
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,12 +23,12 @@ from sidecar.digest import call_digest
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
 from sidecar.errors import InputError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
+from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.ledger import (OUTCOMES, AppendAudit, CallEntry, CallLedger, ConsumeToken, LedgerOp,
                                   RecordedDecision, RecordOutcome, ReserveCall, Reservation, only_result)
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
-log = logging.getLogger("toolauthz.authorizer")
 MAX_VERIFY_INPUT_BYTES = 1 << 20
 T = TypeVar("T")
 
@@ -172,11 +171,13 @@ class Authorizer:
             return _Draft(counts, verdict, token, gone=not wanted)
 
         drafts: list[_Draft] = []
+        approvals: list[ApprovalRecord] = []  # one approval id however often `decide` runs
 
-        def decide(calls: int, tool_calls: int) -> RecordedDecision | None:
+        def decide(calls: int, tool_calls: int) -> RecordedDecision:
             # Called by the ledger before its transaction on the counts it expects, then
             # in it on the counts that hold: Cedar and the signature run again only if
-            # they differ. The row, the token's jti and the audit record commit together.
+            # they differ. The row, the token's jti, the approval a policy asks for and
+            # the audit record commit together.
             current = drafts[-1] if drafts else None
             if current is None or current.counts != (calls, tool_calls):
                 current = draft((calls, tool_calls))
@@ -184,11 +185,15 @@ class Authorizer:
                 current = _Draft(current.counts, current.verdict, None, gone=True)
             drafts.append(current)
             verdict = current.verdict
+            approval = None
             if verdict.decision is Decision.APPROVAL_REQUIRED:
-                return None  # recorded undecided until its approval exists
+                if not approvals:
+                    approvals.append(self._new_approval(ctx, call.call_id, prepared, verdict, base))
+                approval = approvals[0]
             return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
-                                    _error_pairs(verdict), audit=self._event(
-                                        base, verdict, jti=current.token.jti if current.token else "",
+                                    _error_pairs(verdict), approval=approval, audit=self._event(
+                                        {**base, "approval_id": approval.approval_id if approval else ""}, verdict,
+                                        jti=current.token.jti if current.token else "",
                                         detail={"client_gone": True} if current.gone else None))
 
         def finish(reservation: Reservation) -> AuthorizeResult:
@@ -196,9 +201,7 @@ class Authorizer:
                 return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
             verdict, token = drafts[-1].verdict, drafts[-1].token
             self._count_shadow(bundle, verdict)
-            approval_id = ""
-            if verdict.decision is Decision.APPROVAL_REQUIRED:
-                approval_id = self._await_approval(base, ctx, call.call_id, prepared, verdict)
+            approval_id = approvals[0].approval_id if verdict.decision is Decision.APPROVAL_REQUIRED else ""
             return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
                                    prepared.digest, token, approval_id)
 
@@ -206,36 +209,12 @@ class Authorizer:
                           self.clock.now())
         return Plan(ReserveCall(entry, decide), finish)
 
-    def _await_approval(self, base: dict, ctx: TrustedContext, call_id: str, prepared: PreparedCall,
-                        verdict: Verdict) -> str:
-        """Opens the approval of a reserved call and records the call as waiting for it."""
-        decision_id, version = base["decision_id"], base["policy_version"]
-        try:
-            approval_id = self._open_approval(ctx, call_id, prepared, verdict, decision_id, version, base["fields"])
-            self.ledger.complete(ctx.tenant, call_id, decision=verdict.decision.value, decision_id=decision_id,
-                                 policy_version=version, reasons=verdict.reasons, errors=_error_pairs(verdict),
-                                 approval_id=approval_id)
-        except Exception:
-            self._abandon(ctx.tenant, call_id, decision_id, version)
-            raise
-        self._record({**base, "approval_id": approval_id}, verdict)
-        return approval_id
-
-    def _open_approval(self, ctx, call_id, prepared, verdict, decision_id, version, fields) -> str:
+    def _new_approval(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict,
+                      base: dict) -> ApprovalRecord:
         if self.approvals is None:
             raise RuntimeError("a policy asks for approval but no approval desk is configured")
-        return self.approvals.open(ctx, call_id, prepared, verdict, decision_id=decision_id,
-                                   policy_version=version, fields=fields).approval_id
-
-    def _abandon(self, tenant: str, call_id: str, decision_id: str, version: str) -> None:
-        """A reserved call whose approval could not be opened is recorded as denied, so
-        that a retry of the same call id gets an answer rather than `call_in_progress`
-        forever. (A failure while deciding leaves nothing reserved: `reserve` rolls back.)"""
-        try:
-            self.ledger.complete(tenant, call_id, decision=Decision.DENY.value, decision_id=decision_id,
-                                 policy_version=version, reasons=(), errors=(("internal_error", "the call could not be decided"),))
-        except Exception:  # noqa: BLE001 - already failing; the original error is what matters
-            log.warning("could not record the failed decision of call %s", call_id)
+        return self.approvals.new_record(ctx, call_id, prepared, verdict, decision_id=base["decision_id"],
+                                         policy_version=base["policy_version"], fields=base["fields"])
 
     def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry,
                 still_wanted: Callable[[], bool]) -> AuthorizeResult:

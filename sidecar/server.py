@@ -98,14 +98,14 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
     audit_log = SqliteAuditLog(str(settings.database_path))
-    ledger = SqliteLedger(str(settings.database_path), audit=audit_log)
+    approval_store = SqliteApprovals(str(settings.database_path))
+    ledger = SqliteLedger(str(settings.database_path), audit=audit_log, approvals=approval_store)
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
                                 interval=settings.audit.checkpoint_interval_seconds)
     t = settings.tokens
     bundles = BundleHolder(bundle)
     issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds, clock=clock)
-    approval_store = SqliteApprovals(str(settings.database_path))
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,

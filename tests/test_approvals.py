@@ -264,3 +264,32 @@ def test_an_old_approval_is_not_re_tokenized(stub, approvals, clock):
     clock.advance(301)
     late = stub.Authorize(request)
     assert late.replayed and late.token == "" and late.decision == pb.APPROVAL_REQUIRED
+
+
+def test_a_decision_asking_for_approval_commits_with_its_approval_and_its_record(stub, sidecar):
+    request, response = pending(stub)
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="authorize"), limit=5)
+    assert record.event.result == "APPROVAL_REQUIRED" and record.event.approval_id == response.approval_id
+    entry = sidecar.ledger.get("acme", "toolu_1")
+    assert (entry.decision, entry.approval_id) == ("APPROVAL_REQUIRED", response.approval_id)
+    assert sidecar.approval_store.get(response.approval_id).status == "pending"
+
+
+def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sidecar, monkeypatch):
+    """One transaction: before, the approval and the ledger row were committed first, and
+    a failing audit record left a pending approval the audit trail never mentioned."""
+    import sqlite3
+
+    def disk_full(conn, events):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(make_request(args=LARGE))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert sidecar.ledger.get("acme", "toolu_1") is None
+    assert sidecar.approval_store.list(tenant="acme", now=0.0, limit=10) == []
+    monkeypatch.undo()
+    _, response = pending(stub)  # the retry is decided afresh, with one approval
+    assert [a.approval_id for a in sidecar.approval_store.list(tenant="acme", now=0.0, limit=10)] == \
+        [response.approval_id]

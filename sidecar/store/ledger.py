@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
+    from sidecar.store.approvals import ApprovalRecord
 
 OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
 
@@ -61,6 +62,8 @@ class RecordedDecision:
     errors: tuple[tuple[str, str], ...] = ()  # (code, message)
     # The decision's audit record, committed in the same transaction as the row.
     audit: "AuditEvent | None" = None
+    # For APPROVAL_REQUIRED: the pending approval, stored in that transaction too.
+    approval: "ApprovalRecord | None" = None
 
 
 # Called with the run's counts (calls, tool_calls) inside reserve's transaction.
@@ -137,24 +140,20 @@ class CallLedger(Protocol):
 
         With `decide`, the counts go to `decide` inside the same transaction and the
         entry is inserted with the decision it returns (undecided if it returns None,
-        for `complete` to fill later): one transaction per decision instead of two, and
+        and without `decide`): one transaction per decision instead of two, and
         concurrent calls of one run are counted and decided one after the other. An
         exception from `decide` rolls back: nothing is recorded. (A backend shared by
         replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)
 
-        The decision's `audit` event is appended to the audit trail in the same
-        transaction, so a decision and its record are committed, durably, together or
-        not at all, with one commit.
+        The decision's `audit` event is appended to the audit trail, and its `approval`
+        (the pending approval of an APPROVAL_REQUIRED) stored, in the same transaction:
+        a decision, its approval and its record are committed, durably, together or not
+        at all, with one commit.
 
         `decide` may also be called before the transaction, on the counts the ledger
         expects, so that its expensive part stays out of the write lock; the decision
         recorded is the one it returns inside, so it must be cheap to call again with
         the same counts."""
-
-    def complete(self, tenant: str, call_id: str, *, decision: str, decision_id: str,
-                 policy_version: str, reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...],
-                 approval_id: str = "") -> None:
-        """Records the decision of a reserved call."""
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
 

@@ -48,11 +48,17 @@ class SqliteApprovals(SqliteDatabase):
 
     def create(self, r: ApprovalRecord) -> None:
         with self.transaction() as db:
-            db.execute(f"INSERT INTO approvals ({_COLUMNS}) VALUES ({', '.join('?' * 24)})",
-                       (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
-                        r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
-                        r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
-                        r.reason, r.token, r.token_jti, r.token_expires_at))
+            self.create_in(db, r)
+
+    @staticmethod
+    def create_in(db: sqlite3.Connection, r: ApprovalRecord) -> None:
+        """Insert inside a write transaction the caller holds on this database: how the
+        call ledger stores an approval with the decision that asks for it."""
+        db.execute(f"INSERT INTO approvals ({_COLUMNS}) VALUES ({', '.join('?' * 24)})",
+                   (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
+                    r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
+                    r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
+                    r.reason, r.token, r.token_jti, r.token_expires_at))
 
     def get(self, approval_id: str) -> ApprovalRecord | None:
         with self.transaction(immediate=False) as db:

@@ -149,6 +149,10 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{label} `{path}`: {exc}") from exc
 
+    @property
+    def path(self) -> str:
+        return self._path
+
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:

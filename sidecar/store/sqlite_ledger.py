@@ -17,6 +17,7 @@ from sidecar.store.sqlite_base import SqliteDatabase
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
     from sidecar.audit.sqlite import SqliteAuditLog
+    from sidecar.store.sqlite_approvals import SqliteApprovals
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -59,13 +60,17 @@ def _json_columns(reasons: tuple[str, ...], errors: tuple[tuple[str, str], ...])
 
 class SqliteLedger(SqliteDatabase):
     """`audit`: the audit log in the same database file, for the decisions and
-    verifications whose audit record commits with their ledger write."""
+    verifications whose audit record commits with their ledger write; `approvals`: the
+    approval store in that file, for the approvals opened by the decisions asking for
+    them."""
 
-    def __init__(self, path: str, audit: SqliteAuditLog | None = None):
-        if audit is not None and os.path.realpath(audit.path) != os.path.realpath(path):
-            raise ValueError("the audit log must live in the ledger's database file: one transaction holds both")
+    def __init__(self, path: str, audit: SqliteAuditLog | None = None, approvals: SqliteApprovals | None = None):
+        for store, name in ((audit, "audit log"), (approvals, "approval store")):
+            if store is not None and os.path.realpath(store.path) != os.path.realpath(path):
+                raise ValueError(f"the {name} must live in the ledger's database file: one transaction holds both")
         super().__init__(path, _SCHEMA, label="ledger")
         self._audit = audit
+        self._approvals = approvals
         # The writes every decision and every verification make: concurrent ones share a
         # transaction (group_commit.py) instead of queueing on the write lock one by one.
         self._writes: GroupCommit[Callable[[sqlite3.Connection], Any], Any] = GroupCommit(
@@ -146,12 +151,17 @@ class SqliteLedger(SqliteDatabase):
             decided = RecordedDecision("", "", "")
         if decided.audit is not None and self._audit is None:
             return ItemFailed(RuntimeError("a decision with an audit record needs a ledger with an audit log"))
+        if decided.approval is not None and self._approvals is None:
+            return ItemFailed(RuntimeError("a decision opening an approval needs a ledger with an approval store"))
         db.execute(
-            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, "
-            "decision, decision_id, policy_version, reasons, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, decision, "
+            "decision_id, policy_version, reasons, errors, approval_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
              entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-             *_json_columns(decided.reasons, decided.errors)))
+             *_json_columns(decided.reasons, decided.errors),
+             decided.approval.approval_id if decided.approval is not None else ""))
+        if decided.approval is not None:
+            self._approvals.create_in(db, decided.approval)
         if decided.audit is not None:
             self._audit.append_in(db, [decided.audit])
         return Reservation(None)
@@ -162,13 +172,6 @@ class SqliteLedger(SqliteDatabase):
             "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
             (tool, tenant, request_id)).fetchone()
         return calls, tool_calls
-
-    def complete(self, tenant, call_id, *, decision, decision_id, policy_version, reasons, errors, approval_id=""):
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE calls SET decision = ?, decision_id = ?, policy_version = ?, reasons = ?, errors = ?, "
-                "approval_id = ? WHERE tenant = ? AND call_id = ? AND decision = ''",
-                (decision, decision_id, policy_version, *_json_columns(reasons, errors), approval_id, tenant, call_id))
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         return self.read(lambda db: self._get(db, tenant, call_id))
