@@ -128,14 +128,19 @@ class ApprovalDesk:
             refuse(ForbiddenError(f"`{who}` may not approve this call"), "approver_not_permitted")
 
         token = self._issue(record, who) if verdict == APPROVE else None
-        # The record is committed before the token can leave the process.
-        self.audit.write(AuditEvent(result=verdict, jti=token.jti if token else "",
-                                    detail={"reason": reason[:500]}, **base))
+
+        def record_of(won: bool) -> AuditEvent:
+            # Committed with the approval's change, before the token can leave the process;
+            # a click that lost the race is recorded as such, its token never handed out.
+            if won:
+                return AuditEvent(result=verdict, jti=token.jti if token else "", detail={"reason": reason[:500]},
+                                  **base)
+            return AuditEvent(result="superseded", jti=token.jti if token else "", **base)
+
         won = self.store.decide(approval_id, status=APPROVED if token else REJECTED, approver=who, reason=reason[:500],
                                 now=now, token=token.token if token else "", token_jti=token.jti if token else "",
-                                token_expires_at=token.expires_at if token else None)
+                                token_expires_at=token.expires_at if token else None, audit=record_of)
         if not won:
-            self.audit.write(AuditEvent(result="superseded", jti=token.jti if token else "", **base))
             final = self.get(approval_id)
             if final.status == APPROVED and verdict == APPROVE:
                 return final

@@ -98,7 +98,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
     audit_log = SqliteAuditLog(str(settings.database_path))
-    approval_store = SqliteApprovals(str(settings.database_path))
+    approval_store = SqliteApprovals(str(settings.database_path), audit=audit_log)
     ledger = SqliteLedger(str(settings.database_path), audit=audit_log, approvals=approval_store)
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,

@@ -11,6 +11,7 @@ import pytest
 from conftest import make_request, verify_request
 from sidecar.audit.store import AuditQuery
 from sidecar.cli import main
+from sidecar.errors import StoreUnavailable
 from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -164,9 +165,33 @@ def test_two_concurrent_approve_clicks_yield_one_token(stub, sidecar):
     approvals_kept = [r.event for r in sidecar.audit_log.query(AuditQuery(kind="approval", result="APPROVE"), limit=10)]
     superseded = sidecar.audit_log.query(AuditQuery(kind="approval", result="superseded"), limit=10)
     stored = sidecar.approval_store.get(response.approval_id)
-    assert len(approvals_kept) - len(superseded) == 1
-    assert stored.token_jti in {e.jti for e in approvals_kept}
+    # One APPROVE record, committed with the approval's change: the token that was kept.
+    # A click that lost the race is recorded as superseded (one that came after the
+    # winner's commit sees the approval approved and records nothing).
+    assert [e.jti for e in approvals_kept] == [stored.token_jti]
+    assert len(superseded) <= 3 and stored.token_jti not in {r.event.jti for r in superseded}
     assert stub.Verify(verify_request(request, stored.token)).valid
+
+
+def test_an_approval_is_never_recorded_without_its_change(stub, sidecar):
+    """The decision on an approval and its audit record are one transaction: before, the
+    record was committed first, and a store failure after it left an APPROVE on record
+    that never happened."""
+    import sqlite3
+
+    _, response = pending(stub)
+    ctx = TrustedContext("acme", Principal("User", "bob"), "ui")
+    with sqlite3.connect(sidecar.settings.database_path) as db:  # the approval's update fails
+        db.execute("CREATE TRIGGER refuse BEFORE UPDATE ON approvals BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    with pytest.raises(StoreUnavailable):
+        sidecar.approvals.decide(response.approval_id, ctx, "APPROVE")
+    assert sidecar.approval_store.get(response.approval_id).status == "pending"
+    assert sidecar.audit_log.query(AuditQuery(kind="approval"), limit=10) == []
+    with sqlite3.connect(sidecar.settings.database_path) as db:
+        db.execute("DROP TRIGGER refuse")
+    assert sidecar.approvals.decide(response.approval_id, ctx, "APPROVE").status == "approved"
+    [record] = sidecar.audit_log.query(AuditQuery(kind="approval", result="APPROVE"), limit=10)
+    assert record.event.jti == sidecar.approval_store.get(response.approval_id).token_jti
 
 
 def test_watching_runtime_receives_the_token_when_approved(stub, approvals, channel):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from sidecar.audit.records import AuditEvent
 
 PENDING, APPROVED, REJECTED, EXPIRED = "pending", "approved", "rejected", "expired"
 
@@ -55,6 +58,9 @@ class ApprovalStore(Protocol):
              limit: int = 100) -> list[ApprovalRecord]: ...
 
     def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float,
-               token: str = "", token_jti: str = "", token_expires_at: float | None = None) -> bool:
+               token: str = "", token_jti: str = "", token_expires_at: float | None = None,
+               audit: "Callable[[bool], AuditEvent] | None" = None) -> bool:
         """Atomically moves a pending, unexpired approval to `status`; False when it was
-        no longer pending (someone else decided first, or it expired)."""
+        no longer pending (someone else decided first, or it expired). `audit(won)` builds
+        the record of this attempt, committed in the same transaction: an approval never
+        changes without its record, nor is one recorded that did not happen."""

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+from typing import TYPE_CHECKING, Callable
 
 from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
 from sidecar.store.sqlite_base import SqliteDatabase
+
+if TYPE_CHECKING:
+    from sidecar.audit.records import AuditEvent
+    from sidecar.audit.sqlite import SqliteAuditLog
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS approvals (
@@ -43,8 +49,14 @@ _COLUMNS = ("approval_id, tenant, call_id, request_id, requester_type, requester
 
 
 class SqliteApprovals(SqliteDatabase):
-    def __init__(self, path: str):
+    """`audit`: the audit log in the same database file, for the decisions on approvals
+    whose record commits with them."""
+
+    def __init__(self, path: str, audit: SqliteAuditLog | None = None):
+        if audit is not None and os.path.realpath(audit.path) != os.path.realpath(path):
+            raise ValueError("the audit log must live in the approvals' database file: one transaction holds both")
         super().__init__(path, _SCHEMA, label="approvals")
+        self._audit = audit
 
     def create(self, r: ApprovalRecord) -> None:
         with self.transaction() as db:
@@ -88,12 +100,18 @@ class SqliteApprovals(SqliteDatabase):
             rows = db.execute(sql, (*args, limit)).fetchall()
         return [_record(r).as_of(now) for r in rows]
 
-    def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None) -> bool:
+    def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None,
+               audit: Callable[[bool], AuditEvent] | None = None) -> bool:
+        if audit is not None and self._audit is None:
+            raise RuntimeError("an audited approval decision needs an approval store with an audit log")
         with self.transaction() as db:
-            return db.execute(
+            won = db.execute(
                 "UPDATE approvals SET status = ?, approver = ?, reason = ?, decided_at = ?, token = ?, token_jti = ?, "
                 "token_expires_at = ? WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
                 (status, approver, reason, now, token, token_jti, token_expires_at, approval_id, now)).rowcount == 1
+            if audit is not None:
+                self._audit.append_in(db, [audit(won)])
+        return won
 
 
 def _record(row: sqlite3.Row | tuple) -> ApprovalRecord:
