@@ -110,8 +110,7 @@ class Authorizer:
 
     def run(self, plan: "Plan[T]") -> T:
         """One request's plan: its write, then its answer (or the exception)."""
-        result = only_result(self.ledger.apply([plan.op])) if plan.op is not None else None
-        return plan.finish(result)
+        return only_result(self.run_many([plan]))
 
     def run_many(self, plans: "Sequence[Plan]") -> list:
         """Many requests' plans, their writes sharing the ledger's commits; each one's
@@ -121,7 +120,7 @@ class Authorizer:
         try:
             results = iter(self.ledger.apply(ops) if ops else [])
         except StoreUnavailable as exc:
-            results = iter([_unavailable(exc) for _ in ops])
+            results = iter([StoreUnavailable.caused_by(exc) for _ in ops])
         answers: list = []
         for plan in plans:
             try:
@@ -346,12 +345,6 @@ class Plan(Generic[T]):
 
     op: LedgerOp | None
     finish: Callable[[Any], T]
-
-
-def _unavailable(cause: BaseException) -> StoreUnavailable:
-    error = StoreUnavailable(str(cause))
-    error.__cause__ = cause
-    return error
 
 
 @dataclass(frozen=True)

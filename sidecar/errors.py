@@ -68,6 +68,14 @@ class KeyFileError(ToolAuthzError):
 class StoreUnavailable(ToolAuthzError):
     """The store cannot be reached or written: every caller must deny."""
 
+    @classmethod
+    def caused_by(cls, cause: BaseException) -> "StoreUnavailable":
+        """A new instance per caller: one instance raised in many threads (or coroutines)
+        would share, and garble, one traceback."""
+        error = cls(str(cause))
+        error.__cause__ = cause
+        return error
+
 
 class ConflictError(ToolAuthzError):
     """The request conflicts with recorded state (for example a second terminal outcome)."""

@@ -71,6 +71,23 @@ def stub(channel) -> pb_grpc.ToolAuthorizerStub:
     return pb_grpc.ToolAuthorizerStub(channel)
 
 
+def hold_ledger_writes(monkeypatch, sidecar):
+    """Every ledger write waits until `release` is set; `entered` is set when the first
+    one arrives (a decision is then in flight, inside the pump)."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real_apply = sidecar.ledger.apply
+
+    def held_apply(ops):
+        entered.set()
+        release.wait(30)
+        return real_apply(ops)
+
+    monkeypatch.setattr(sidecar.ledger, "apply", held_apply)
+    return entered, release
+
+
 def order_entity(order_id: str, owner: str, refundable: int = 10_000, tenant: str | None = None) -> dict:
     entity = {"uid": {"type": "Order", "id": order_id},
               "attrs": {"owner": {"__entity": {"type": "User", "id": owner}}, "refundable_cents": refundable},

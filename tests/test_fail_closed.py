@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from conftest import make_request
+from conftest import hold_ledger_writes, make_request
 from sidecar.audit.store import AuditQuery
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -52,15 +52,7 @@ def test_expired_deadline_is_refused_before_any_work(sidecar):
 def test_client_gone_before_the_token_means_no_token(sidecar, monkeypatch):
     """The client cancels while its call waits for the pump: the handler is cancelled,
     the decision is still made and recorded, with no token."""
-    entered, release = threading.Event(), threading.Event()
-    real_apply = sidecar.ledger.apply
-
-    def held_apply(ops):
-        entered.set()
-        release.wait(30)
-        return real_apply(ops)
-
-    monkeypatch.setattr(sidecar.ledger, "apply", held_apply)
+    entered, release = hold_ledger_writes(monkeypatch, sidecar)
 
     async def cancelled_while_deciding():
         call = asyncio.ensure_future(service(sidecar).Authorize(make_request(), FakeContext()))

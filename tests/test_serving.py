@@ -8,7 +8,7 @@ import threading
 
 import grpc
 import pytest
-from conftest import make_request
+from conftest import hold_ledger_writes, make_request
 from test_approvals import pending
 
 from sidecar.audit.store import AuditQuery
@@ -70,15 +70,7 @@ def test_an_audit_query_the_client_leaves_does_not_block_the_stop(sidecar):
 def test_stopping_with_a_decision_in_flight_records_it_and_hands_out_no_token(sidecar, monkeypatch):
     """The client's call is cancelled by the stop; the pump still finishes the decision,
     which the audit records as made for a client that was gone."""
-    entered, release = threading.Event(), threading.Event()
-    real_apply = sidecar.ledger.apply
-
-    def held_apply(ops):
-        entered.set()
-        release.wait(30)
-        return real_apply(ops)
-
-    monkeypatch.setattr(sidecar.ledger, "apply", held_apply)
+    entered, release = hold_ledger_writes(monkeypatch, sidecar)
     server, port = create_server(sidecar, "127.0.0.1:0")
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = pb_grpc.ToolAuthorizerStub(channel).Authorize.future(make_request(), timeout=30)

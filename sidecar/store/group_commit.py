@@ -142,11 +142,7 @@ class GroupCommit(Generic[T, R]):
                 raise StoreUnavailable(f"{self._name} returned {len(results)} results for {len(batch)} items")
         except BaseException as exc:
             for waiter in batch:
-                # A new exception per caller: one instance raised in many threads would
-                # share (and garble) a traceback.
-                error = StoreUnavailable(str(exc))
-                error.__cause__ = exc
-                waiter.error, waiter.done = error, True
+                waiter.error, waiter.done = StoreUnavailable.caused_by(exc), True
             if not isinstance(exc, Exception):
                 raise
             return

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from typing import TYPE_CHECKING, Callable
 
 from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
-from sidecar.store.sqlite_base import SqliteDatabase
+from sidecar.store.sqlite_base import SqliteDatabase, require_same_file
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -53,8 +52,7 @@ class SqliteApprovals(SqliteDatabase):
     whose record commits with them."""
 
     def __init__(self, path: str, audit: SqliteAuditLog | None = None):
-        if audit is not None and os.path.realpath(audit.path) != os.path.realpath(path):
-            raise ValueError("the audit log must live in the approvals' database file: one transaction holds both")
+        require_same_file(path, audit, "audit log")
         super().__init__(path, _SCHEMA, label="approvals")
         self._audit = audit
 

@@ -136,6 +136,12 @@ def sync_log(db_path: str, label: str) -> None:
         return
 
 
+def require_same_file(path: str, store, name: str) -> None:
+    """A store whose writes join another's transactions must live in the same file."""
+    if store is not None and os.path.realpath(store.path) != os.path.realpath(path):
+        raise ValueError(f"the {name} must live in the same database file: one transaction holds both")
+
+
 class SqliteDatabase:
     def __init__(self, path: str, schema: str, *, label: str):
         self._path, self._label = path, label

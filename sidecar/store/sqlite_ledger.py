@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -12,7 +11,7 @@ from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
 from sidecar.store.ledger import (AppendAudit, CallEntry, ConsumeToken, Decide, LedgerOp, RecordedDecision,
                                   RecordOutcome, ReserveCall, Reservation, only_result)
 from sidecar.store.group_commit import GroupCommit, ItemFailed
-from sidecar.store.sqlite_base import SqliteDatabase
+from sidecar.store.sqlite_base import SqliteDatabase, require_same_file
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -65,9 +64,8 @@ class SqliteLedger(SqliteDatabase):
     them."""
 
     def __init__(self, path: str, audit: SqliteAuditLog | None = None, approvals: SqliteApprovals | None = None):
-        for store, name in ((audit, "audit log"), (approvals, "approval store")):
-            if store is not None and os.path.realpath(store.path) != os.path.realpath(path):
-                raise ValueError(f"the {name} must live in the ledger's database file: one transaction holds both")
+        require_same_file(path, audit, "audit log")
+        require_same_file(path, approvals, "approval store")
         super().__init__(path, _SCHEMA, label="ledger")
         self._audit = audit
         self._approvals = approvals
