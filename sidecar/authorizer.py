@@ -171,29 +171,22 @@ class Authorizer:
 
         drafts: list[_Draft] = []
         approvals: list[ApprovalRecord] = []  # one approval id however often `decide` runs
+        recorded: dict[int, RecordedDecision] = {}  # by id of its draft (kept alive in `drafts`)
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision:
             # Called by the ledger before its transaction on the counts it expects, then
-            # in it on the counts that hold: Cedar and the signature run again only if
-            # they differ. The row, the token's jti, the approval a policy asks for and
-            # the audit record commit together.
+            # in it on the counts that hold: Cedar, the signature and the audit event are
+            # made again only if they differ. The row, the token's jti, the approval a
+            # policy asks for and the audit record commit together.
             current = drafts[-1] if drafts else None
             if current is None or current.counts != (calls, tool_calls):
                 current = draft((calls, tool_calls))
             elif current.token is not None and not still_wanted():
                 current = _Draft(current.counts, current.verdict, None, gone=True)
             drafts.append(current)
-            verdict = current.verdict
-            approval = None
-            if verdict.decision is Decision.APPROVAL_REQUIRED:
-                if not approvals:
-                    approvals.append(self._new_approval(ctx, call.call_id, prepared, verdict, base))
-                approval = approvals[0]
-            return RecordedDecision(verdict.decision.value, decision_id, bundle.version, verdict.reasons,
-                                    _error_pairs(verdict), approval=approval, audit=self._event(
-                                        {**base, "approval_id": approval.approval_id if approval else ""}, verdict,
-                                        jti=current.token.jti if current.token else "",
-                                        detail={"client_gone": True} if current.gone else None))
+            if id(current) not in recorded:
+                recorded[id(current)] = self._recorded(ctx, call.call_id, prepared, current, base, approvals)
+            return recorded[id(current)]
 
         def finish(reservation: Reservation) -> AuthorizeResult:
             if reservation.existing is not None:
@@ -207,6 +200,22 @@ class Authorizer:
         entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, str(ctx.principal),
                           self.clock.now())
         return Plan(ReserveCall(entry, decide), finish)
+
+    def _recorded(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, draft: "_Draft", base: dict,
+                  approvals: list[ApprovalRecord]) -> RecordedDecision:
+        """What the ledger stores of a draft: the row's decision, the approval it opens
+        (made once per call, into `approvals`) and its audit event."""
+        verdict = draft.verdict
+        approval = None
+        if verdict.decision is Decision.APPROVAL_REQUIRED:
+            if not approvals:
+                approvals.append(self._new_approval(ctx, call_id, prepared, verdict, base))
+            approval = approvals[0]
+        event = self._event({**base, "approval_id": approval.approval_id if approval else ""}, verdict,
+                            jti=draft.token.jti if draft.token else "",
+                            detail={"client_gone": True} if draft.gone else None)
+        return RecordedDecision(verdict.decision.value, base["decision_id"], base["policy_version"],
+                                verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
 
     def _new_approval(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict,
                       base: dict) -> ApprovalRecord:

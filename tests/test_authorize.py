@@ -383,3 +383,21 @@ def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monke
     monkeypatch.setattr(sidecar.authorizer.issuer, "issue", issue)
     assert stub.Authorize(make_request()).token
     assert seen == [("evaluate", False), ("issue", False)]
+
+
+def test_a_decision_and_its_audit_event_are_made_once_when_the_draft_holds(stub, sidecar, monkeypatch):
+    """The ledger asks for the decision before its transaction and again inside it; when
+    the run's counts have not moved, the second answer is the first, event included
+    (each event canonicalizes its fields: work a call should pay for once)."""
+    made = []
+    real_event = sidecar.authorizer._event
+
+    def event(*args, **kwargs):
+        made.append(real_event(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(sidecar.authorizer, "_event", event)
+    response = stub.Authorize(make_request())
+    assert response.decision == pb.ALLOW
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
+    assert len(made) == 1 and record.event == made[0]
