@@ -84,17 +84,14 @@ def evaluate(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall, run: R
             "limit_exceeded", f"`{tool.name}` may be called at most {tool.max_calls_per_run} times in one run"),))
     if prepared.slice.enforcing is None:
         return Verdict(Decision.DENY, errors=(ErrorDetail("policy_denied", "no policy permits this call"),))
+    context = {"input": prepared.input, "tenant": ctx.tenant, "side_effect": tool.side_effect,
+               "request_id": ctx.request_id, "run": {"calls": run.calls, "tool_calls": run.tool_calls}}
     request = {
         "principal": {"type": ctx.principal.type, "id": ctx.principal.id},
         "action": {"type": "Action", "id": f"tool:{tool.name}"},
         "resource": {"type": prepared.resource_type, "id": prepared.resource_id},
-        "context": {
-            "input": project(prepared.input, prepared.slice.input_type),
-            "tenant": ctx.tenant,
-            "side_effect": tool.side_effect,
-            "request_id": ctx.request_id,
-            "run": {"calls": run.calls, "tool_calls": run.tool_calls},
-        },
+        # Only what the slice's policies can read: Cedar parses all it is given.
+        "context": project(context, prepared.slice.context_type),
     }
     verdict = _interpret(bundle, cedarpy.is_authorized(request, prepared.slice.enforcing, entities))
     if prepared.slice.shadow is not None:
@@ -111,9 +108,12 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     errored = [m.group(1) for m in map(_ERRORED_POLICY.search, diag.errors) if m]
     errors = tuple(ErrorDetail("policy_error", f"policy `{pid}` could not be evaluated") for pid in errored)
     detail = {"policy_errors": list(diag.errors)} if diag.errors else {}
+    # Sorted: Cedar gives its reasons in no fixed order, and a shadow comparison or an
+    # audit query must not see two answers where there is one.
+    reasons = tuple(sorted(diag.reasons))
     if result.decision == cedarpy.Decision.Deny:
-        if diag.reasons:
-            return Verdict(Decision.DENY, tuple(diag.reasons), errors, detail=detail)
+        if reasons:
+            return Verdict(Decision.DENY, reasons, errors, detail=detail)
         return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),), detail=detail)
     if result.decision != cedarpy.Decision.Allow:
         return Verdict(Decision.DENY, (), errors + (ErrorDetail("evaluation_error", "the policy engine could not evaluate this call"),),
@@ -122,7 +122,6 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     # let a permit through.
     if any(bundle.policies[pid].effect == "forbid" for pid in errored if pid in bundle.policies):
         return Verdict(Decision.DENY, (), errors, detail=detail)
-    reasons = tuple(sorted(diag.reasons))
     gated = [pid for pid in reasons if bundle.policies[pid].approval_group]
     if gated:
         return Verdict(Decision.APPROVAL_REQUIRED, reasons, errors,

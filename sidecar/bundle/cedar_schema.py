@@ -81,21 +81,26 @@ def approval_declarations(principal_types: list[str]) -> str:
     )
 
 
+def input_type(tool: Tool) -> CedarType:
+    """What `context.input` is for this tool."""
+    return cedar_type(tool.input_schema) or ("Record", {})
+
+
+def context_type(tool_input: CedarType) -> CedarType:
+    """The context of a `tool:<name>` action, as declared and as sent to Cedar."""
+    run = ("Record", {"calls": ("Long", True), "tool_calls": ("Long", True)})
+    return ("Record", {"input": (tool_input, True), "tenant": ("String", True), "side_effect": ("String", True),
+                       "request_id": ("String", True), "run": (run, True)})
+
+
 def action_declarations(tools: dict[str, Tool], principal_types: list[str]) -> str:
     out = []
     for tool in tools.values():
-        input_type = cedar_type(tool.input_schema) or ("Record", {})
         out.append(
             f"action {json.dumps('tool:' + tool.name)} appliesTo {{\n"
             f"  principal: [{', '.join(principal_types)}],\n"
             f"  resource: [{tool.resource_type}],\n"
-            f"  context: {{\n"
-            f"    \"input\": {render_type(input_type, '    ')},\n"
-            f"    \"tenant\": String,\n"
-            f"    \"side_effect\": String,\n"
-            f"    \"request_id\": String,\n"
-            f"    \"run\": {{ \"calls\": Long, \"tool_calls\": Long }}\n"
-            f"  }}\n"
+            f"  context: {render_type(context_type(input_type(tool)), '  ')}\n"
             f"}};"
         )
     return "\n".join(out) + "\n"

@@ -23,7 +23,9 @@ import cedarpy
 import yaml
 
 from sidecar.bundle.catalog import ENTITY_TYPE, Tool, load_catalog
-from sidecar.bundle.cedar_schema import APPROVE_ACTION, CedarType, action_declarations, approval_declarations, cedar_type
+from sidecar.bundle.cedar_schema import (APPROVE_ACTION, CedarType, action_declarations, approval_declarations,
+                                         context_type, input_type)
+from sidecar.bundle.context_reads import context_reads, narrowed
 from sidecar.bundle.policies import PolicyInfo, build_infos, locate, parse_file, policy_set, split_policies
 from sidecar.errors import BundleError, Problem
 
@@ -36,7 +38,9 @@ class ToolSlice:
     """What one tool's decision needs, prepared at load time."""
 
     tool: Tool
-    input_type: CedarType
+    # The context sent to Cedar: the declared one, narrowed to what the slice's policies
+    # can read (context_reads.py).
+    context_type: CedarType
     enforcing: cedarpy.PolicySet | None  # None: no policy can apply, so the answer is deny
     shadow: cedarpy.PolicySet | None  # enforcing + @shadow policies, when there are any
 
@@ -215,7 +219,7 @@ def _slice(tool: Tool, infos: list[PolicyInfo]) -> ToolSlice:
     shadow = [i for i in applicable if i.shadow]
     return ToolSlice(
         tool=tool,
-        input_type=cedar_type(tool.input_schema) or ("Record", {}),
+        context_type=narrowed(context_type(input_type(tool)), context_reads(i.est for i in applicable)),
         enforcing=policy_set(enforcing) if enforcing else None,
         shadow=policy_set(applicable) if shadow else None,
     )
