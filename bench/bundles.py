@@ -89,8 +89,10 @@ def _scoped(tool: str, j: int) -> str:
             f'context.input.region == "r{j % 10}" && context.input.qty < {1000 + j} }};')
 
 
-def generate_bundle(root: str | pathlib.Path, policies: int) -> pathlib.Path:
-    """Writes a bundle with exactly `policies` policies under `root`; returns its path."""
+def generate_bundle(root: str | pathlib.Path, policies: int, static_users: int = 0) -> pathlib.Path:
+    """Writes a bundle with exactly `policies` policies under `root`; returns its path.
+    `static_users`: that many more users in entities.json, each in one of the groups,
+    none of them the benchmark's principal (what a request's cost must not grow with)."""
     if policies < UNSCOPED + MIN_TOOLS:
         raise ValueError(f"a generated bundle needs at least {UNSCOPED + MIN_TOOLS} policies")
     root = pathlib.Path(root)
@@ -100,6 +102,8 @@ def generate_bundle(root: str | pathlib.Path, policies: int) -> pathlib.Path:
     (root / "schema.cedarschema").write_text(SCHEMA)
     groups = [{"uid": {"type": "Group", "id": g}, "attrs": {}, "parents": []}
               for g in ["suspended", *(f"g{i}" for i in range(7))]]
+    groups += [{"uid": {"type": "User", "id": f"s{i}"}, "attrs": {}, "parents": [{"type": "Group", "id": f"g{i % 7}"}]}
+               for i in range(static_users)]
     (root / "entities.json").write_text(json.dumps(groups, indent=1))
     for i in range(tools):
         (root / "tools" / f"{tool_name(i)}.yaml").write_text(

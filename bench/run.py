@@ -56,6 +56,7 @@ class Plan:
     workers: int
     inproc_calls: int
     profile_calls: int
+    static_users: int = 10000  # in-process also at the middle size with that many more static entities
     mode: str = "full"
 
 
@@ -64,7 +65,7 @@ FULL = Plan(sizes=(10, 1000, 10000), concurrency=(1, 32), duration=5.0, client_p
             open_sweep=(200.0, 400.0), workers=2, inproc_calls=1000, profile_calls=2000)
 QUICK = Plan(sizes=(10, 40), concurrency=(1, 4), duration=0.2, client_procs=1, verify_tokens={1: 20, 4: 40},
              max_calls=2000, open_rate=100.0, open_duration=0.3, open_procs=1, open_sweep=(), workers=2, inproc_calls=30,
-             profile_calls=30, mode="quick")
+             profile_calls=30, static_users=200, mode="quick")
 
 
 def log(message: str) -> None:
@@ -231,12 +232,16 @@ class Bench:
 
     def in_process(self, profile: bool) -> None:
         threads = [1, max(self.plan.concurrency)]
-        for size in self.plan.sizes:
-            with_profile = profile and size == self.default_size
-            out = inproc.run_inproc(self.bundles[size], tools=bundles.tool_count(size), calls=self.plan.inproc_calls,
+        runs = [(size, 0, self.bundles[size]) for size in self.plan.sizes]
+        if self.plan.static_users:  # the cost must not grow with entities.json either
+            size, extra = self.default_size, self.plan.static_users
+            runs.append((size, extra, bundles.generate_bundle(self.root / f"bundle-{size}-users", size, extra)))
+        for size, extra, bundle in runs:
+            with_profile = profile and size == self.default_size and not extra
+            out = inproc.run_inproc(bundle, tools=bundles.tool_count(size), calls=self.plan.inproc_calls,
                                     threads=threads, profile=with_profile, profile_calls=self.plan.profile_calls,
                                     data_root=str(self.root))
-            row = {"policies": size, "decision": out["decision"],
+            row = {"policies": size, "static_users": extra, "decision": out["decision"],
                    "decide": {**stats.latency_summary(out["decide"]["lat"]),
                               "cpu_ms_per_call": out["decide"]["cpu_ms_per_call"]}}
             for t, v in out["authorizer"].items():
@@ -248,7 +253,8 @@ class Bench:
             self.results.inproc.append(row)
             if with_profile:
                 self.results.profile = {"policies": size, **out["profile"]}
-            log(f"in-process {size} policies: decide p50 {row['decide']['p50_ms'] * 1000:.0f} us, authorizer "
+            users = f" + {extra} static users" if extra else ""
+            log(f"in-process {size} policies{users}: decide p50 {row['decide']['p50_ms'] * 1000:.0f} us, authorizer "
                 f"p50 {row['authorizer_1']['p50_ms']:.2f} ms, {threads[-1]} in flight through the pump "
                 f"{row[f'authorizer_{threads[-1]}']['throughput_per_s']:.0f}/s")
 
@@ -313,6 +319,10 @@ class Bench:
 
 # -- output -------------------------------------------------------------------------------
 
+def _count(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
 def _f(value, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -351,7 +361,8 @@ def render(results: Results) -> str:
                   f"{'per s':>7} {'CPU ms':>7} {f'{t} in flight per s':>18} {'p99 ms':>8} {'CPU ms':>7}"]
         for row in results.inproc:
             a1, an, d = row["authorizer_1"], row[f"authorizer_{t}"], row["decide"]
-            lines.append(f"{row['policies']:>8} {d['p50_ms'] * 1000:>13.0f} {d['cpu_ms_per_call'] * 1000:>7.0f} "
+            size = f"{row['policies']}+{_count(row['static_users'])}u" if row.get("static_users") else row["policies"]
+            lines.append(f"{size:>8} {d['p50_ms'] * 1000:>13.0f} {d['cpu_ms_per_call'] * 1000:>7.0f} "
                          f"{a1['p50_ms']:>16.2f} {a1['p99_ms']:>7.2f} {a1['throughput_per_s']:>7.0f} "
                          f"{a1['cpu_ms_per_call']:>7.2f} {an['throughput_per_s']:>18.0f} {an['p99_ms']:>8.2f} "
                          f"{an['cpu_ms_per_call']:>7.2f}")

@@ -157,7 +157,8 @@ class ApprovalDesk:
                               "requester": record.requester},
                     "parents": [{"type": "Tenant", "id": record.tenant}]}
         entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
-                                    [(approver.principal.type, approver.principal.id)], [approval])
+                                    [(approver.principal.type, approver.principal.id)], [approval],
+                                    reach=bundle.approve_reach)
         request = {"principal": {"type": approver.principal.type, "id": approver.principal.id},
                    "action": {"type": "Action", "id": APPROVE_ACTION},
                    "resource": {"type": "Approval", "id": record.approval_id}, "context": {}}

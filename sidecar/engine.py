@@ -14,6 +14,7 @@ from jsonschema.exceptions import best_match
 
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
+from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.cedar_schema import project
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import call_digest
@@ -133,14 +134,17 @@ def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall
     """Static entities + the runtime's trusted entities, with the principal and the
     resource parented to the caller's tenant."""
     return trusted_entities(bundle, ctx.tenant, ctx.entities_json,
-                            [(ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)])
+                            [(ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)],
+                            reach=prepared.slice.policy_reach)
 
 
 def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
-                     extra: list[dict] = ()) -> cedarpy.Entities:
-    """Static entities + entities a trusted caller vouches for + `extra` built by the
-    sidecar itself. Every anchor (principal, resource) gets the tenant as a parent; no
-    supplied entity may name another tenant, define a tenant, or redefine a static entity."""
+                     extra: list[dict] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
+    """The static entities the request can reach + entities a trusted caller vouches for
+    + `extra` built by the sidecar itself. Every anchor (principal, resource) gets the
+    tenant as a parent; no supplied entity may name another tenant, define a tenant, or
+    redefine a static entity. `reach`: the static entities the policies to be evaluated
+    name, with all they lead to (ToolSlice.policy_reach)."""
     tenant = {"type": "Tenant", "id": tenant_id}
     by_uid = {}
     for entity in _supplied_entities(entities_json):
@@ -159,8 +163,14 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
         elif uid not in bundle.static_uids and uid not in synthesized and \
                 all(e["uid"] != {"type": uid[0], "id": uid[1]} for e in extra):
             synthesized.append(uid)
+    # Only what evaluation can reach of the static entities (bundle/entity_graph.py): a
+    # copy of all of them made each request cost more the longer entities.json grew.
+    seeds = {*anchors, ("Tenant", tenant_id)}
+    for entity in (*by_uid.values(), *extra):
+        seeds.update(entity_references(entity))
+    reach = reach | bundle.static_graph.closure(seeds)
     try:
-        entities = _anchored(bundle, tenant_id, tuple(synthesized))
+        entities = _anchored(bundle, tenant_id, tuple(synthesized), reach)
         if extra:
             entities = entities.with_added_json_str(json.dumps(list(extra)))
         if by_uid:
@@ -173,18 +183,18 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
 MAX_ANCHORED = 4096
 
 
-def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[tuple[str, str], ...]) -> cedarpy.Entities:
-    """The static entities plus an attribute-less entity in the tenant for each of `uids`
-    (anchors nobody described), cached on the bundle: a per-request clone of the static
-    entities is the largest part of building a request's entities."""
-    if not uids:
-        return bundle.static_entities
-    key = (tenant_id, uids)
+def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: frozenset[UID]) -> cedarpy.Entities:
+    """The static entities in `reach` plus an attribute-less entity in the tenant for
+    each of `uids` (anchors nobody described), cached on the bundle: calls of one
+    session repeat them, and parsing them is most of building a request's entities."""
+    key = (tenant_id, uids, reach)
     cached = bundle.anchored_entities.get(key)
     if cached is None:
         tenant = {"type": "Tenant", "id": tenant_id}
-        cached = bundle.static_entities.with_added_json_str(json.dumps(
-            [{"uid": {"type": t, "id": i}, "attrs": {}, "parents": [tenant]} for t, i in uids]))
+        cached = cedarpy.Entities.from_json_str(bundle.static_graph.entities_json(reach), schema=bundle.entity_schema)
+        if uids:
+            cached = cached.with_added_json_str(json.dumps(
+                [{"uid": {"type": t, "id": i}, "attrs": {}, "parents": [tenant]} for t, i in uids]))
         if len(bundle.anchored_entities) >= MAX_ANCHORED:
             bundle.anchored_entities.clear()  # bounded; a sweep of new principals just refills it
         bundle.anchored_entities[key] = cached

@@ -44,7 +44,8 @@ def test_every_measurement_is_reported(quick_run):
         ("noop", 1, 100, False), ("sidecar", 1, 100, True), ("sidecar", 2, 100, True)]
     for row in results["open_loop"]:
         assert LATENCY_FIELDS | {"achieved_send_per_s", "completed_per_s", "failed_calls"} <= set(row)
-    assert [row["policies"] for row in results["inproc"]] == [10, 40]
+    # Each size, then the middle one again with more static entities (a cost that must not grow either).
+    assert [(row["policies"], row["static_users"]) for row in results["inproc"]] == [(10, 0), (40, 0), (40, 200)]
     for row in results["inproc"]:
         assert row["decision"] == "ALLOW"
         assert LATENCY_FIELDS | {"cpu_ms_per_call"} <= set(row["decide"])

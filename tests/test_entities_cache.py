@@ -49,7 +49,7 @@ def test_cached_and_fresh_entities_decide_alike(bundle):
 
 def test_static_principals_are_not_synthesized(bundle):
     lookup(bundle, "acme", "bob")  # bob is in entities.json
-    [(tenant, uids)] = bundle.anchored_entities
+    [(tenant, uids, _reach)] = bundle.anchored_entities
     assert uids == (("Order", "ord_77"),)
 
 

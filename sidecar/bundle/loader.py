@@ -26,6 +26,7 @@ from sidecar.bundle.catalog import ENTITY_TYPE, Tool, load_catalog
 from sidecar.bundle.cedar_schema import (APPROVE_ACTION, CedarType, action_declarations, approval_declarations,
                                          context_type, input_type)
 from sidecar.bundle.context_reads import context_reads, narrowed
+from sidecar.bundle.entity_graph import UID, StaticGraph, references
 from sidecar.bundle.policies import PolicyInfo, build_infos, locate, parse_file, policy_set, split_policies
 from sidecar.errors import BundleError, Problem
 
@@ -43,6 +44,8 @@ class ToolSlice:
     context_type: CedarType
     enforcing: cedarpy.PolicySet | None  # None: no policy can apply, so the answer is deny
     shadow: cedarpy.PolicySet | None  # enforcing + @shadow policies, when there are any
+    # The static entities the slice's policies name, and all they lead to (entity_graph.py).
+    policy_reach: frozenset[UID] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,16 @@ class Bundle:
     policies: dict[str, PolicyInfo]
     schema_text: str
     schema: cedarpy.Schema = field(repr=False)
-    static_entities: cedarpy.Entities = field(repr=False)
+    static_graph: StaticGraph = field(repr=False)  # entities.json
     static_uids: frozenset[tuple[str, str]] = field(repr=False)
     approve: cedarpy.PolicySet | None = field(repr=False, default=None)  # who may approve
+    approve_reach: frozenset[UID] = field(repr=False, default=frozenset())  # as ToolSlice.policy_reach
     # The entity types without the generated tool actions: what per-request entities are
     # validated against, so that their cost does not grow with the number of tools.
     entity_schema: cedarpy.Schema | None = field(repr=False, default=None)
-    # The static entities plus the entities the sidecar synthesizes for a request's
-    # principal and resource, by (tenant, anchors): most calls of a session repeat them.
-    # engine.trusted_entities fills and bounds it.
+    # The static entities a request reaches plus the entities the sidecar synthesizes for
+    # its principal and resource, by (tenant, anchors, reach): most calls of a session
+    # repeat them. engine.trusted_entities fills and bounds it.
     anchored_entities: dict = field(repr=False, compare=False, default_factory=dict)
 
 
@@ -120,14 +124,14 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
         infos.extend(file_infos)
 
     entity_schema = cedarpy.Schema.from_str(user_schema + "\n" + prelude) if schema is not None else None
-    entities, uids = _load_entities(root / "entities.json", schema, entity_schema, problems)
+    graph = _load_entities(root / "entities.json", schema, entity_schema, problems)
     if problems:
         raise BundleError(problems)
-    slices = {name: _slice(tool, infos) for name, tool in tools.items()}
+    slices = {name: _slice(tool, infos, graph) for name, tool in tools.items()}
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
     return Bundle(root, version, time.time(), tuple(principal_types), slices,
-                  {i.policy_id: i for i in infos}, schema_text, schema, entities, uids,
-                  policy_set(approvers) if approvers else None, entity_schema)
+                  {i.policy_id: i for i in infos}, schema_text, schema, graph, graph.uids,
+                  policy_set(approvers) if approvers else None, _reach(graph, approvers), entity_schema)
 
 
 def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
@@ -192,27 +196,29 @@ def _validate(rel: str, parsed, schema: cedarpy.Schema, problems: list[Problem])
         problems.append(Problem(rel, message, line, col))
 
 
-def _load_entities(path: pathlib.Path, schema, entity_schema, problems: list[Problem]):
+def _load_entities(path: pathlib.Path, schema, entity_schema, problems: list[Problem]) -> StaticGraph:
     text = "[]"
     if path.exists():
         text = _read_text(path, "entities.json", problems) or "[]"
     try:
-        raw = json.loads(text)
-        uids = frozenset((e["uid"]["type"], e["uid"]["id"]) for e in raw)
-        if schema is None:
-            return cedarpy.Entities.from_json_str("[]"), uids
-        cedarpy.Entities.from_json_str(text, schema=schema)  # validated against the whole schema
-        # ...but kept without the tool action entities that parsing with it adds (one per
-        # tool): every request clones this set. Tool actions have no parents or attributes,
-        # so `action == ...` and `action in ...` evaluate the same without them.
-        entities = cedarpy.Entities.from_json_str(text, schema=entity_schema)
-        return entities, uids
+        graph = StaticGraph(json.loads(text))
+        if schema is not None:
+            cedarpy.Entities.from_json_str(text, schema=schema)  # validated against the whole schema
+            # Requests parse parts of it with `entity_schema` (engine.trusted_entities):
+            # the same check, without the generated tool actions.
+            cedarpy.Entities.from_json_str(text, schema=entity_schema)
+        return graph
     except (ValueError, KeyError, TypeError) as exc:
         problems.append(Problem("entities.json", f"invalid entities: {exc}"))
-        return cedarpy.Entities.from_json_str("[]"), frozenset()
+        return StaticGraph([])
 
 
-def _slice(tool: Tool, infos: list[PolicyInfo]) -> ToolSlice:
+def _reach(graph: StaticGraph, infos: list[PolicyInfo]) -> frozenset[UID]:
+    """The static entities these policies name (scopes and literals), with all they lead to."""
+    return graph.closure(uid for info in infos for uid in references(info.est))
+
+
+def _slice(tool: Tool, infos: list[PolicyInfo], graph: StaticGraph) -> ToolSlice:
     action = f"tool:{tool.name}"
     applicable = [i for i in infos if i.actions is None or action in i.actions]
     enforcing = [i for i in applicable if not i.shadow]
@@ -222,6 +228,7 @@ def _slice(tool: Tool, infos: list[PolicyInfo]) -> ToolSlice:
         context_type=narrowed(context_type(input_type(tool)), context_reads(i.est for i in applicable)),
         enforcing=policy_set(enforcing) if enforcing else None,
         shadow=policy_set(applicable) if shadow else None,
+        policy_reach=_reach(graph, applicable),
     )
 
 

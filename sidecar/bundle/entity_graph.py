@@ -1,0 +1,74 @@
+"""The static entities (entities.json) as a graph, so that a request is evaluated with the
+static entities it can reach instead of a copy of all of them.
+
+Every request used to get a clone of the whole static set, merged with the runtime's
+entities and checked against the schema as a whole: a cost per request that grew with
+entities.json (0.36 ms per 1,000 static entities here, docs/performance.md), and a
+cache of such clones that grew as fast. Cedar can only look at an entity it reaches from
+the request: the principal, the resource, an entity a policy names, and from any of
+those their parents (for `in`) and the entities their attributes and tags refer to. The
+closure of those over the static graph is all that evaluation can observe; the
+ancestors Cedar computes for an entity come from parents, which the closure follows,
+so they are the same too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+UID = tuple[str, str]
+
+
+def references(value: Any) -> Iterator[UID]:
+    """Every entity a JSON value names: any object with a string `type` and `id` (a
+    parent, an `__entity` escape, a reference typed by the schema, a policy's scope or
+    literal). Taking a plain record of that shape for a reference only keeps more."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            kind, name = item.get("type"), item.get("id")
+            if isinstance(kind, str) and isinstance(name, str):
+                yield kind, name
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def entity_references(entity: dict) -> Iterator[UID]:
+    """What one entity (Cedar's JSON form) leads to: its parents, and the entities its
+    attributes and tags refer to."""
+    return references([entity.get("parents", []), entity.get("attrs", {}), entity.get("tags", {})])
+
+
+class StaticGraph:
+    def __init__(self, entities: list[dict]):
+        self._json: dict[UID, dict] = {}
+        for entity in entities:
+            self._json[(entity["uid"]["type"], entity["uid"]["id"])] = entity
+        self._next = {uid: tuple({r for r in entity_references(e) if r in self._json and r != uid})
+                      for uid, e in self._json.items()}
+
+    def __len__(self) -> int:
+        return len(self._json)
+
+    @property
+    def uids(self) -> frozenset[UID]:
+        return frozenset(self._json)
+
+    def closure(self, seeds: Iterable[UID]) -> frozenset[UID]:
+        """The static entities reachable from `seeds` (those of them that are static
+        included)."""
+        seen: set[UID] = set()
+        stack = [s for s in seeds if s in self._json]
+        while stack:
+            uid = stack.pop()
+            if uid not in seen:
+                seen.add(uid)
+                stack.extend(self._next[uid])
+        return frozenset(seen)
+
+    def entities_json(self, uids: Iterable[UID]) -> str:
+        """Cedar's JSON of these static entities, in a fixed order."""
+        return json.dumps([self._json[uid] for uid in sorted(uids)])
