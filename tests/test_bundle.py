@@ -50,6 +50,25 @@ def test_misspelt_context_attribute_names_file_and_line(bundle_dir):
     assert any(p.startswith(f"refunds.cedar:{line}:{col}: ") and "amout_cents" in p for p in found), found
 
 
+def test_type_errors_are_found_and_placed_in_every_kind_of_scope(bundle_dir):
+    """Policies are validated in groups by the actions they name (one schema per group):
+    an error in each kind of group, in two files, is reported at its own place."""
+    (bundle_dir / "a.cedar").write_text(
+        '@id("any-action") forbid (principal, action, resource)\nwhen { principal.no_such_attr };\n\n'
+        '@id("two-tools") permit (principal, action in [Action::"tool:lookup_order", Action::"tool:issue_refund"],'
+        ' resource)\nwhen { context.input.order_idd == "x" };\n')
+    (bundle_dir / "b.cedar").write_text(
+        '// second file\n@id("one-tool") permit (principal, action == Action::"tool:measure_runtime", resource)\n'
+        'when { context.input.prototyp == "A" };\n\n'
+        '@id("approvers") permit (principal, action == Action::"approve", resource)\nwhen { resource.groupp == "x" };\n'
+        '@id("fine") permit (principal, action == Action::"tool:measure_runtime", resource);\n')
+    found = problems_of(bundle_dir)
+    for where, name in [("a.cedar:2:", "no_such_attr"), ("a.cedar:5:", "order_idd"), ("b.cedar:3:", "prototyp"),
+                        ("b.cedar:6:", "groupp")]:
+        assert any(p.startswith(where) and name in p for p in found), (where, found)
+    assert not any("fine" in p for p in found)
+
+
 def test_check_command_reports_the_misspelling(bundle_dir, capsys):
     path = bundle_dir / "refunds.cedar"
     path.write_text(path.read_text().replace("resource.refundable_cents", "resource.refundable_cent"))
@@ -139,3 +158,24 @@ def test_schema_command_prints_generated_actions(capsys):
     assert main(["schema", "policies"]) == 0
     out = capsys.readouterr().out
     assert 'action "tool:issue_refund"' in out and '"amount_cents": Long' in out and '"reason"?: String' in out
+
+
+def test_a_reload_does_not_check_an_unchanged_tool_schema_again(bundle_dir, monkeypatch):
+    from jsonschema import Draft202012Validator
+
+    import sidecar.bundle.catalog as catalog
+
+    monkeypatch.setattr(catalog, "_VALID_SCHEMAS", set())
+    checked = []
+    real = Draft202012Validator.check_schema
+    monkeypatch.setattr(Draft202012Validator, "check_schema",
+                        classmethod(lambda cls, schema, **kw: (checked.append(schema), real(schema, **kw))[1]))
+    load_bundle(bundle_dir)
+    first = len(checked)
+    assert first >= 3  # every tool's input schema, and the output schemas
+    load_bundle(bundle_dir)
+    assert len(checked) == first
+    edit_tool(bundle_dir, "lookup_order", lambda doc: doc["input_schema"]["properties"]["order_id"].update(type=5))
+    found = problems_of(bundle_dir)  # a changed schema is checked, and a bad one refused, every time
+    assert len(checked) == first + 1 and any("lookup_order" in p and "invalid JSON Schema" in p for p in found)
+    assert problems_of(bundle_dir) and len(checked) == first + 2

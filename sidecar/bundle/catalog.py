@@ -42,6 +42,11 @@ class Tool:
     validator: Draft202012Validator = field(repr=False, compare=False)
 
 
+# libyaml's safe loader when PyYAML has it (its wheels do): the same documents, about ten
+# times faster than the pure-Python one, which took 13 s of a 1,000-tool bundle's load.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, Tool]:
     tools: dict[str, Tool] = {}
     if not tools_dir.is_dir():
@@ -66,7 +71,7 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
 def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict | None:
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(Problem(rel, f"cannot read file: {exc}"))
         return None
@@ -135,7 +140,7 @@ def _check_schema(schema: Any, pointer: str, bad, *, required: bool) -> dict | N
         bad(f"{pointer}/$schema", f"the schema must declare `$schema: {DRAFT_2020_12}`")
         return None
     try:
-        Draft202012Validator.check_schema(schema)
+        _check_against_metaschema(schema)
     except jsonschema.SchemaError as exc:
         where = pointer + "".join(f"/{p}" for p in exc.path)
         bad(where, f"invalid JSON Schema: {exc.message}")
@@ -146,6 +151,23 @@ def _check_schema(schema: Any, pointer: str, bad, *, required: bool) -> dict | N
             bad(where, f"format `{fmt}` cannot be asserted by this sidecar; remove it or use `pattern`")
             return None
     return schema
+
+
+_VALID_SCHEMAS: set[str] = set()  # canonical texts of schemas that passed, in this process
+_MAX_VALID_SCHEMAS = 8192
+
+
+def _check_against_metaschema(schema: dict) -> None:
+    """Draft202012Validator.check_schema, remembered for schemas that passed: it costs
+    about 10 ms a schema, and a reload reads every tool again while it is mostly the
+    policies that changed."""
+    key = json.dumps(schema, sort_keys=True)
+    if key in _VALID_SCHEMAS:
+        return
+    Draft202012Validator.check_schema(schema)
+    if len(_VALID_SCHEMAS) >= _MAX_VALID_SCHEMAS:
+        _VALID_SCHEMAS.clear()
+    _VALID_SCHEMAS.add(key)
 
 
 def _formats(node: Any, pointer: str):

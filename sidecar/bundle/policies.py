@@ -45,42 +45,46 @@ class SourcePolicy:
     col: int
 
 
+# What the splitter looks at: a comment, a string (to its closing quote, or the end of the
+# file), a bracket, a `;`, or a run of anything else. A regex finds each in C; stepping
+# through the text a character at a time took 45 ms per file of 500 policies.
+_TOKENS = re.compile(r'//[^\n]*|"(?:[^"\\]|\\[\s\S])*"?|[(\[{]|[)\]}]|;|[^\s"/()\[\]{};]+|/')
+
+
 def split_policies(source: str) -> list[SourcePolicy]:
     """Top-level `;` ends a policy; brackets, strings and comments are skipped."""
-    out, depth, i, start = [], 0, 0, None
-    n = len(source)
-    while i < n:
-        ch = source[i]
-        if ch == "/" and source.startswith("//", i):
-            nl = source.find("\n", i)
-            i = n if nl < 0 else nl + 1
-            continue
-        if ch.isspace():
-            i += 1
+    out: list[SourcePolicy] = []
+    depth, start = 0, None
+    lines = _LineCounter(source)
+    for token in _TOKENS.finditer(source):
+        text = token.group()
+        if text.startswith("//"):
             continue
         if start is None:
-            start = i
-        if ch == '"':
-            i += 1
-            while i < n and source[i] != '"':
-                i += 2 if source[i] == "\\" else 1
-        elif ch in "([{":
+            start = token.start()
+        if text in "([{":
             depth += 1
-        elif ch in ")]}":
+        elif text in ")]}":
             depth -= 1
-        elif ch == ";" and depth == 0:
-            out.append(_located(source, start, i + 1))
+        elif text == ";" and depth == 0:
+            out.append(lines.located(start, token.end()))
             start = None
-        i += 1
     if start is not None:  # trailing text without `;`: let Cedar report it
-        out.append(_located(source, start, n))
+        out.append(lines.located(start, len(source)))
     return out
 
 
-def _located(source: str, start: int, end: int) -> SourcePolicy:
-    line = source.count("\n", 0, start) + 1
-    col = start - (source.rfind("\n", 0, start) + 1) + 1
-    return SourcePolicy(source[start:end], start, line, col)
+class _LineCounter:
+    """Line and column of increasing offsets, counting each newline once."""
+
+    def __init__(self, source: str):
+        self._source, self._offset, self._line = source, 0, 1
+
+    def located(self, start: int, end: int) -> SourcePolicy:
+        self._line += self._source.count("\n", self._offset, start)
+        self._offset = start
+        col = start - (self._source.rfind("\n", 0, start) + 1) + 1
+        return SourcePolicy(self._source[start:end], start, self._line, col)
 
 
 _BACKTICKED = re.compile(r"`([^`]+)`")
