@@ -29,8 +29,13 @@ def reads_of(*conditions: str):
     (["true"], {}),
     (["context.input.qty > 3"], {"input": {"qty": None}}),
     (['context["tenant"] == "acme"'], {"tenant": None}),
-    (["context has run && context.run.calls < 2"], {"run": None}),
+    (["context has run && context.run.calls < 2"], {"run": {"calls": None}}),
     (['context.input has note && context.input.note like "*x*"'], {"input": {"note": None}}),
+    # `has` asks only whether a value is there: a record is kept, emptied of what no one reads.
+    (["context has input.note"], {"input": {"note": {}}}),
+    (["context has run", "context.run.calls > 0"], {"run": {"calls": None}}),
+    (["context.run.calls > 0", "context has run"], {"run": {"calls": None}}),
+    (["context.run == {}", "context has run"], {"run": None}),
     (["context.input.qty > 3", 'context.input.region == "r0"', "context.run.tool_calls < 5"],
      {"input": {"qty": None, "region": None}, "run": {"tool_calls": None}}),
     # A part used as a whole value is kept whole, and covers reads below it.
@@ -52,6 +57,8 @@ def test_narrowing_keeps_only_what_is_read():
                             "run": (("Record", {"calls": ("Long", True)}), True)})
     assert narrowed(full, None) == full
     assert narrowed(full, {}) == ("Record", {})
+    assert narrowed(full, {"run": {}, "input": {"note": {}}}) == (
+        "Record", {"input": (("Record", {"note": ("String", False)}), True), "run": (("Record", {}), True)})
     # A read below a value that is not a record (a policy the validator would refuse)
     # keeps that value whole.
     assert narrowed(full, {"tenant": {"x": None}})[1]["tenant"] == ("String", True)
@@ -66,6 +73,9 @@ when { context.run.tool_calls >= 2 };
 
 @id("blocked-run") forbid (principal, action, resource)
 when { context has request_id && context.request_id == "run-blocked" };
+
+@id("measure-needs-a-run") forbid (principal, action == Action::"tool:measure_runtime", resource)
+unless { context has run && context.input has prototype };
 
 @id("shadow-purchase-outside-acme") @shadow
 forbid (principal, action == Action::"tool:issue_refund", resource)
@@ -87,6 +97,13 @@ def test_a_slice_sends_what_its_policies_read_and_no_more(bundle):
         "run": (("Record", {"tool_calls": ("Long", True)}), True)})
     # lookup_order's own policy reads no context; the unscoped `blocked-run` does.
     assert bundle.tools["lookup_order"].context_type == ("Record", {"request_id": ("String", True)})
+    # Only asked whether they are there: the record `run` is sent empty, a string whole.
+    assert bundle.tools["measure_runtime"].context_type == ("Record", {
+        "input": (("Record", {"prototype": ("String", True)}), True), "request_id": ("String", True),
+        "run": (("Record", {}), True)})
+
+
+MEASURE = b'{"prototype": "A", "metric": "runtime", "unit": "hours"}'
 
 
 def with_full_context(prepared: engine.PreparedCall) -> engine.PreparedCall:
@@ -111,9 +128,15 @@ def test_a_narrowed_context_decides_as_the_whole_one(bundle):
         narrow = engine.evaluate(bundle, ctx, prepared, run, ents)
         assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents)
         seen.add((narrow.decision, narrow.reasons, "shadow" in narrow.detail))
+        ctx = TrustedContext(tenant, Principal("User", principal), request_id)
+        prepared = engine.prepare(bundle, ctx, ProposedCall("c2", "measure_runtime", MEASURE))
+        ents = engine.request_entities(bundle, ctx, prepared)
+        narrow = engine.evaluate(bundle, ctx, prepared, run, ents)
+        assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents)
+        seen.add((narrow.decision, narrow.reasons, "shadow" in narrow.detail))
     # The cases reach every kind of answer, the shadow policy's disagreement included.
     decisions = {d for d, _, _ in seen}
     assert {d.value for d in decisions} == {"ALLOW", "DENY", "APPROVAL_REQUIRED"}
     assert any(shadowed for _, _, shadowed in seen)
     assert {r for _, reasons, _ in seen for r in reasons} >= {
-        "refund-fraud-note", "refund-third-in-run", "blocked-run", "refund-own-order-small"}
+        "refund-fraud-note", "refund-third-in-run", "blocked-run", "refund-own-order-small", "measure-any-user"}

@@ -10,7 +10,8 @@ slice names can therefore be left out without changing any answer, and a part a 
 names but the request lacks is absent either way. Anything this reader does not
 recognise counts as a use of the whole value it stands on: unknown means keep.
 
-A read set is a tree: `None` for "the whole value", or a dict of attribute -> read set.
+A read set is a tree: `None` for "the whole value", or a dict of attribute -> read set
+(an empty dict: only whether the value is there, which a record keeps as `{}`).
 """
 
 from __future__ import annotations
@@ -45,19 +46,24 @@ class _ReadSet:
     def __init__(self) -> None:
         self.tree: Reads = {}
 
-    def add(self, path: list[str]) -> None:
-        """The whole value at `path` (a list of attributes under `context`) is read."""
+    def add(self, path: list[str], whole: bool = True) -> None:
+        """The value at `path` (a list of attributes under `context`) is read: all of
+        it, or (`whole=False`) only whether it is there."""
         if self.tree is None:
             return
         if not path:
-            self.tree = None
+            if whole:
+                self.tree = None
             return
         node = self.tree
         for attr in path[:-1]:
             if attr in node and node[attr] is None:
                 return  # already read whole
             node = node.setdefault(attr, {})
-        node[path[-1]] = None
+        if whole:
+            node[path[-1]] = None
+        else:
+            node.setdefault(path[-1], {})
 
 
 def _path(expr: Any) -> list[str] | None:
@@ -89,8 +95,8 @@ def _visit(node: Any, reads: _ReadSet) -> None:
     test = node.get("has") if len(node) == 1 else None
     if isinstance(test, dict) and isinstance(test.get("attr"), str):
         base = _path(test.get("left"))
-        if base is not None:  # `context... has a`: whether `a` is there (kept whole)
-            reads.add(base + [test["attr"]])
+        if base is not None:  # `context... has a`: only whether `a` is there
+            reads.add(base + [test["attr"]], whole=False)
             return
     for value in node.values():
         _visit(value, reads)
