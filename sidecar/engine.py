@@ -168,7 +168,7 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     seeds = {*anchors, ("Tenant", tenant_id)}
     for entity in (*by_uid.values(), *extra):
         seeds.update(entity_references(entity))
-    reach = reach | bundle.static_graph.closure(seeds)
+    reach = bundle.static_graph.reach(reach, seeds)
     try:
         entities = _anchored(bundle, tenant_id, tuple(synthesized), reach)
         if extra:

@@ -94,7 +94,7 @@ def decisions(bundle) -> list[tuple]:
 
 def test_reached_entities_decide_as_all_of_them(bundle, monkeypatch):
     reached = decisions(bundle)
-    monkeypatch.setattr(StaticGraph, "closure", lambda self, seeds: self.uids)  # the old way: everything
+    monkeypatch.setattr(StaticGraph, "reach", lambda self, base, seeds: self.uids)  # the old way: everything
     bundle.anchored_entities.clear()
     assert reached == decisions(bundle)
     assert {d for *_, d, _r, _e in reached} == {Decision.ALLOW, Decision.DENY}
@@ -129,6 +129,19 @@ def test_the_closure_follows_parents_attributes_and_tags():
     assert graph.closure([("D", "d")]) == everything_but_f
     assert graph.closure([("F", "f")]) == {("F", "f")}
     assert graph.closure([]) == frozenset()
+
+
+def test_reach_adds_the_closure_of_static_seeds_to_a_closed_base():
+    graph = StaticGraph([
+        {"uid": {"type": "G", "id": "a"}, "attrs": {}, "parents": [{"type": "G", "id": "b"}]},
+        {"uid": {"type": "G", "id": "b"}, "attrs": {}, "parents": []},
+        {"uid": {"type": "G", "id": "c"}, "attrs": {}, "parents": []},
+    ])
+    base = graph.closure([("G", "c")])
+    assert graph.reach(base, [("U", "not-static"), ("G", "c")]) is base
+    assert graph.reach(base, [("G", "a")]) == {("G", "a"), ("G", "b"), ("G", "c")}
+    assert graph.reach(base, [("G", "a")]) is graph.reach(base, [("G", "a")])  # cached
+    assert graph.reach(frozenset(), []) == frozenset()
 
 
 def test_references_find_every_entity_a_value_names():

@@ -18,6 +18,7 @@ import json
 from typing import Any, Iterable, Iterator
 
 UID = tuple[str, str]
+MAX_CACHED_REACHES = 4096
 
 
 def references(value: Any) -> Iterator[UID]:
@@ -49,6 +50,7 @@ class StaticGraph:
             self._json[(entity["uid"]["type"], entity["uid"]["id"])] = entity
         self._next = {uid: tuple({r for r in entity_references(e) if r in self._json and r != uid})
                       for uid, e in self._json.items()}
+        self._reach_cache: dict[tuple[frozenset[UID], frozenset[UID]], frozenset[UID]] = {}
 
     def __len__(self) -> int:
         return len(self._json)
@@ -68,6 +70,20 @@ class StaticGraph:
                 seen.add(uid)
                 stack.extend(self._next[uid])
         return frozenset(seen)
+
+    def reach(self, base: frozenset[UID], seeds: Iterable[UID]) -> frozenset[UID]:
+        """`base` (already closed, as a slice's policy_reach is) plus the closure of
+        `seeds`. Cached by the static seeds: most requests bring none, or the same few."""
+        found = frozenset(s for s in seeds if s in self._json)
+        if found <= base:
+            return base
+        key = (base, found)
+        cached = self._reach_cache.get(key)
+        if cached is None:
+            if len(self._reach_cache) >= MAX_CACHED_REACHES:
+                self._reach_cache.clear()  # bounded; a sweep of new principals just refills it
+            cached = self._reach_cache[key] = base | self.closure(found)
+        return cached
 
     def entities_json(self, uids: Iterable[UID]) -> str:
         """Cedar's JSON of these static entities, in a fixed order."""
