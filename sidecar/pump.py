@@ -43,6 +43,7 @@ class DecisionPump:
         self._cond = threading.Condition()
         self._closed = False
         self._batches = 0
+        self._answered = 0
         self._thread = threading.Thread(target=self._run, name="decision-pump", daemon=True)
         self._thread.start()
 
@@ -59,8 +60,19 @@ class DecisionPump:
 
     @property
     def batches(self) -> int:
-        """Batches run so far (for tests and the benchmark)."""
+        """Batches run so far."""
         return self._batches
+
+    @property
+    def answered(self) -> int:
+        """Requests answered so far (a failed one included)."""
+        return self._answered
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet taken into a batch."""
+        with self._cond:
+            return len(self._jobs)
 
     def close(self) -> None:
         """Refuse new jobs; return once every queued job is answered."""
@@ -82,6 +94,7 @@ class DecisionPump:
                 log.error("decision batch failed", exc_info=exc)
                 answers = [StoreUnavailable("the decision could not be made") for _ in batch]
             self._batches += 1
+            self._answered += len(batch)
             self._deliver(batch, answers)
 
     def _answers(self, batch: list[_Job]) -> list[Any]:

@@ -64,7 +64,9 @@ class Sidecar:
         bundle = self.bundles.current
         return {"policy_version": bundle.version, "loaded_at": bundle.loaded_at,
                 "last_reload_error": self.reloader.last_error, "bundle_dir": str(bundle.directory),
-                "shadow_effects": self.authorizer.shadow_effects(), "reloads": self.reloader.reloads}
+                "shadow_effects": self.authorizer.shadow_effects(), "reloads": self.reloader.reloads,
+                "decisions": self.pump.answered, "decision_batches": self.pump.batches,
+                "decisions_waiting": self.pump.waiting}
 
     def close(self) -> None:
         """Drains the audit writer, signs a final checkpoint and closes the stores; a

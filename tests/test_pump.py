@@ -62,6 +62,34 @@ def test_requests_queued_while_the_pump_is_busy_share_one_batch_and_one_commit(s
     assert sidecar.ledger.get("acme", "c19").decision == "ALLOW"
 
 
+def test_the_pump_counts_what_it_answered_what_batches_and_what_waits(sidecar, pump):
+    hold, entered, release = held_first_batch(pump)
+    seen = {}
+
+    async def main():
+        first = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        rest = [asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id=f"c{i}"))))
+                for i in range(5)]
+        await asyncio.sleep(0)
+        seen["held"] = (pump.answered, pump.batches, pump.waiting)
+        release.set()
+        await asyncio.gather(first, *rest, return_exceptions=True)
+
+    asyncio.run(main())
+    assert seen["held"] == (0, 0, 5)
+    assert (pump.answered, pump.batches, pump.waiting) == (6, 2, 0)
+
+
+def test_get_status_reports_the_answering_workers_pump(stub):
+    for i in range(3):
+        stub.Authorize(make_request(call_id=f"s{i}"))
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+    status = stub.GetStatus(pb.GetStatusRequest())
+    assert status.decisions == 3 and 1 <= status.decision_batches <= 3 and status.decisions_waiting == 0
+
+
 def test_a_bad_request_in_a_batch_fails_alone(sidecar, pump):
     async def main():
         good = pump.answer(plan_for(sidecar, make_request(call_id="good")))

@@ -91,4 +91,5 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         return pb.GetStatusResponse(
             policy_version=status["policy_version"], loaded_at=timestamp(status["loaded_at"]),
             last_reload_error=status["last_reload_error"], bundle_dir=status["bundle_dir"],
-            shadow_effects=status["shadow_effects"], reloads=status["reloads"])
+            shadow_effects=status["shadow_effects"], reloads=status["reloads"], decisions=status["decisions"],
+            decision_batches=status["decision_batches"], decisions_waiting=status["decisions_waiting"])

@@ -173,7 +173,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads")
+    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads", "decisions", "decision_batches", "decisions_waiting")
     class ShadowEffectsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -187,10 +187,16 @@ class GetStatusResponse(_message.Message):
     BUNDLE_DIR_FIELD_NUMBER: _ClassVar[int]
     SHADOW_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     RELOADS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
     policy_version: str
     loaded_at: _timestamp_pb2.Timestamp
     last_reload_error: str
     bundle_dir: str
     shadow_effects: _containers.ScalarMap[str, int]
     reloads: int
-    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ...) -> None: ...
+    decisions: int
+    decision_batches: int
+    decisions_waiting: int
+    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ...) -> None: ...
