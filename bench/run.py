@@ -108,6 +108,9 @@ class Bench:
         tools = bundles.tool_count(policies or self.default_size)
         max_calls = self.plan.verify_tokens.get(concurrency, self.plan.max_calls) if rpc == "verify" \
             else self.plan.max_calls
+        # How many calls shared a batch (and so a commit): one process only, as GetStatus
+        # answers for the worker it reaches.
+        pump_before = servers.pump_counts(server.address) if label == "sidecar" and workers == 1 else None
         result = load.closed_loop(server.address, rpc=rpc, concurrency=concurrency,
                                   procs=self._procs_for(concurrency), duration=self.plan.duration, tools=tools,
                                   prefix=f"{label.replace(' ', '')}{concurrency}{rpc[0]}{time.monotonic_ns() % 10**6}",
@@ -120,10 +123,14 @@ class Bench:
                "calls": result.timed_ok, "throughput_per_s": result.timed_ok / result.seconds,
                "server_cpu_ms_per_call": result.server_cpu_seconds * 1e3 / max(result.timed_ok, 1),
                **stats.latency_summary(result.latencies_ns), "errors": dict(result.errors)}
+        if pump_before is not None:
+            decisions, batches = (now - then for now, then in zip(servers.pump_counts(server.address), pump_before))
+            row["calls_per_batch"] = decisions / max(batches, 1)
         self.results.runs.append(row)
         log(f"{label:8s} {rpc:9s} policies={policies} workers={workers} c={concurrency}: "
             f"{row['throughput_per_s']:.0f}/s p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
             f"server CPU {row['server_cpu_ms_per_call']:.2f} ms/call"
+            + (f", {row['calls_per_batch']:.1f} calls/batch" if "calls_per_batch" in row else "")
             + (f" errors {row['errors']}" if row["errors"] else ""))
         return row
 
@@ -335,11 +342,12 @@ def render(results: Results) -> str:
              f"Python {m['python']}, grpcio {m['versions'].get('grpcio', '?')}, data on {m['data_filesystem'] or '?'}",
              "", "closed loop (decisions/s over the timed phase; latency per call and server CPU per call, ms)",
              f"{'server':8} {'rpc':9} {'policies':>8} {'workers':>7} {'in flight':>9} {'calls':>7} "
-             f"{'per s':>8} {'p50':>7} {'p99':>8} {'p99.9':>8} {'srv CPU/call':>12}  errors"]
+             f"{'per s':>8} {'p50':>7} {'p99':>8} {'p99.9':>8} {'srv CPU/call':>12} {'per batch':>9}  errors"]
     for r in results.runs:
+        per_batch = _f(r["calls_per_batch"], 1) if "calls_per_batch" in r else "-"
         lines.append(f"{r['server']:8} {r['rpc']:9} {_f(r['policies']):>8} {r['workers']:>7} {r['concurrency']:>9} "
                      f"{r['calls']:>7} {r['throughput_per_s']:>8.0f} {_f(r['p50_ms']):>7} {_f(r['p99_ms']):>8} "
-                     f"{_f(r['p999_ms']):>8} {_f(r['server_cpu_ms_per_call']):>12}  "
+                     f"{_f(r['p999_ms']):>8} {_f(r['server_cpu_ms_per_call']):>12} {per_batch:>9}  "
                      f"{json.dumps(r['errors']) if r['errors'] else '-'}")
     if results.open_loop:
         lines += ["", "open loop Authorize (latency from each call's due time, ms; server CPU in cores and ms per "

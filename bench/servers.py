@@ -270,6 +270,19 @@ def start_workers(config_file: str, workers: int, *, start_timeout: float = 300,
     return RunningServer("workers", port, popen.pid, {"workers": workers, "log": lines}, _popen=popen)
 
 
+def pump_counts(address: str) -> tuple[int, int]:
+    """(decisions answered, batches) of the decision pump of the sidecar process that
+    answers GetStatus at `address` (with workers: one of them)."""
+    import grpc
+
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        status = pb_grpc.ToolAuthorizerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
+    return status.decisions, status.decision_batches
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))

@@ -40,6 +40,8 @@ def test_every_measurement_is_reported(quick_run):
         assert LATENCY_FIELDS | {"throughput_per_s", "calls", "errors", "client_procs", "server_cpu_ms_per_call"} \
             <= set(row)
         assert row["calls"] > 0 and not row["errors"], row
+        if (row["server"], row["workers"]) == ("sidecar", 1):  # GetStatus of the one pump
+            assert 1 <= row["calls_per_batch"] <= row["concurrency"], row
     assert [(o["server"], o["workers"], o["offered_per_s"], o["target"]) for o in results["open_loop"]] == [
         ("noop", 1, 100, False), ("sidecar", 1, 100, True), ("sidecar", 2, 100, True)]
     for row in results["open_loop"]:
