@@ -42,8 +42,8 @@ class Tool:
     validator: Draft202012Validator = field(repr=False, compare=False)
 
 
-# libyaml's safe loader when PyYAML has it (its wheels do): the same documents, about ten
-# times faster than the pure-Python one, which took 13 s of a 1,000-tool bundle's load.
+# libyaml's safe loader when PyYAML has it (its wheels do): the same documents, 0.5 s
+# instead of 3.5 s for the 1,000 tool files of the benchmark's largest bundle.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
