@@ -71,8 +71,8 @@ class SqliteApprovals(SqliteDatabase):
                     r.reason, r.token, r.token_jti, r.token_expires_at))
 
     def get(self, approval_id: str) -> ApprovalRecord | None:
-        with self.transaction(immediate=False) as db:
-            row = db.execute(f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)).fetchone()
+        row = self.read(lambda db: db.execute(
+            f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)).fetchone())
         return _record(row) if row else None
 
     def list(self, *, tenant="", status="", group="", now: float, limit=100) -> list[ApprovalRecord]:
@@ -94,8 +94,7 @@ class SqliteApprovals(SqliteDatabase):
             args.append(status)
         sql = f"SELECT {_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
               "ORDER BY approval_id DESC LIMIT ?"
-        with self.transaction(immediate=False) as db:
-            rows = db.execute(sql, (*args, limit)).fetchall()
+        rows = self.read(lambda db: db.execute(sql, (*args, limit)).fetchall())
         return [_record(r).as_of(now) for r in rows]
 
     def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None,

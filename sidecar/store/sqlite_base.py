@@ -174,21 +174,19 @@ class SqliteDatabase:
         return conn
 
     @contextmanager
-    def transaction(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
-        if immediate:
-            try:
-                self._write_lock.__enter__()
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
-            try:
-                with self._transaction(True) as conn:
-                    yield conn
-            finally:
-                self._write_lock.__exit__()
-            sync_log(self._path, self._label)  # committed: durable before anyone is answered
-        else:
-            with self._transaction(False) as conn:
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE under the write lock), durable on exit.
+        Reads go through `read`."""
+        try:
+            self._write_lock.__enter__()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
+        try:
+            with self._immediate() as conn:
                 yield conn
+        finally:
+            self._write_lock.__exit__()
+        sync_log(self._path, self._label)  # committed: durable before anyone is answered
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """One read statement (or several that need not agree), in autocommit: no
@@ -199,10 +197,10 @@ class SqliteDatabase:
             raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
 
     @contextmanager
-    def _transaction(self, immediate: bool) -> Iterator[sqlite3.Connection]:
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
         try:
             conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
             except BaseException:
