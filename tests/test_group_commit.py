@@ -222,3 +222,11 @@ def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(tmp_path):
         ledger.close()
         audit.close()
         bare.close()
+
+
+def test_a_recorded_outcome_returns_the_row_as_stored(ledger):
+    ledger.reserve(entry("c1"))
+    returned = ledger.record_outcome("acme", "c1", "failed", "E_TIMEOUT", "ab" * 32, 12.5)
+    assert returned == ledger.get("acme", "c1")
+    assert (returned.outcome, returned.outcome_at, returned.extra) == (
+        "failed", 12.5, {"error_code": "E_TIMEOUT", "output_digest": "ab" * 32})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
@@ -212,7 +213,8 @@ class SqliteLedger(SqliteDatabase):
         extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
         db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
                    (op.status, op.now, json.dumps(extra), op.tenant, op.call_id))
-        entry = self._get(db, op.tenant, op.call_id)
+        # What that row now holds, without reading it back.
+        entry = replace(entry, outcome=op.status, outcome_at=op.now, extra=extra)
         if op.audit is not None:
             self._audit.append_in(db, [op.audit(entry)])
         return entry
