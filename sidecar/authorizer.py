@@ -169,29 +169,28 @@ class Authorizer:
                 if verdict.decision is Decision.ALLOW and wanted else None
             return _Draft(counts, verdict, token, gone=not wanted)
 
-        drafts: list[_Draft] = []
+        latest: list[tuple[_Draft, RecordedDecision]] = []  # the last draft and what it records
         approvals: list[ApprovalRecord] = []  # one approval id however often `decide` runs
-        recorded: dict[int, RecordedDecision] = {}  # by id of its draft (kept alive in `drafts`)
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision:
             # Called by the ledger before its transaction on the counts it expects, then
             # in it on the counts that hold: Cedar, the signature and the audit event are
             # made again only if they differ. The row, the token's jti, the approval a
             # policy asks for and the audit record commit together.
-            current = drafts[-1] if drafts else None
+            previous = latest[0][0] if latest else None
+            current = previous
             if current is None or current.counts != (calls, tool_calls):
                 current = draft((calls, tool_calls))
             elif current.token is not None and not still_wanted():
                 current = _Draft(current.counts, current.verdict, None, gone=True)
-            drafts.append(current)
-            if id(current) not in recorded:
-                recorded[id(current)] = self._recorded(ctx, call.call_id, prepared, current, base, approvals)
-            return recorded[id(current)]
+            if current is not previous:
+                latest[:] = [(current, self._recorded(ctx, call.call_id, prepared, current, base, approvals))]
+            return latest[0][1]
 
         def finish(reservation: Reservation) -> AuthorizeResult:
             if reservation.existing is not None:
                 return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-            verdict, token = drafts[-1].verdict, drafts[-1].token
+            verdict, token = latest[0][0].verdict, latest[0][0].token
             self._count_shadow(bundle, verdict)
             approval_id = approvals[0].approval_id if verdict.decision is Decision.APPROVAL_REQUIRED else ""
             return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
