@@ -72,17 +72,17 @@ def inproc_main(spec: dict, out_q) -> None:
     """Process target. spec: bundle, data_dir, calls, threads (list), tools, profile (bool)."""
     logging.basicConfig(level=logging.ERROR)
     from bench.load import exit_with_parent
-    from sidecar.config import Settings
     from sidecar.engine import decide
+    from sidecar.server.config import Settings
 
     exit_with_parent(spec["parent"])
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     out: dict[str, Any] = {}
     try:
         car = build_sidecar(Settings(bundle=spec["bundle"], data_dir=spec["data_dir"], listen="127.0.0.1:0",
                                      tokens={"lifetime_seconds": 600}))
-        from sidecar.heap import keep_bundles_frozen
+        from sidecar.server.heap import keep_bundles_frozen
 
         keep_bundles_frozen(car)  # as a serving process does
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
@@ -188,7 +188,7 @@ def _profile(car, tools: int, count: int) -> dict:
     one call at a time; one audit commit is also timed alone."""
     import cProfile
 
-    from sidecar.server import create_server  # noqa: F401 - the same modules the server loads
+    from sidecar.server.build import create_server  # noqa: F401 - the same modules the server loads
 
     service = _service(car)
     requests = _requests(count, tools, "prof")
@@ -232,7 +232,7 @@ STAGES = [
     ("  fsync of the log, after the lock", "sidecar/store/sqlite_base.py", "sync_log"),
     ("Cedar evaluate", "sidecar/engine.py", "evaluate"),
     ("  cedarpy.is_authorized", "cedarpy/__init__.py", "is_authorized"),
-    ("token issue (PASETO, Ed25519)", "sidecar/tokens.py", "issue"),
+    ("token issue (PASETO, Ed25519)", "sidecar/tokens/issue.py", "issue"),
     ("audit event build (AuditEvent)", "sidecar/audit/records.py", "__post_init__"),
     ("audit write (group commit, this thread)", "sidecar/audit/writer.py", "write"),
     ("ULID", "sidecar/authorizer.py", "new_id"),

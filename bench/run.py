@@ -9,7 +9,7 @@ Measured (closed loop: N calls in flight from separate client processes):
   noop        a ToolAuthorizer servicer returning canned responses of realistic size
   sidecar     build_sidecar + create_server: validation, Cedar, ledger, token, audit commit
   Verify      tokens minted by Authorize before the timed phase, each verified once
-  workers     `python -m sidecar.workers --workers N` (SO_REUSEPORT), against N no-op servers
+  workers     `python -m sidecar.server.workers --workers N` (SO_REUSEPORT), against N no-op servers
   in-process  Authorizer.authorize called directly, and engine.decide alone
   open loop   Authorize at a fixed offered rate, latency from each call's due time
 and then the audit trail of every sidecar is checked: one record per response.
@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import bundles, inproc, load, servers, stats  # noqa: E402
-from sidecar.config import DATABASE_FILE  # noqa: E402
+from sidecar.server.config import DATABASE_FILE  # noqa: E402
 
 PHASES = frozenset({"noop", "sidecar", "workers", "inproc"})
 TARGET_THROUGHPUT_RATIO = 0.5

@@ -3,7 +3,7 @@
 * `noop`: a servicer for the same ToolAuthorizer service that returns canned responses
   of realistic size (a real PASETO token, a ULID, a digest): the transport floor.
 * `sidecar`: the real thing, `build_sidecar` + `create_server` on a temporary data dir.
-* `workers`: `python -m sidecar.workers` (N processes sharing one port).
+* `workers`: `python -m sidecar.server.workers` (N processes sharing one port).
 
 Every server stops when told to, when its parent dies, and after `max_seconds` at most.
 """
@@ -58,8 +58,8 @@ def _serve_until_stopped(conn, stop: threading.Event) -> None:
 def canned_responses() -> tuple[bytes, bytes]:
     """An AuthorizeResponse and a VerifyResponse the size of real ones (serialized)."""
     import pyseto
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from pyseto import Key
     from ulid import ULID
 
@@ -128,9 +128,9 @@ def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, pare
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    from sidecar.config import Settings
-    from sidecar.heap import keep_bundles_frozen
-    from sidecar.server import build_sidecar, create_server
+    from sidecar.server.build import build_sidecar, create_server
+    from sidecar.server.config import Settings
+    from sidecar.server.heap import keep_bundles_frozen
 
     stop = threading.Event()
     _watchdog(stop, max_seconds, parent)
@@ -227,7 +227,7 @@ def start_sidecar(settings: dict[str, Any], *, max_seconds: float = DEFAULT_MAX_
     return _start_process("sidecar", sidecar_server_main, (settings, max_seconds, os.getpid()), start_timeout)
 
 
-# `python -m sidecar.workers`, plus a watchdog: SIGTERM (a clean stop) when the benchmark
+# `python -m sidecar.server.workers`, plus a watchdog: SIGTERM (a clean stop) when the benchmark
 # is gone or the time is up.
 _WORKERS_LAUNCHER = """
 import os, signal, sys, threading, time
@@ -237,14 +237,14 @@ def watch():
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=watch, daemon=True).start()
-from sidecar.workers import main
+from sidecar.server.workers import main
 sys.exit(main(sys.argv[3:]))
 """
 
 
 def start_workers(config_file: str, workers: int, *, start_timeout: float = 300,
                   max_seconds: float = DEFAULT_MAX_SECONDS) -> RunningServer:
-    """The multi-process sidecar (`sidecar.workers`), as an operator runs it."""
+    """The multi-process sidecar (`sidecar.server.workers`), as an operator runs it."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     popen = subprocess.Popen(

@@ -14,8 +14,8 @@ OUT_DIR = ROOT / "sidecar" / "proto"
 
 
 def generate(out_dir: pathlib.Path) -> None:
-    from grpc_tools import protoc
     import grpc_tools
+    from grpc_tools import protoc
 
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     files = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 import cedarpy
 from ulid import ULID
 
 from sidecar.audit.records import AuditEvent
+from sidecar.audit.sink import AuditSink
+from sidecar.bundle import BundleHolder
 from sidecar.bundle.cedar_schema import APPROVE_ACTION
 from sidecar.clock import Clock
 from sidecar.engine import PreparedCall, trusted_entities
@@ -38,10 +40,10 @@ def short_code(digest: str) -> str:
 
 @dataclass
 class ApprovalDesk:
-    bundles: "BundleHolder"  # noqa: F821 - sidecar.authorizer.BundleHolder; avoids an import cycle
+    bundles: BundleHolder
     store: ApprovalStore
     issuer: TokenIssuer
-    audit: "AuditSink"  # noqa: F821
+    audit: AuditSink
     clock: Clock
     ttl_seconds: float = 900.0
 

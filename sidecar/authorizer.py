@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ulid import ULID
 
 from sidecar.approvals import ApprovalDesk
 from sidecar.audit.records import AuditEvent
-from sidecar.bundle import Bundle
+from sidecar.audit.sink import AuditSink
+from sidecar.bundle import Bundle, BundleHolder
 from sidecar.bundle.catalog import resolve_pointer
 from sidecar.clock import Clock
 from sidecar.digest import call_digest
@@ -24,30 +26,24 @@ from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_e
 from sidecar.errors import InputError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.approvals import ApprovalRecord
-from sidecar.store.ledger import (OUTCOMES, AppendAudit, CallEntry, CallLedger, ConsumeToken, LedgerOp,
-                                  RecordedDecision, RecordOutcome, ReserveCall, Reservation, only_result)
+from sidecar.store.ledger import (
+    OUTCOMES,
+    AppendAudit,
+    CallEntry,
+    CallLedger,
+    ConsumeToken,
+    LedgerOp,
+    RecordedDecision,
+    RecordOutcome,
+    Reservation,
+    ReserveCall,
+    only_result,
+)
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
 MAX_VERIFY_INPUT_BYTES = 1 << 20
 T = TypeVar("T")
-
-
-class BundleHolder:
-    """The current bundle. A reload swaps the reference; a request reads it once, so it
-    finishes on the version it started with."""
-
-    def __init__(self, bundle: Bundle):
-        self._bundle = bundle
-        self._lock = threading.Lock()
-
-    @property
-    def current(self) -> Bundle:
-        return self._bundle
-
-    def swap(self, bundle: Bundle) -> None:
-        with self._lock:
-            self._bundle = bundle
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,7 @@ class Authorizer:
     ledger: CallLedger
     issuer: TokenIssuer
     verifier: TokenVerifier
-    audit: "AuditSink"
+    audit: AuditSink
     clock: Clock
     approvals: ApprovalDesk | None = None
     # A replayed call gets a fresh token only this long after its decision (or approval),
@@ -108,11 +104,11 @@ class Authorizer:
 
     # -- running plans -----------------------------------------------------------------
 
-    def run(self, plan: "Plan[T]") -> T:
+    def run(self, plan: Plan[T]) -> T:
         """One request's plan: its write, then its answer (or the exception)."""
         return only_result(self.run_many([plan]))
 
-    def run_many(self, plans: "Sequence[Plan]") -> list:
+    def run_many(self, plans: Sequence[Plan]) -> list:
         """Many requests' plans, their writes sharing the ledger's commits; each one's
         answer or the exception it failed with, in order, so that one bad request never
         fails the others."""
@@ -141,7 +137,7 @@ class Authorizer:
         return self.run(self.plan_authorize(ctx, call, still_wanted))
 
     def plan_authorize(self, ctx: TrustedContext, call: ProposedCall,
-                       still_wanted: Callable[[], bool] = lambda: True) -> "Plan[AuthorizeResult]":
+                       still_wanted: Callable[[], bool] = lambda: True) -> Plan[AuthorizeResult]:
         """Everything of `authorize` up to its ledger write: checks, validation and the
         decision's inputs. The decision itself is made by the ledger's `decide` call."""
         ctx.check()
@@ -200,7 +196,7 @@ class Authorizer:
                           self.clock.now())
         return Plan(ReserveCall(entry, decide), finish)
 
-    def _recorded(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, draft: "_Draft", base: dict,
+    def _recorded(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, draft: _Draft, base: dict,
                   approvals: list[ApprovalRecord]) -> RecordedDecision:
         """What the ledger stores of a draft: the row's decision, the approval it opens
         (made once per call, into `approvals`) and its audit event."""
@@ -270,7 +266,7 @@ class Authorizer:
     def verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> VerifyResult:
         return self.run(self.plan_verify(token, ctx, call))
 
-    def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> "Plan[VerifyResult]":
+    def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> Plan[VerifyResult]:
         ctx.check()
         call.check()
         base = dict(kind="verify", request_id=ctx.request_id, call_id=call.call_id, tenant=ctx.tenant,
@@ -301,7 +297,7 @@ class Authorizer:
         return self.run(self.plan_report_outcome(ctx, call_id, status, error_code, output_digest))
 
     def plan_report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
-                            output_digest: str = "") -> "Plan[OutcomeResult]":
+                            output_digest: str = "") -> Plan[OutcomeResult]:
         """The outcome and its audit record commit together: a call never shows an outcome
         the audit trail lacks (NotFoundError for another principal's call)."""
         ctx.check()
@@ -369,9 +365,3 @@ class _Draft:
 def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:
     """A verdict's errors as the ledger stores them."""
     return tuple((e.code, e.message) for e in verdict.errors)
-
-
-class AuditSink:
-    """What the authorizer needs of the audit trail: write one event, return once committed."""
-
-    def write(self, event: AuditEvent): ...

@@ -14,8 +14,8 @@ from jsonschema.exceptions import best_match
 
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
-from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.cedar_schema import project
+from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import call_digest
 from sidecar.errors import InputError, RequestError

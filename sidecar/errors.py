@@ -69,7 +69,7 @@ class StoreUnavailable(ToolAuthzError):
     """The store cannot be reached or written: every caller must deny."""
 
     @classmethod
-    def caused_by(cls, cause: BaseException) -> "StoreUnavailable":
+    def caused_by(cls, cause: BaseException) -> StoreUnavailable:
         """A new instance per caller: one instance raised in many threads (or coroutines)
         would share, and garble, one traceback."""
         error = cls(str(cause))

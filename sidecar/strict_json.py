@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from itertools import accumulate
-from typing import Callable
 
 from sidecar.errors import InputError
 

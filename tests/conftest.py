@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sidecar.clock import FrozenClock
-from sidecar.config import Settings
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.server.config import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE_BUNDLE = ROOT / "policies"
@@ -43,7 +43,7 @@ def settings(tmp_path, bundle_dir) -> Settings:
 
 @pytest.fixture
 def sidecar(settings, clock):
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     car = build_sidecar(settings, clock=clock)
     yield car
@@ -52,7 +52,7 @@ def sidecar(settings, clock):
 
 @pytest.fixture
 def server(sidecar):
-    from sidecar.server import create_server
+    from sidecar.server.build import create_server
 
     srv, port = create_server(sidecar, "127.0.0.1:0")
     yield srv, port

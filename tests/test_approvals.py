@@ -7,10 +7,10 @@ import threading
 
 import grpc
 import pytest
-
 from conftest import make_request, verify_request
+
 from sidecar.audit.store import AuditQuery
-from sidecar.cli import main
+from sidecar.cli.main import main
 from sidecar.errors import StoreUnavailable
 from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -267,7 +267,7 @@ def test_cli_approve_and_refused_self_approval(stub, server, capsys):
 
 
 def test_approvals_can_listen_on_their_own_address(sidecar):
-    from sidecar.server import create_approvals_server, create_server
+    from sidecar.server.build import create_approvals_server, create_server
 
     main_srv, main_port = create_server(sidecar, "127.0.0.1:0", approvals_address="127.0.0.1:0")
     appr_srv, appr_port = create_approvals_server(sidecar, "127.0.0.1:0")

@@ -12,11 +12,19 @@ import sqlite3
 import pyseto
 import pytest
 import rfc8785
-
 from conftest import key_pair
+
 from sidecar.audit import (
-    GENESIS_HASH, AuditEvent, AuditRecord, CheckpointError, SqliteAuditLog, canonical_body,
-    record_hash, sign_checkpoint, verify_chain, verify_checkpoint,
+    GENESIS_HASH,
+    AuditEvent,
+    AuditRecord,
+    CheckpointError,
+    SqliteAuditLog,
+    canonical_body,
+    record_hash,
+    sign_checkpoint,
+    verify_chain,
+    verify_checkpoint,
 )
 from sidecar.audit.checkpoint import PURPOSE
 from sidecar.audit.records import chain

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-from pathlib import Path
 from dataclasses import fields as dataclass_fields
+from pathlib import Path
 
 import pyseto
 import pytest

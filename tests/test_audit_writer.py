@@ -5,10 +5,15 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from conftest import key_pair
+
 from sidecar.audit import (
-    AuditEvent, AuditQuery, AuditWriter, Checkpointer, SqliteAuditLog, verify_chain,
+    AuditEvent,
+    AuditQuery,
+    AuditWriter,
+    Checkpointer,
+    SqliteAuditLog,
+    verify_chain,
     verify_checkpoint,
 )
 from sidecar.clock import FrozenClock

@@ -9,10 +9,10 @@ import threading
 
 import grpc
 import pytest
-
 from conftest import make_request, order_entity
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+
 from sidecar.audit.store import AuditQuery
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 
 def error_codes(response) -> list[str]:
@@ -111,8 +111,8 @@ def test_bad_input_is_a_clear_deny_and_the_server_keeps_serving(stub, raw):
 
 
 def test_message_above_the_grpc_limit_is_refused(settings, clock):
-    from sidecar.server import build_sidecar, create_server
     from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from sidecar.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings.model_copy(update={"max_message_bytes": 64 * 1024}), clock=clock)
     srv, port = create_server(car, "127.0.0.1:0")
@@ -166,7 +166,7 @@ def test_trusted_entities_cannot_reach_another_tenant_or_break_the_schema(stub, 
 def test_resource_is_always_inside_the_callers_tenant(bundle_dir, settings, clock):
     """A policy that requires the resource to be in the principal's tenant holds even when
     the argument names an order the runtime did not supply."""
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     (bundle_dir / "orders.cedar").write_text(
         '@id("same-tenant") permit (principal, action == Action::"tool:lookup_order", resource)\n'
@@ -234,7 +234,7 @@ def test_per_run_limit_holds_under_concurrent_calls(stub, sidecar):
 
 def test_policies_see_run_counters(bundle_dir, settings, clock):
     from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     (bundle_dir / "loops.cedar").write_text(
         '@id("two-measurements-per-run") forbid (principal, action == Action::"tool:measure_runtime", resource)\n'
@@ -252,7 +252,7 @@ def test_policies_see_run_counters(bundle_dir, settings, clock):
 
 def test_a_forbid_that_errors_never_lets_a_permit_through(bundle_dir, settings, clock):
     from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     (bundle_dir / "overflow.cedar").write_text(
         '@id("overflowing-forbid") forbid (principal, action == Action::"tool:issue_refund", resource)\n'
@@ -321,7 +321,7 @@ def test_a_decision_under_replaced_policies_is_not_re_tokenized(stub, sidecar, b
 
 def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
     from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     (bundle_dir / "schema.cedarschema").write_text((bundle_dir / "schema.cedarschema").read_text()
                                                    + "\nentity Ticket in [Tenant];\n")

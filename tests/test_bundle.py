@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from sidecar.bundle import load_bundle
-from sidecar.cli import main
+from sidecar.cli.main import main
 from sidecar.errors import BundleError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sidecar.cli import main
+from sidecar.cli.main import main
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -10,10 +10,17 @@ from concurrent import futures
 
 import grpc
 import pytest
-
 from conftest import order_entity
-from sidecar.client import (AsyncAuthzClient, AuthzClient, OfflineVerifier, Principal, ProposedCall,
-                            RetryPolicy, TrustedContext)
+
+from sidecar.client import (
+    AsyncAuthzClient,
+    AuthzClient,
+    OfflineVerifier,
+    Principal,
+    ProposedCall,
+    RetryPolicy,
+    TrustedContext,
+)
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.audit.sqlite import SqliteAuditLog
-from sidecar.config import DATABASE_FILE
+from sidecar.server.config import DATABASE_FILE
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.store.sqlite_base import WriteLock
 from sidecar.store.sqlite_ledger import SqliteLedger
@@ -106,7 +106,7 @@ def test_a_data_directory_of_the_two_file_layout_is_refused(settings, clock):
     """Starting on a fresh database beside an old ledger would forget which tokens were
     spent, and start a second audit chain."""
     from sidecar.errors import StoreUnavailable
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     (settings.data_dir / "ledger.db").write_bytes(b"")
@@ -122,8 +122,8 @@ def test_a_disk_that_refuses_the_sync_means_no_token(sidecar, stub, monkeypatch)
     import os
 
     import grpc
-
     from conftest import make_request
+
     from sidecar.errors import StoreUnavailable
     from sidecar.store.sqlite_base import sync_log
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import EXAMPLE_BUNDLE
+
 import sidecar.engine as engine
 from sidecar.bundle import load_bundle
 from sidecar.model import Decision, Principal, ProposedCall, TrustedContext

@@ -9,8 +9,8 @@ from concurrent import futures
 
 import grpc
 import pytest
-
 from conftest import hold_ledger_writes, make_request
+
 from sidecar.audit.store import AuditQuery
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -90,7 +90,7 @@ def test_deadline_passing_during_the_decision_means_no_token(sidecar):
 
 def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
     from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-    from sidecar.server import build_sidecar, create_server
+    from sidecar.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
     entered, release = threading.Semaphore(0), threading.Event()

@@ -14,11 +14,24 @@ import threading
 from collections import Counter
 
 import pytest
-
 from conftest import order_entity
+
 from sidecar.audit.store import AuditQuery
-from sidecar.client import (AsyncAuthzClient, AsyncGuard, AuthzClient, Guard, GuardStateError, NO_RETRY, Principal,
-                            ProposedCall, ToolError, ToolSet, TrustedContext, UnknownCallError, load_output_schemas)
+from sidecar.client import (
+    NO_RETRY,
+    AsyncAuthzClient,
+    AsyncGuard,
+    AuthzClient,
+    Guard,
+    GuardStateError,
+    Principal,
+    ProposedCall,
+    ToolError,
+    ToolSet,
+    TrustedContext,
+    UnknownCallError,
+    load_output_schemas,
+)
 from sidecar.client.results import CallResult
 
 SMALL = '{"order_id": "ord_1", "amount_cents": 1500}'

@@ -7,12 +7,11 @@ import gc
 import weakref
 
 import pytest
-
 from conftest import ROOT
-from sidecar.authorizer import BundleHolder
-from sidecar.bundle import load_bundle
-from sidecar.heap import freeze_long_lived, keep_bundles_frozen
-from sidecar.reload import BundleReloader
+
+from sidecar.bundle import BundleHolder, load_bundle
+from sidecar.server.heap import freeze_long_lived, keep_bundles_frozen
+from sidecar.server.reload import BundleReloader
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pyseto import Key
 
 from sidecar.clock import FrozenClock
 from sidecar.errors import ConflictError, KeyFileError, NotFoundError
-from sidecar.keyring import MANIFEST, KeyRing, activate_key, generate_key, list_keys, load_keyring
-from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
+from sidecar.tokens.keyring import MANIFEST, KeyRing, activate_key, generate_key, list_keys, load_keyring
+from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 T0 = 1_800_000_000
 GRACE = 65

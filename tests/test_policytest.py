@@ -9,11 +9,10 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
+from conftest import EXAMPLE_BUNDLE
 
 from sidecar.bundle import load_bundle
-from sidecar.policytest import add_test_command, main
-
-from conftest import EXAMPLE_BUNDLE
+from sidecar.cli.policytest import add_test_command, main
 
 ALLOW_CASE = """\
   - name: {name}

@@ -10,7 +10,7 @@ from conftest import make_request, verify_request
 
 from sidecar.errors import InputError, StoreUnavailable
 from sidecar.model import Decision
-from sidecar.pump import DecisionPump
+from sidecar.server.pump import DecisionPump
 from sidecar.service.common import proposed_call, trusted_context
 
 

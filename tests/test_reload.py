@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import queue
 import pathlib
+import queue
 import shutil
 import signal
 import subprocess
@@ -12,13 +12,12 @@ import sys
 import threading
 
 import grpc
-import pytest
-
 from conftest import ROOT, make_request
+
+from sidecar.audit.store import AuditQuery
 from sidecar.bundle import load_bundle
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.audit.store import AuditQuery
 
 MEASURE = {"prototype": "A", "metric": "runtime", "unit": "hours"}
 FORBID_MEASURE = ('@id("no-measurements-today")\n'
@@ -101,7 +100,7 @@ def test_invalid_edit_keeps_the_old_version_and_reports_the_error(bundle_dir, si
 
 
 def test_watcher_picks_up_a_change_without_a_restart(settings, clock, bundle_dir):
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     car = build_sidecar(settings.model_copy(update={"reload_poll_seconds": 0.02}), clock=clock)
     try:
@@ -152,8 +151,7 @@ def test_sighup_reloads_a_running_server(tmp_path, bundle_dir):
 
 
 def test_shadow_policy_is_recorded_but_never_changes_a_decision(bundle_dir, settings, clock):
-    from sidecar.server import build_sidecar
-    from sidecar.service.authorizer import ToolAuthorizerService
+    from sidecar.server.build import build_sidecar
 
     (bundle_dir / "shadow.cedar").write_text('@id("shadow-no-measure-b")\n@shadow\n'
                                              'forbid (principal, action == Action::"tool:measure_runtime", resource)\n'

@@ -18,7 +18,7 @@ from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server import create_server
+from sidecar.server.build import create_server
 
 
 def stopped_within(server, seconds: float = 30.0) -> bool:

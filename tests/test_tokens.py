@@ -9,10 +9,10 @@ import json
 import random
 import struct
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-import pytest
 import pyseto
+import pytest
 import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization as ser
@@ -20,8 +20,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from pyseto import Key
 
 from sidecar.clock import FrozenClock
-from sidecar.keyring import KeyRing, activate_key, generate_key, load_keyring
-from sidecar.keys import SigningKey, load_private_key_file
 from sidecar.tokens import (
     DEFAULT_GRACE_SECONDS,
     CallClaims,
@@ -29,6 +27,8 @@ from sidecar.tokens import (
     TokenVerifier,
     verify_offline,
 )
+from sidecar.tokens.keyring import KeyRing, activate_key, generate_key, load_keyring
+from sidecar.tokens.keys import SigningKey, load_private_key_file
 
 T0 = 1_800_000_000
 ISS, AUD = "toolauthz", "agent-runtime"
@@ -90,7 +90,7 @@ def token(issuer):
 
 
 def rfc3339(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def claims_for(call=CALL, digest=DIGEST, **over) -> dict:

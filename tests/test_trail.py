@@ -7,15 +7,15 @@ import json
 import sqlite3
 
 import pytest
-
 from conftest import make_request, verify_request
-from sidecar.cli import main
-from sidecar.config import DATABASE_FILE
+
+from sidecar.cli.main import main
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.server.config import DATABASE_FILE
 
 SECRET = "sk_live_DO_NOT_LOG_777"
 

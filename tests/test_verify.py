@@ -10,8 +10,8 @@ import sqlite3
 
 import grpc
 import pytest
-
 from conftest import make_request, order_entity, verify_request
+
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -82,8 +82,8 @@ def test_expired_token(stub, clock):
 
 
 def test_token_of_another_sidecar_is_unknown_key(stub, tmp_path, bundle_dir, clock):
-    from sidecar.config import Settings
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
+    from sidecar.server.config import Settings
 
     other = build_sidecar(Settings(bundle=bundle_dir, data_dir=tmp_path / "other"), clock=clock)
     try:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import re
 import signal
 import socket
@@ -16,13 +14,13 @@ import time
 
 import grpc
 import pytest
-
 from conftest import ROOT, make_request, verify_request
+
 from sidecar.audit import SqliteAuditLog, verify_chain
-from sidecar.config import DATABASE_FILE, Settings
-from sidecar.keys import load_private_key_file
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.server.config import DATABASE_FILE, Settings
+from sidecar.tokens.keys import load_private_key_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc are Linux")
 
@@ -36,11 +34,11 @@ def free_port() -> int:
 
 
 class Workers:
-    """`python -m sidecar.workers` in a subprocess, with its output collected."""
+    """`python -m sidecar.server.workers` in a subprocess, with its output collected."""
 
     def __init__(self, *args: str):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "sidecar.workers", *args], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sidecar.server.workers", *args], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.out: list[str] = []
         self.err: list[str] = []
@@ -195,7 +193,7 @@ def test_an_address_in_use_is_refused_before_any_worker_starts(workers_factory, 
 def test_a_worker_that_fails_to_start_stops_the_group_with_one_report(bundle_dir, tmp_path, capsys):
     """The parent's check passed, then every worker fails (here: the bundle broke in
     between): one report, the other workers stopped, exit status 1."""
-    from sidecar.workers import _WorkerGroup
+    from sidecar.server.workers import _WorkerGroup
 
     (bundle_dir / "orders.cedar").write_text("permit (principal, action, resource")
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0")
@@ -231,7 +229,7 @@ def test_one_worker_serves_in_this_process_like_serve(workers_factory, bundle_di
 
 def test_workers_must_be_positive(settings):
     from sidecar.errors import ToolAuthzError
-    from sidecar.workers import serve_workers
+    from sidecar.server.workers import serve_workers
 
     with pytest.raises(ToolAuthzError, match="at least 1"):
         serve_workers(settings, 0)
@@ -239,7 +237,7 @@ def test_workers_must_be_positive(settings):
 
 def test_listen_addresses_are_split_into_host_and_port():
     from sidecar.errors import ToolAuthzError
-    from sidecar.workers import split_listen
+    from sidecar.server.workers import split_listen
 
     assert split_listen("127.0.0.1:50051") == ("127.0.0.1", 50051)
     assert split_listen("[::1]:0") == ("[::1]", 0)

@@ -45,7 +45,7 @@ class Backend:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def demo(cls) -> "Backend":
+    def demo(cls) -> Backend:
         backend = cls()
         backend.orders["acme"] = {
             "ord_1001": Order("ord_1001", "alice", "shipped", 12_000, 10_000),

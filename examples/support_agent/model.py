@@ -14,8 +14,8 @@ exactly as the model produced it (what a streaming client accumulates from
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass

@@ -33,8 +33,8 @@ from examples.support_agent.loop import LoopResult, run_agent
 from examples.support_agent.model import ScriptedModel, text, tool_use
 from sidecar.bundle.catalog import load_catalog
 from sidecar.client import AuthzClient, CallResult, Guard, GuardEvent, Principal, TrustedContext
-from sidecar.config import Settings
-from sidecar.server import build_sidecar, create_server
+from sidecar.server.build import build_sidecar, create_server
+from sidecar.server.config import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "policies"
@@ -98,7 +98,7 @@ class FinanceDesk:
     def __init__(self, address: str, trace: Trace):
         self.address = address
         self.trace = trace
-        self.requests: "queue.Queue[str | None]" = queue.Queue()
+        self.requests: queue.Queue[str | None] = queue.Queue()
         self.decided: list[str] = []
         self._client = AuthzClient(address, timeout=5.0)
         self._thread = threading.Thread(target=self._serve, name="finance-desk", daemon=True)

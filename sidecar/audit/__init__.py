@@ -2,10 +2,18 @@
 group-commit writer in front of a storage backend (SQLite; PostgreSQL can follow)."""
 
 from sidecar.audit.checkpoint import (
-    Checkpoint, CheckpointError, sign_checkpoint, verify_checkpoint,
+    Checkpoint,
+    CheckpointError,
+    sign_checkpoint,
+    verify_checkpoint,
 )
 from sidecar.audit.records import (
-    GENESIS_HASH, KINDS, AuditEvent, AuditRecord, canonical_body, record_hash,
+    GENESIS_HASH,
+    KINDS,
+    AuditEvent,
+    AuditRecord,
+    canonical_body,
+    record_hash,
 )
 from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.audit.store import AuditLog, AuditQuery

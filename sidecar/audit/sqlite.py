@@ -20,14 +20,15 @@ import json
 import math
 import sqlite3
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import fields as dataclass_fields
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, KINDS, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery, check_page
-from sidecar.store.sqlite_base import WriteLock, sync_log
 from sidecar.errors import StoreUnavailable
+from sidecar.store.sqlite_base import WriteLock, sync_log
 
 SCHEMA_VERSION = 1
 _EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))

@@ -11,8 +11,9 @@ Rules a backend must keep, whatever its storage:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import AuditEvent, AuditRecord

@@ -19,8 +19,9 @@ What each tampering looks like:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint, CheckpointError, verify_checkpoint
 from sidecar.audit.records import GENESIS_HASH, AuditRecord, canonical_body, record_hash

@@ -16,7 +16,8 @@ A read set is a tree: `None` for "the whole value", or a dict of attribute -> re
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sidecar.bundle.cedar_schema import CedarType
 

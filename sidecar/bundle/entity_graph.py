@@ -15,7 +15,8 @@ so they are the same too.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 UID = tuple[str, str]
 MAX_CACHED_REACHES = 4096

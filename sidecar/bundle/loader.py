@@ -16,19 +16,33 @@ import json
 import pathlib
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import cedarpy
 import yaml
 
 from sidecar.bundle.catalog import ENTITY_TYPE, Tool, load_catalog
-from sidecar.bundle.cedar_schema import (APPROVE_ACTION, CedarType, action_declarations, approval_declarations,
-                                         context_type, input_type)
+from sidecar.bundle.cedar_schema import (
+    APPROVE_ACTION,
+    CedarType,
+    action_declarations,
+    approval_declarations,
+    context_type,
+    input_type,
+)
 from sidecar.bundle.context_reads import context_reads, narrowed
 from sidecar.bundle.entity_graph import UID, StaticGraph, references
-from sidecar.bundle.policies import (PolicyInfo, SourcePolicy, build_infos, locate, parse_file, policy_set, scope_actions,
-                                     split_policies)
+from sidecar.bundle.policies import (
+    PolicyInfo,
+    SourcePolicy,
+    build_infos,
+    locate,
+    parse_file,
+    policy_set,
+    scope_actions,
+    split_policies,
+)
 from sidecar.errors import BundleError, Problem
 
 SCHEMA_FILE = "schema.cedarschema"

@@ -9,8 +9,7 @@ from sidecar.client.aio import AsyncAuthzClient
 from sidecar.client.context import EntitiesProvider, Principal, ProposedCall, TrustedContext
 from sidecar.client.guard import Guard, GuardEvent, GuardStateError, UnknownCallError
 from sidecar.client.offline import OfflineVerifier
-from sidecar.client.results import (APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED,
-                                    CallResult)
+from sidecar.client.results import APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED, CallResult
 from sidecar.client.retry import NO_RETRY, RetryPolicy
 from sidecar.client.sync import AuthzClient, OutcomeReport
 from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet, load_output_schemas

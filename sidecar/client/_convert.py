@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -81,6 +81,6 @@ def query_request(*, tenant="", principal="", tool="", call_id="", request_id=""
 def _timestamp(value: float | datetime) -> Timestamp:
     ts = Timestamp()
     if isinstance(value, datetime):
-        value = (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+        value = (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
     ts.FromNanoseconds(int(value * 1e9))
     return ts

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -53,7 +53,7 @@ class AsyncAuthzClient:
             await channel.close()
         self._owned.clear()
 
-    async def __aenter__(self) -> "AsyncAuthzClient":
+    async def __aenter__(self) -> AsyncAuthzClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

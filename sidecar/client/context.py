@@ -12,8 +12,9 @@ come from the runtime's own store, never from the arguments.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 from sidecar.errors import InputError
 from sidecar.model import CALL_ID, PRINCIPAL_ID, PRINCIPAL_TYPE, REQUEST_ID, TENANT
@@ -56,7 +57,7 @@ class ProposedCall:
     arguments: Any = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, call_id: str, name: str, input_json: bytes | str) -> "ProposedCall":
+    def of(cls, call_id: str, name: str, input_json: bytes | str) -> ProposedCall:
         raw = raw_json(input_json)
         try:
             arguments = parse_strict_json(raw, max_bytes=MAX_ARGUMENT_BYTES)
@@ -70,7 +71,7 @@ class ProposedCall:
 
 # (call) -> Cedar entities (a list of entity dicts), or None for none. The async Guard
 # also accepts a coroutine function.
-EntitiesProvider = Callable[[ProposedCall], Union[list, None, Awaitable[Union[list, None]]]]
+EntitiesProvider = Callable[[ProposedCall], list | None | Awaitable[list | None]]
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ detail; those go to `detail` and the log, for operators.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 COMPLETED = "completed"
 FAILED = "failed"

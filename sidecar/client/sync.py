@@ -9,8 +9,8 @@ bounds the whole call, retries and backoff included. Retries follow
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import grpc
 
@@ -71,7 +71,7 @@ class AuthzClient:
             channel.close()
         self._owned.clear()
 
-    def __enter__(self) -> "AuthzClient":
+    def __enter__(self) -> AuthzClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -159,7 +159,7 @@ class AuthzClient:
         return self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout)[0]
 
     def watch_approval(self, approval_id: str, context=None, *,
-                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> "grpc.Call":
+                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> grpc.Call:
         """The current state, then every change until a terminal state. The returned
         stream is an iterator of `Approval` with `.cancel()`; it ends with
         DEADLINE_EXCEEDED after `timeout` seconds. Not retried."""

@@ -8,12 +8,12 @@ import threading
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
-from sidecar.keyring import KeyRing
 from sidecar.model import Decision
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.pump import DecisionPump
+from sidecar.server.pump import DecisionPump
 from sidecar.service.common import proposed_call, status_mapped, status_mapped_async, timestamp, trusted_context
+from sidecar.tokens.keyring import KeyRing
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",

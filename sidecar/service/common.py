@@ -21,8 +21,15 @@ import logging
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.errors import (ConflictError, ForbiddenError, InputError, NotFoundError, PreconditionError,
-                            RequestError, StoreUnavailable)
+from sidecar.errors import (
+    ConflictError,
+    ForbiddenError,
+    InputError,
+    NotFoundError,
+    PreconditionError,
+    RequestError,
+    StoreUnavailable,
+)
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 

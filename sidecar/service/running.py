@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent import futures
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import grpc
 

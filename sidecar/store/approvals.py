@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -42,7 +43,7 @@ class ApprovalRecord:
     def requester(self) -> str:
         return f'{self.requester_type}::"{self.requester_id}"'
 
-    def as_of(self, now: float) -> "ApprovalRecord":
+    def as_of(self, now: float) -> ApprovalRecord:
         """Expiry is a function of time: a pending approval past its expiry reads as expired."""
         if self.status == PENDING and now > self.expires_at:
             return replace(self, status=EXPIRED)
@@ -59,7 +60,7 @@ class ApprovalStore(Protocol):
 
     def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float,
                token: str = "", token_jti: str = "", token_expires_at: float | None = None,
-               audit: "Callable[[bool], AuditEvent] | None" = None) -> bool:
+               audit: Callable[[bool], AuditEvent] | None = None) -> bool:
         """Atomically moves a pending, unexpired approval to `status`; False when it was
         no longer pending (someone else decided first, or it expired). `audit(won)` builds
         the record of this attempt, committed in the same transaction: an approval never

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from sidecar.errors import StoreUnavailable
 

@@ -6,8 +6,9 @@ deny on StoreUnavailable. Several sidecar processes may share one ledger.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -61,9 +62,9 @@ class RecordedDecision:
     reasons: tuple[str, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()  # (code, message)
     # The decision's audit record, committed in the same transaction as the row.
-    audit: "AuditEvent | None" = None
+    audit: AuditEvent | None = None
     # For APPROVAL_REQUIRED: the pending approval, stored in that transaction too.
-    approval: "ApprovalRecord | None" = None
+    approval: ApprovalRecord | None = None
 
 
 # Called with the run's counts (calls, tool_calls) inside reserve's transaction.
@@ -88,7 +89,7 @@ class ConsumeToken:
     call_id: str
     jti: str
     now: float
-    audit: "Callable[[str], AuditEvent] | None" = None
+    audit: Callable[[str], AuditEvent] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class RecordOutcome:
     output_digest: str
     now: float
     principal: str = ""
-    audit: "Callable[[CallEntry], AuditEvent] | None" = None
+    audit: Callable[[CallEntry], AuditEvent] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class AppendAudit:
     """An audit record with no ledger write of its own (a denial of unusable input, a
     failed verification), committed with the other operations; its result is None."""
 
-    event: "AuditEvent"
+    event: AuditEvent
 
 
 LedgerOp = ReserveCall | ConsumeToken | RecordOutcome | AppendAudit
@@ -127,7 +128,7 @@ def only_result(results: list):
 
 
 class CallLedger(Protocol):
-    def apply(self, ops: "Sequence[LedgerOp]") -> list:
+    def apply(self, ops: Sequence[LedgerOp]) -> list:
         """Runs the operations in order, each with the meaning of the method it names,
         sharing transactions (and their fsync) as the backend sees fit, and returns each
         one's result, or the exception it failed with instead of raising it: an operation
@@ -158,7 +159,7 @@ class CallLedger(Protocol):
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float,
-                audit: "Callable[[str], AuditEvent] | None" = None) -> str:
+                audit: Callable[[str], AuditEvent] | None = None) -> str:
         """Single use, atomically: 'ok' the first time any token of this call is
         presented; 'already_used' after; 'unknown_call' if the call is not recorded;
         'call_closed' if an outcome was reported before it was ever verified. With

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
 from sidecar.store.sqlite_base import SqliteDatabase, require_same_file

@@ -9,8 +9,9 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from sidecar.errors import StoreUnavailable
 
@@ -28,7 +29,7 @@ class WriteLock:
     flock() is held per open file, so two locks on one file in one process would make
     its own writers wait for each other through the retry loop above."""
 
-    _shared: dict[str, "WriteLock"] = {}
+    _shared: dict[str, WriteLock] = {}
     _shared_guard = threading.Lock()
 
     def __init__(self, db_path: str, timeout: float, cross_process: bool = True):
@@ -40,7 +41,7 @@ class WriteLock:
         self._users = 0
 
     @classmethod
-    def for_database(cls, db_path: str) -> "WriteLock":
+    def for_database(cls, db_path: str) -> WriteLock:
         """The process's lock of `db_path`; give it back with `release_user`."""
         key = os.path.realpath(db_path)
         with cls._shared_guard:
@@ -62,7 +63,7 @@ class WriteLock:
         self.close()
 
     @contextmanager
-    def held(self, timeout: float) -> Iterator["WriteLock"]:
+    def held(self, timeout: float) -> Iterator[WriteLock]:
         self._acquire(timeout)
         try:
             yield self

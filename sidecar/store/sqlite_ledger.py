@@ -5,13 +5,24 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
-from sidecar.store.ledger import (AppendAudit, CallEntry, ConsumeToken, Decide, LedgerOp, RecordedDecision,
-                                  RecordOutcome, ReserveCall, Reservation, only_result)
 from sidecar.store.group_commit import GroupCommit, ItemFailed
+from sidecar.store.ledger import (
+    AppendAudit,
+    CallEntry,
+    ConsumeToken,
+    Decide,
+    LedgerOp,
+    RecordedDecision,
+    RecordOutcome,
+    Reservation,
+    ReserveCall,
+    only_result,
+)
 from sidecar.store.sqlite_base import SqliteDatabase, require_same_file
 
 if TYPE_CHECKING:

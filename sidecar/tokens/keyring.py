@@ -23,9 +23,17 @@ from dataclasses import dataclass
 
 from pyseto import KeyInterface
 
-from .clock import Clock
-from .errors import ConflictError, KeyFileError, NotFoundError
-from .keys import _FILE_NAME, KeyInfo, SigningKey, _create_private, generate_key_file, load_private_key_file, public_jwk
+from sidecar.clock import Clock
+from sidecar.errors import ConflictError, KeyFileError, NotFoundError
+from sidecar.tokens.keys import (
+    KEY_FILE_NAME,
+    KeyInfo,
+    SigningKey,
+    create_private_file,
+    generate_key_file,
+    load_private_key_file,
+    public_jwk,
+)
 
 MANIFEST = "keyring.json"
 STATES = ("active", "published", "retired")
@@ -121,7 +129,7 @@ def _read_manifest(keys_dir: str) -> list[_Entry]:
         where = f"key manifest `{path}`: key {i}"
         if not isinstance(k, dict) or set(k) != {"file", "kid", "state", "created_at", "retired_at"}:
             raise KeyFileError(f"{where} must have exactly file, kid, state, created_at, retired_at")
-        if not isinstance(k["file"], str) or not _FILE_NAME.fullmatch(k["file"]):
+        if not isinstance(k["file"], str) or not KEY_FILE_NAME.fullmatch(k["file"]):
             raise KeyFileError(f"{where}: file `{k['file']}` must be a plain file name in the key directory")
         if k["state"] not in STATES or not _number(k["created_at"]) \
                 or (k["state"] == "retired") != _number(k["retired_at"]) \
@@ -143,7 +151,7 @@ def _write_manifest(keys_dir: str, entries: list[_Entry]) -> None:
         {"file": e.file, "kid": e.key.kid, "state": e.state, "created_at": e.created_at, "retired_at": e.retired_at}
         for e in entries]}
     tmp = os.path.join(keys_dir, f".{MANIFEST}.{secrets.token_hex(8)}.tmp")
-    _create_private(tmp, (json.dumps(doc, indent=2) + "\n").encode())
+    create_private_file(tmp, (json.dumps(doc, indent=2) + "\n").encode())
     try:
         os.replace(tmp, os.path.join(keys_dir, MANIFEST))  # readers see the old or the new, never half
     except BaseException:

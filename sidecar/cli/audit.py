@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, SqliteAuditLog, verify_chain
 from sidecar.audit.store import MAX_PAGE
-from sidecar.config import DATABASE_FILE
 from sidecar.errors import ToolAuthzError
+from sidecar.server.config import DATABASE_FILE
 
 _FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
 STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
@@ -71,7 +71,7 @@ def _time(text: str | None) -> float | None:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ToolAuthzError(f"`{text}` is not an ISO 8601 time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _pages(log: SqliteAuditLog, query: AuditQuery, limit: int | None = None):
@@ -96,7 +96,7 @@ def as_json(record: AuditRecord) -> dict:
 
 
 def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _row(record: AuditRecord) -> str:
@@ -182,6 +182,6 @@ def _audit_public_keys(args):
 
     if args.public_key:
         return pyseto.Key.from_paserk(pathlib.Path(args.public_key).read_text().strip())
-    from sidecar.keys import load_private_key_file
+    from sidecar.tokens.keys import load_private_key_file
 
     return load_private_key_file(pathlib.Path(args.data_dir) / "audit-key.pem").public_key

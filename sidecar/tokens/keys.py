@@ -1,6 +1,6 @@
 """Ed25519 signing keys for PASETO v4.public tokens: loading, generating, publishing.
 
-The key ring and its directory are in sidecar/keyring.py. The kid is the PASERK id (`k4.pid.…`) of the public key; it is only ever a dict key.
+The key ring and its directory are in sidecar/tokens/keyring.py. The kid is the PASERK id (`k4.pid.…`) of the public key; it is only ever a dict key.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyseto import Key, KeyInterface
 
-from .errors import KeyFileError
+from sidecar.errors import KeyFileError
 
 _MAX_KEY_FILE_BYTES = 16 * 1024  # an RSA-8192 PEM is ~6 KiB; anything bigger is not a key
-_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")  # a plain name, never a path
+KEY_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")  # a plain name, never a path
 
 
 def b64url(data: bytes) -> str:
@@ -152,7 +152,7 @@ def load_private_key_file(path: str | os.PathLike[str]) -> SigningKey:
     return SigningKey.from_private(private)
 
 
-def _create_private(path: str, data: bytes) -> None:
+def create_private_file(path: str, data: bytes) -> None:
     # O_EXCL with mode 0600: the file never exists with wider permissions, and an
     # existing file (or a planted symlink) is never overwritten.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -172,7 +172,7 @@ def generate_key_file(path: str | os.PathLike[str]) -> str:
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     try:
-        _create_private(os.fspath(path), pem)
+        create_private_file(os.fspath(path), pem)
     except FileExistsError:
         raise KeyFileError(f"key file `{os.fspath(path)}` already exists") from None
     return SigningKey.from_private(private).kid

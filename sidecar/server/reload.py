@@ -8,10 +8,9 @@ import logging
 import os
 import pathlib
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from sidecar.authorizer import BundleHolder
-from sidecar.bundle import load_bundle
+from sidecar.bundle import BundleHolder, load_bundle
 from sidecar.errors import BundleError
 
 log = logging.getLogger("toolauthz.reload")
@@ -88,7 +87,7 @@ class BundleReloader:
         """Ask the watcher thread to reload now (safe from a signal handler)."""
         self._wake.set()
 
-    def start(self) -> "BundleReloader":
+    def start(self) -> BundleReloader:
         self._thread = threading.Thread(target=self._run, name="bundle-reloader", daemon=True)
         self._thread.start()
         return self

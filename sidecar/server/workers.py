@@ -32,11 +32,11 @@ import socket
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
-from sidecar.config import Settings
 from sidecar.errors import BundleError, ToolAuthzError
-from sidecar.heap import keep_bundles_frozen
+from sidecar.server.config import Settings
+from sidecar.server.heap import keep_bundles_frozen
 
 log = logging.getLogger("toolauthz.workers")
 
@@ -51,7 +51,7 @@ def serve_workers(settings: Settings, workers: int) -> int:
     StoreUnavailable, ...) and OSError for an unusable address, before any worker starts."""
     if workers < 1:
         raise ToolAuthzError(f"--workers must be at least 1, not {workers}")
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
@@ -84,7 +84,7 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 def _serve_here(settings: Settings, sidecar, version: str) -> int:
     """One worker: serve in this process, exactly as `toolauthz serve` does."""
-    from sidecar.server import create_server
+    from sidecar.server.build import create_server
 
     try:
         server, port = create_server(sidecar)
@@ -273,7 +273,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         signal.signal(sig, on_stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload asked for before this worker serves
     logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
-    from sidecar.server import build_sidecar
+    from sidecar.server.build import build_sidecar
 
     try:
         sidecar = build_sidecar(settings)
@@ -304,19 +304,19 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
 
 
 def _create_shared_server(sidecar, address: str):
-    from sidecar.server import create_server
+    from sidecar.server.build import create_server
 
     return create_server(sidecar, address, reuse_port=True)
 
 
-# -- `python -m sidecar.workers` -----------------------------------------------------------
+# -- `python -m sidecar.server.workers` -----------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     """`toolauthz serve --workers N` without the rest of the CLI (used by the benchmark)."""
-    from sidecar.config import load_settings
+    from sidecar.server.config import load_settings
 
     logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
-    parser = argparse.ArgumentParser(prog="python -m sidecar.workers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sidecar.server.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle")
     parser.add_argument("--listen")
     parser.add_argument("--data-dir")
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Through the package name, so that the workers' target pickles as sidecar.workers.*
-    from sidecar.workers import main as _main
+    # Through the package name, so that the workers' target pickles as sidecar.server.workers.*
+    from sidecar.server.workers import main as _main
 
     sys.exit(_main())

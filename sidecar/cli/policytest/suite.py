@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import yaml
 
 from sidecar.engine import RunCounts
-from sidecar.model import Decision, Principal
+from sidecar.model import Decision, Principal, Verdict
 
 # (required, optional) keys of each mapping
 SUITE_KEYS = ({"cases"}, {"description", "principals", "entities"})
@@ -292,3 +292,28 @@ def _expect(f: _File, raw, line: int, what: str) -> Expect | None:
     if len(f.problems) > before:
         return None
     return Expect(Decision(raw["decision"]), None if reasons is None else frozenset(reasons), error, group)
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    verdict: Verdict | None  # None when the request itself was refused (RequestError)
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def mismatches(self) -> tuple[str, ...]:
+        """The fields of `expect` that the verdict does not meet."""
+        if self.verdict is None:
+            return ("request",)
+        e, v = self.case.expect, self.verdict
+        return tuple(name for name, bad in (
+            ("decision", e.decision != v.decision),
+            ("reasons", e.reasons is not None and e.reasons != set(v.reasons)),
+            ("errors", e.error is not None and e.error not in {x.code for x in v.errors}),
+            ("approval_group", e.approval_group is not None and e.approval_group != v.approval_group),
+        ) if bad)
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches

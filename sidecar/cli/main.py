@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import pathlib
 import re
-import os
 import sys
 
 import grpc
 
 from sidecar.bundle import load_bundle
-from sidecar.cli_approvals import add_approvals_command
-from sidecar.cli_audit import add_audit_command
-from sidecar.policytest import add_test_command
+from sidecar.cli.approvals import add_approvals_command
+from sidecar.cli.audit import add_audit_command
+from sidecar.cli.policytest import add_test_command
 from sidecar.clock import SystemClock
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -31,8 +31,8 @@ def parse_principal(text: str) -> Principal:
 
 
 def cmd_serve(args) -> int:
-    from sidecar.config import load_settings
-    from sidecar.workers import serve_workers
+    from sidecar.server.config import load_settings
+    from sidecar.server.workers import serve_workers
 
     settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
     return serve_workers(settings, args.workers)
@@ -75,8 +75,8 @@ def cmd_authorize(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    from sidecar import keyring as keys
-    from sidecar.config import load_settings
+    from sidecar.server.config import load_settings
+    from sidecar.tokens import keyring as keys
 
     settings = load_settings(args.config, data_dir=args.data_dir)
     clock = SystemClock()

@@ -13,31 +13,31 @@ from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sidecar.approvals import ApprovalDesk
 from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.audit.writer import AuditWriter, Checkpointer
-from sidecar.authorizer import Authorizer, BundleHolder
-from sidecar.bundle import load_bundle
+from sidecar.authorizer import Authorizer
+from sidecar.bundle import BundleHolder, load_bundle
 from sidecar.clock import Clock, SystemClock
-from sidecar.config import Settings
 from sidecar.errors import KeyFileError, StoreUnavailable
-from sidecar.keyring import KeyRing, load_keyring
-from sidecar.keys import SigningKey, generate_key_file, load_private_key_file
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.pump import DecisionPump
-from sidecar.reload import BundleReloader
-from sidecar.approvals import ApprovalDesk
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.server.config import Settings
+from sidecar.server.pump import DecisionPump
+from sidecar.server.reload import BundleReloader
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.running import AioServer
-from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.store import SqliteLedger
+from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.tokens import TokenIssuer, TokenVerifier
+from sidecar.tokens.keyring import KeyRing, load_keyring
+from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 log = logging.getLogger("toolauthz.server")
 

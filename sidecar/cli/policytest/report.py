@@ -4,13 +4,10 @@ the summary line, coverage, and JUnit XML."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
 
 from sidecar.bundle import Bundle
+from sidecar.cli.policytest.suite import Result
 from sidecar.model import Decision
-
-if TYPE_CHECKING:
-    from sidecar.policytest import Result
 
 _ANY = "(any)"
 _NONE = "(none)"

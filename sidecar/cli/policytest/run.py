@@ -1,10 +1,10 @@
 """`toolauthz test [BUNDLE] [--junit FILE] [--filter SUBSTRING] [--strict-coverage]`:
 run a bundle's policy test suites in CI, the way `opa test` does for Rego.
 
-Loads the bundle and every suite (`sidecar.policytest_suite`); if either has a problem,
+Loads the bundle and every suite (`sidecar.cli.policytest.suite`); if either has a problem,
 prints them all and runs nothing. Otherwise decides each case with `engine.decide`,
 exactly as the sidecar would, and compares the verdict with the case's `expect`. The
-report, coverage and JUnit XML are in `sidecar.policytest_report`. Exit code 1 when
+report, coverage and JUnit XML are in `sidecar.cli.policytest.report`. Exit code 1 when
 anything failed. See docs/policy-testing.md.
 """
 
@@ -15,41 +15,13 @@ import json
 import pathlib
 import sys
 import time
-from dataclasses import dataclass
 
-from sidecar import policytest_report as report
 from sidecar.bundle import Bundle, load_bundle
+from sidecar.cli.policytest import report
+from sidecar.cli.policytest.suite import Case, Result, load_suites
 from sidecar.engine import decide
 from sidecar.errors import BundleError, RequestError
-from sidecar.model import ProposedCall, TrustedContext, Verdict
-from sidecar.policytest_suite import Case, load_suites
-
-__all__ = ["Case", "Result", "add_test_command", "main", "run", "run_case"]
-
-
-@dataclass(frozen=True)
-class Result:
-    case: Case
-    verdict: Verdict | None  # None when the request itself was refused (RequestError)
-    error: str = ""
-    seconds: float = 0.0
-
-    @property
-    def mismatches(self) -> tuple[str, ...]:
-        """The fields of `expect` that the verdict does not meet."""
-        if self.verdict is None:
-            return ("request",)
-        e, v = self.case.expect, self.verdict
-        return tuple(name for name, bad in (
-            ("decision", e.decision != v.decision),
-            ("reasons", e.reasons is not None and e.reasons != set(v.reasons)),
-            ("errors", e.error is not None and e.error not in {x.code for x in v.errors}),
-            ("approval_group", e.approval_group is not None and e.approval_group != v.approval_group),
-        ) if bad)
-
-    @property
-    def passed(self) -> bool:
-        return not self.mismatches
+from sidecar.model import ProposedCall, TrustedContext
 
 
 def run_case(bundle: Bundle, case: Case, index: int = 1) -> Result:
@@ -107,7 +79,7 @@ def add_test_command(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point: `python -m sidecar.policytest [BUNDLE] ...`."""
+    """Stand-alone entry point: `python -m sidecar.cli.policytest [BUNDLE] ...`."""
     parser = argparse.ArgumentParser(prog="toolauthz test")
     _arguments(parser)
     args = parser.parse_args(argv)

@@ -1,147 +1,51 @@
-"""Execution tokens: PASETO v4.public, bound to one call by its digest.
-
-The digest is the implicit assertion: it is signed but not carried, so a token verifies
-only when the verifier supplies the digest of the exact call it is about to run. The
-footer carries only `{"kid": "k4.pid.…"}`, an untrusted lookup key. Single use is the
-token store's job (consume `jti` atomically); this module never says `already_used`.
+"""Checking execution tokens: shape, key, signature over the call's digest, times and
+claims, in that order; a bad token is an answer (a code), never an exception. Single use
+is the ledger's job (consume `jti` atomically): this module never says `already_used`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import pyseto
 from pyseto import Key, KeyInterface
 
-from .clock import Clock
-from .keyring import KeyRing
-from .keys import KeyInfo, b64url_decode_strict
-
-MAX_LIFETIME_SECONDS = 600
-MAX_LEEWAY_SECONDS = 5
-DEFAULT_GRACE_SECONDS = MAX_LIFETIME_SECONDS + MAX_LEEWAY_SECONDS  # for retired keys
-MAX_TOKEN_CHARS = 8 * 1024
-MAX_FOOTER_BYTES = 512
-_HEADER = "v4.public."
-_SIG_BYTES = 64
-_KID = re.compile(r"k4\.pid\.[A-Za-z0-9_-]{44}")  # PASERK id: base64url of a 33-byte hash
-# [0-9], not \d: \d also matches non-ASCII digits.
-_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})")
-
-OK = "ok"
-MALFORMED = "malformed"
-UNKNOWN_KEY = "unknown_key"
-BAD_SIGNATURE = "bad_signature"
-EXPIRED = "expired"
-NOT_YET_VALID = "not_yet_valid"
-WRONG_AUDIENCE = "wrong_audience"
-CLAIMS_MISMATCH = "claims_mismatch"
-
-
-@dataclass(frozen=True)
-class CallClaims:
-    """What a token is bound to besides the digest."""
-
-    tenant: str
-    principal_type: str
-    principal_id: str
-    tool: str
-    call_id: str
-
-    @property
-    def subject(self) -> str:
-        """Cedar-style entity uid, e.g. `User::"alice"`, with `\\` and `"` escaped."""
-        escaped = self.principal_id.replace("\\", "\\\\").replace('"', '\\"')
-        return f'{self.principal_type}::"{escaped}"'
-
-
-@dataclass(frozen=True)
-class IssuedToken:
-    token: str
-    jti: str
-    expires_at: float
-    kid: str
-
-
-@dataclass(frozen=True)
-class Verification:
-    code: str
-    claims: dict[str, Any] | None = None
-    jti: str | None = None
-    decision_id: str | None = None
-    detail: str = ""  # why, for logs; never contains the token or the claims
-
-    @property
-    def ok(self) -> bool:
-        return self.code == OK
-
-
-@functools.lru_cache(maxsize=4)
-def _rfc3339(epoch: int) -> str:
-    # Cached: every token minted within one second carries the same iat/nbf/exp.
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@functools.lru_cache(maxsize=8)
-def _footer(kid: str) -> bytes:
-    return json.dumps({"kid": kid}, separators=(",", ":")).encode()
+from sidecar.clock import Clock
+from sidecar.tokens.claims import (
+    BAD_SIGNATURE,
+    CLAIMS_MISMATCH,
+    EXPIRED,
+    HEADER,
+    KID_PATTERN,
+    MALFORMED,
+    MAX_FOOTER_BYTES,
+    MAX_LEEWAY_SECONDS,
+    MAX_TOKEN_CHARS,
+    NOT_YET_VALID,
+    OK,
+    RFC3339,
+    SIG_BYTES,
+    UNKNOWN_KEY,
+    WRONG_AUDIENCE,
+    CallClaims,
+    Verification,
+    check_range,
+)
+from sidecar.tokens.keyring import KeyRing
+from sidecar.tokens.keys import KeyInfo, b64url_decode_strict
 
 
 def _parse_time(value: object) -> float | None:
-    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
         return None
     try:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
-
-
-def _check_range(name: str, value: int, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer from {low} to {high}, not `{value}`")
-
-
-class TokenIssuer:
-    def __init__(self, keyring: KeyRing, *, issuer: str, audience: str, lifetime_seconds: int = 60,
-                 clock: Clock):
-        _check_range("lifetime_seconds", lifetime_seconds, 1, MAX_LIFETIME_SECONDS)
-        if not issuer or not audience:
-            raise ValueError("issuer and audience must not be empty")
-        self._ring, self._iss, self._aud, self._life, self._clock = keyring, issuer, audience, lifetime_seconds, clock
-
-    def issue(self, call: CallClaims, digest: str, *, decision_id: str, policy_version: str,
-              approval_id: str | None = None, approver: str | None = None) -> IssuedToken:
-        if not digest or not digest.isascii():
-            raise ValueError("digest must be a non-empty ASCII string")
-        signing = self._ring.signing
-        now = int(self._clock.now())  # whole seconds: the registered claims carry no fraction
-        jti = secrets.token_hex(16)  # 128 random bits
-        claims: dict[str, Any] = {
-            "iss": self._iss, "aud": self._aud, "sub": call.subject, "tenant": call.tenant, "tool": call.tool,
-            "call_id": call.call_id, "dig": digest, "decision_id": decision_id,
-            "policy_version": policy_version, "jti": jti,
-            "iat": _rfc3339(now), "nbf": _rfc3339(now), "exp": _rfc3339(now + self._life),
-        }
-        if approval_id is not None:
-            claims["approval_id"] = approval_id
-        if approver is not None:
-            claims["approver"] = approver
-        token = pyseto.encode(
-            signing.key, json.dumps(claims, separators=(",", ":")).encode(),
-            footer=_footer(signing.kid),
-            implicit_assertion=digest.encode("ascii"),
-        ).decode("ascii")
-        if len(token) > MAX_TOKEN_CHARS:  # the verifier would call it malformed
-            raise ValueError(f"token would be {len(token)} characters, above {MAX_TOKEN_CHARS}")
-        return IssuedToken(token, jti, float(now + self._life), signing.kid)
 
 
 def _strict_json(data: bytes) -> Any:
@@ -163,7 +67,7 @@ def _parse_footer_kid(token: object) -> tuple[str | None, str]:
         return None, "token is not a string"
     if len(token) > MAX_TOKEN_CHARS:
         return None, f"token is longer than {MAX_TOKEN_CHARS} characters"
-    if not token.startswith(_HEADER):
+    if not token.startswith(HEADER):
         return None, "token is not `v4.public`"
     parts = token.split(".")
     if len(parts) not in (3, 4):
@@ -173,7 +77,7 @@ def _parse_footer_kid(token: object) -> tuple[str | None, str]:
     body, footer = b64url_decode_strict(parts[2]), b64url_decode_strict(parts[3])
     if body is None or footer is None:
         return None, "token is not canonical unpadded base64url"
-    if len(body) <= _SIG_BYTES:
+    if len(body) <= SIG_BYTES:
         return None, "token is too short to hold a signature"
     if len(footer) > MAX_FOOTER_BYTES:
         return None, f"footer is longer than {MAX_FOOTER_BYTES} bytes"
@@ -182,7 +86,7 @@ def _parse_footer_kid(token: object) -> tuple[str | None, str]:
     except ValueError:  # also UnicodeDecodeError and JSONDecodeError
         return None, "footer is not JSON"
     if not isinstance(doc, dict) or set(doc) != {"kid"} or not isinstance(doc["kid"], str) \
-            or not _KID.fullmatch(doc["kid"]):
+            or not KID_PATTERN.fullmatch(doc["kid"]):
         return None, "footer must be exactly {\"kid\": \"k4.pid.…\"}"
     return doc["kid"], ""
 
@@ -241,7 +145,7 @@ class TokenVerifier:
     """Checks a token against the key ring; a bad token is an answer, never an exception."""
 
     def __init__(self, keyring: KeyRing, *, issuer: str, audience: str, leeway_seconds: int = 5, clock: Clock):
-        _check_range("leeway_seconds", leeway_seconds, 0, MAX_LEEWAY_SECONDS)
+        check_range("leeway_seconds", leeway_seconds, 0, MAX_LEEWAY_SECONDS)
         if not issuer or not audience:
             raise ValueError("issuer and audience must not be empty")
         self._ring, self._iss, self._aud, self._leeway, self._clock = keyring, issuer, audience, leeway_seconds, clock
@@ -262,7 +166,7 @@ def verify_offline(token: str, *, public_keys: Sequence[Mapping[str, Any] | KeyI
     that executes on an offline `ok` alone accepts replays within the token's lifetime.
     Refresh the key list regularly; an entry's `verifies_until`, when present, is honoured.
     """
-    _check_range("leeway_seconds", leeway_seconds, 0, MAX_LEEWAY_SECONDS)
+    check_range("leeway_seconds", leeway_seconds, 0, MAX_LEEWAY_SECONDS)
     at = time.time() if now is None else now
     keys: dict[str, tuple[KeyInterface, float | None]] = {}
     for entry in public_keys:

@@ -20,7 +20,8 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sidecar.authorizer import Authorizer, Plan
 from sidecar.errors import StoreUnavailable

@@ -1,0 +1,1 @@
+"""The `toolauthz` command: serve, check, schema, test, authorize, keys, approvals, audit."""
