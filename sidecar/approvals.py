@@ -2,8 +2,14 @@
 
 An approval is bound to the call's digest; approving it yields a token for that digest
 and nothing else. Who may approve is decided by Cedar (`Action::"approve"` on
-`Approval::"<id>"`); two rules hold whatever the policies say: a requester never approves
-their own call, and an approver from another tenant is refused.
+`Approval::"<id>"`, through the engine); two rules hold whatever the policies say: a
+requester never approves their own call, and an approver from another tenant is refused.
+
+A decision is only as good as the policies that made it: approving a call re-decides it
+under the bundle loaded now (from the arguments and entities the approval keeps while it
+is pending), and so does a replay that would hand out its token under another policy
+version. A call the policies now deny, or now route to another group, gets no token
+(`policy_changed`); one they now allow without approval is approved as asked.
 """
 
 from __future__ import annotations
@@ -12,24 +18,36 @@ import base64
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
-import cedarpy
 from ulid import ULID
 
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
-from sidecar.bundle import BundleHolder
-from sidecar.bundle.cedar_schema import APPROVE_ACTION
+from sidecar.bundle import Bundle, BundleHolder
 from sidecar.clock import Clock
-from sidecar.engine import PreparedCall, trusted_entities
-from sidecar.errors import ForbiddenError, NotFoundError, PreconditionError, RequestError
-from sidecar.model import TrustedContext, Verdict
+from sidecar.digest import canonical_json
+from sidecar.engine import ApprovalSubject, PreparedCall, RunCounts, evaluate, may_approve, prepare, request_entities
+from sidecar.errors import ForbiddenError, InputError, NotFoundError, PreconditionError, RequestError
+from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
 from sidecar.store.approvals import APPROVED, PENDING, REJECTED, ApprovalRecord, ApprovalStore
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer
 
 APPROVE, REJECT = "APPROVE", "REJECT"
 TERMINAL = (APPROVED, REJECTED, "expired")
 MAX_WATCH_WAIT = 1.0  # seconds between looks at the store, for changes made by other processes
+POLICY_CHANGED = "policy_changed"
+
+
+@dataclass(frozen=True)
+class ReplayedApproval:
+    """What a replayed Authorize of a call gets from its approval: the approval's state,
+    a fresh token if it was approved and may still run, or why it may not (`refusal`)."""
+
+    status: str
+    expires_at: float
+    token: IssuedToken | None = None
+    refusal: ErrorDetail | None = None
 
 
 def short_code(digest: str) -> str:
@@ -52,9 +70,11 @@ class ApprovalDesk:
         self._generation = 0  # bumped on every poke, so a watcher never misses one
 
     def new_record(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict, *,
-                   decision_id: str, policy_version: str, fields: dict) -> ApprovalRecord:
+                   decision_id: str, policy_version: str, fields: dict, run: RunCounts) -> ApprovalRecord:
         """The pending approval of a call, not yet stored: the call ledger stores it in the
-        transaction that records the decision asking for it (and its audit record)."""
+        transaction that records the decision asking for it (and its audit record). It
+        keeps what re-deciding the call needs (arguments, trusted entities, run counts)
+        until it is decided or expires."""
         now = self.clock.now()
         record = ApprovalRecord(
             approval_id=str(ULID.from_timestamp(now)), tenant=ctx.tenant, call_id=call_id,
@@ -62,7 +82,8 @@ class ApprovalDesk:
             tool=prepared.slice.tool.name, resource=prepared.resource, group=verdict.approval_group,
             policy_id=verdict.approval_policy, digest=prepared.digest, short_code=short_code(prepared.digest),
             decision_id=decision_id, policy_version=policy_version, created_at=now,
-            expires_at=now + self.ttl_seconds, fields=fields)
+            expires_at=now + self.ttl_seconds, fields=fields, call_input=canonical_json(prepared.input),
+            call_entities=ctx.entities_json, run_calls=run.calls, run_tool_calls=run.tool_calls)
         return record
 
     def get(self, approval_id: str, viewer: TrustedContext | None = None) -> ApprovalRecord:
@@ -75,32 +96,54 @@ class ApprovalDesk:
         records = self.store.list(tenant=tenant, status=status, group=group, now=self.clock.now(), limit=limit)
         return [self._as_seen_by(r, None) for r in records]
 
-    @staticmethod
-    def _as_seen_by(record: ApprovalRecord, viewer: TrustedContext | None) -> ApprovalRecord:
-        """The token goes to the requester alone."""
+    def _as_seen_by(self, record: ApprovalRecord, viewer: TrustedContext | None) -> ApprovalRecord:
+        """The token goes to the requester alone, and only while the policies that
+        approved it are loaded: under others, the runtime replays the call through
+        Authorize, which re-decides it. The kept arguments never leave the desk."""
         is_requester = viewer is not None and (viewer.tenant, viewer.principal.type, viewer.principal.id) == \
             (record.tenant, record.requester_type, record.requester_id)
-        return record if is_requester else ApprovalDesk.hide_token(record)
+        current = bool(record.approved_version) and record.approved_version == self.bundles.current.version
+        shown = replace(record, call_input=b"", call_entities=b"")
+        return shown if is_requester and current else self.hide_token(shown)
+
+    def expiry(self, approval_id: str) -> float | None:
+        record = self.store.get(approval_id)
+        return record.expires_at if record else None
 
     @staticmethod
     def hide_token(record: ApprovalRecord) -> ApprovalRecord:
         return replace(record, token="", token_jti="", token_expires_at=None)
 
-    def token_for_replay(self, approval_id: str, window: float) -> IssuedToken | None:
-        """A fresh token for an approved call that has not been executed yet (the first
-        one may have expired while the runtime waited), within `window` of the approval."""
+    def on_replay(self, approval_id: str, window: float, ctx: TrustedContext,
+                  prepared: PreparedCall) -> ReplayedApproval | None:
+        """For a replayed Authorize of the call (`ctx`, `prepared`: the runtime's, whose
+        digest matched): a fresh token for an approved call that has not been executed yet
+        (the first one may have expired while the runtime waited), within `window` of the
+        approval, and only if the policies loaded now still allow it under this approval."""
         record = self.store.get(approval_id)
-        if record is None or record.status != APPROVED or self.clock.now() - record.decided_at > window:
+        if record is None:
             return None
-        return self._issue(record, record.approver)
+        now = self.clock.now()
+        current = record.as_of(now)
+        replayed = ReplayedApproval(current.status, current.expires_at)
+        if current.status != APPROVED or now - record.decided_at > window:
+            return replayed
+        bundle = self.bundles.current
+        if bundle.version != record.approved_version:
+            call = ProposedCall(record.call_id, record.tool, canonical_json(prepared.input))
+            refusal = _refusal(_redecide(bundle, ctx, call, RunCounts(record.run_calls, record.run_tool_calls),
+                                         record.digest), record.group)
+            if refusal is not None:
+                return replace(replayed, refusal=refusal)
+        return replace(replayed, token=self._issue(record, record.approver, bundle.version))
 
-    def _issue(self, record: ApprovalRecord, approver: str) -> IssuedToken:
+    def _issue(self, record: ApprovalRecord, approver: str, policy_version: str) -> IssuedToken:
         claims = CallClaims(record.tenant, record.requester_type, record.requester_id, record.tool, record.call_id)
         return self.issuer.issue(claims, record.digest, decision_id=record.decision_id,
-                                 policy_version=record.policy_version, approval_id=record.approval_id, approver=approver)
+                                 policy_version=policy_version, approval_id=record.approval_id, approver=approver)
 
     def decide(self, approval_id: str, approver: TrustedContext, verdict: str, reason: str = "") -> ApprovalRecord:
-        approver.check()
+        approver.check(require_request_id=False)  # a person approving is in no model run
         if verdict not in (APPROVE, REJECT):
             raise RequestError("verdict must be APPROVE or REJECT")
         now = self.clock.now()
@@ -113,7 +156,7 @@ class ApprovalDesk:
                     resource=record.resource, digest=record.digest, policy_version=record.policy_version,
                     approval_id=approval_id, approver=who)
 
-        def refuse(exc: Exception, code: str):
+        def refuse(exc: Exception, code: str) -> NoReturn:
             self.audit.write(AuditEvent(result="refused", error_codes=(code,), **base))
             raise exc
 
@@ -123,13 +166,18 @@ class ApprovalDesk:
             refuse(ForbiddenError("a requester never approves their own call"), "self_approval")
         current = record.as_of(now)
         if current.status == APPROVED and verdict == APPROVE:
-            return self.hide_token(current)  # a second click: the same approval, the same single token
+            return self.get(approval_id)  # a second click: the same approval, the same single token
         if current.status != PENDING:
             refuse(PreconditionError(f"the approval is {current.status}"), f"approval_{current.status}")
-        if not self._permitted(record, approver):
+        bundle = self.bundles.current  # one bundle for the approver's check, the call's and the token
+        if not self._permitted(bundle, record, approver):
             refuse(ForbiddenError(f"`{who}` may not approve this call"), "approver_not_permitted")
+        if verdict == APPROVE:
+            refusal = self._still_allowed(bundle, record)
+            if refusal is not None:
+                self._end_as_changed(record, refusal, now, {**base, "policy_version": bundle.version})
 
-        token = self._issue(record, who) if verdict == APPROVE else None
+        token = self._issue(record, who, bundle.version) if verdict == APPROVE else None
 
         def record_of(won: bool) -> AuditEvent:
             # Committed with the approval's change, before the token can leave the process;
@@ -141,7 +189,8 @@ class ApprovalDesk:
 
         won = self.store.decide(approval_id, status=APPROVED if token else REJECTED, approver=who, reason=reason[:500],
                                 now=now, token=token.token if token else "", token_jti=token.jti if token else "",
-                                token_expires_at=token.expires_at if token else None, audit=record_of)
+                                token_expires_at=token.expires_at if token else None,
+                                approved_version=bundle.version if token else "", audit=record_of)
         if not won:
             final = self.get(approval_id)
             if final.status == APPROVED and verdict == APPROVE:
@@ -150,21 +199,37 @@ class ApprovalDesk:
         self.poke()
         return self.get(approval_id)
 
-    def _permitted(self, record: ApprovalRecord, approver: TrustedContext) -> bool:
-        bundle = self.bundles.current
-        if bundle.approve is None:
-            return False
-        approval = {"uid": {"type": "Approval", "id": record.approval_id},
-                    "attrs": {"tool": record.tool, "group": record.group, "tenant": record.tenant,
-                              "requester": record.requester},
-                    "parents": [{"type": "Tenant", "id": record.tenant}]}
-        entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
-                                    [(approver.principal.type, approver.principal.id)], [approval],
-                                    reach=bundle.approve_reach)
-        request = {"principal": {"type": approver.principal.type, "id": approver.principal.id},
-                   "action": {"type": "Action", "id": APPROVE_ACTION},
-                   "resource": {"type": "Approval", "id": record.approval_id}, "context": {}}
-        return cedarpy.is_authorized(request, bundle.approve, entities).decision == cedarpy.Decision.Allow
+    def _permitted(self, bundle: Bundle, record: ApprovalRecord, approver: TrustedContext) -> bool:
+        subject = ApprovalSubject(record.approval_id, record.tenant, record.tool, record.group, record.requester)
+        return may_approve(bundle, approver, subject).decision is Decision.ALLOW
+
+    @staticmethod
+    def _still_allowed(bundle: Bundle, record: ApprovalRecord) -> ErrorDetail | None:
+        """None when the policies loaded now still let this approval stand for the call
+        (the ones that opened it trivially do), else why not."""
+        if bundle.version == record.policy_version:
+            return None
+        requester = TrustedContext(record.tenant, Principal(record.requester_type, record.requester_id),
+                                   record.request_id, record.call_entities)
+        call = ProposedCall(record.call_id, record.tool, record.call_input)
+        fresh = _redecide(bundle, requester, call, RunCounts(record.run_calls, record.run_tool_calls), record.digest)
+        return _refusal(fresh, record.group)
+
+    def _end_as_changed(self, record: ApprovalRecord, refusal: ErrorDetail, now: float, base: dict) -> NoReturn:
+        """The approval of a call the policies loaded now refuse ends as rejected, with the
+        reason on record and in the audit trail; the caller gets FAILED_PRECONDITION."""
+        reason = f"{refusal.code}: {refusal.message}"
+
+        def record_of(won: bool) -> AuditEvent:
+            return AuditEvent(result="refused" if won else "superseded", error_codes=(refusal.code,),
+                              detail={"reason": reason}, **base)
+
+        won = self.store.decide(record.approval_id, status=REJECTED, approver="", reason=reason, now=now,
+                                audit=record_of)
+        if won:
+            self.poke()
+            raise PreconditionError(refusal.message, code=refusal.code)
+        raise PreconditionError(f"the approval is {self.get(record.approval_id).status}")
 
     def poke(self) -> None:
         """Wake every watcher (a decision was made, or the clock moved in a test)."""
@@ -188,3 +253,30 @@ class ApprovalDesk:
             with self._changed:
                 if self._generation == generation:
                     self._changed.wait(min(MAX_WATCH_WAIT, until_expiry + 0.001))
+
+
+def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run: RunCounts, digest: str) -> Verdict:
+    """The call decided afresh by the engine under `bundle`: a DENY for anything that no
+    longer prepares (a tool gone, a schema narrowed, entities now refused) or no longer
+    has the digest the approval is bound to."""
+    try:
+        prepared = prepare(bundle, requester, call)
+        if prepared.digest != digest:
+            return Verdict(Decision.DENY, errors=(ErrorDetail("digest_mismatch", "the call is not the one approved"),))
+        return evaluate(bundle, requester, prepared, run, request_entities(bundle, requester, prepared))
+    except (InputError, RequestError) as exc:
+        code = exc.code if isinstance(exc, InputError) else "invalid_request"
+        return Verdict(Decision.DENY, errors=(ErrorDetail(code, "the call can no longer be prepared"),))
+
+
+def _refusal(fresh: Verdict, group: str) -> ErrorDetail | None:
+    """Why an approval by `group` no longer makes the call `fresh` runnable, or None:
+    it stands when the call is now allowed outright or still needs that same group."""
+    if fresh.decision is Decision.ALLOW:
+        return None
+    if fresh.decision is Decision.APPROVAL_REQUIRED:
+        if fresh.approval_group == group:
+            return None
+        return ErrorDetail(POLICY_CHANGED, f"the policies loaded now ask approval by `{fresh.approval_group}`, "
+                                           "not this approval's group; propose the call again")
+    return ErrorDetail(POLICY_CHANGED, "the policies loaded now deny this call")

@@ -57,6 +57,7 @@ class AuthorizeResult:
     token: IssuedToken | None = None
     approval_id: str = ""
     replayed: bool = False
+    approval_expires_at: float | None = None  # on APPROVAL_REQUIRED: when its approval expires
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,10 @@ class Authorizer:
                 return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
             verdict, token = latest[0][0].verdict, latest[0][0].token
             self._count_shadow(bundle, verdict)
-            approval_id = approvals[0].approval_id if verdict.decision is Decision.APPROVAL_REQUIRED else ""
+            approval = approvals[0] if verdict.decision is Decision.APPROVAL_REQUIRED else None
             return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
-                                   prepared.digest, token, approval_id)
+                                   prepared.digest, token, approval.approval_id if approval else "",
+                                   approval_expires_at=approval.expires_at if approval else None)
 
         entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, str(ctx.principal),
                           self.clock.now())
@@ -204,7 +206,7 @@ class Authorizer:
         approval = None
         if verdict.decision is Decision.APPROVAL_REQUIRED:
             if not approvals:
-                approvals.append(self._new_approval(ctx, call_id, prepared, verdict, base))
+                approvals.append(self._new_approval(ctx, call_id, prepared, verdict, base, RunCounts(*draft.counts)))
             approval = approvals[0]
         event = self._event({**base, "approval_id": approval.approval_id if approval else ""}, verdict,
                             jti=draft.token.jti if draft.token else "",
@@ -213,11 +215,11 @@ class Authorizer:
                                 verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
 
     def _new_approval(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict,
-                      base: dict) -> ApprovalRecord:
+                      base: dict, run: RunCounts) -> ApprovalRecord:
         if self.approvals is None:
             raise RuntimeError("a policy asks for approval but no approval desk is configured")
         return self.approvals.new_record(ctx, call_id, prepared, verdict, decision_id=base["decision_id"],
-                                         policy_version=base["policy_version"], fields=base["fields"])
+                                         policy_version=base["policy_version"], fields=base["fields"], run=run)
 
     def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry,
                 still_wanted: Callable[[], bool]) -> AuthorizeResult:
@@ -246,15 +248,22 @@ class Authorizer:
                 errors += (ErrorDetail("reissue_refused", "this call was decided too long ago or under other "
                                        "policies; propose it again with a new call id"),)
         elif decision is Decision.APPROVAL_REQUIRED and self.approvals:
-            token = self.approvals.token_for_replay(entry.approval_id, self.reissue_window)
+            # Re-decided under the policies loaded now if they are not those that approved it.
+            approval = self.approvals.on_replay(entry.approval_id, self.reissue_window, ctx, prepared)
+            token = approval.token if approval else None
             if token is not None:
                 decision = Decision.ALLOW  # approved by a second principal: now it may run
+            elif approval is not None and approval.refusal is not None:
+                decision, errors = Decision.DENY, errors + (approval.refusal,)
+        approval_expires_at = self.approvals.expiry(entry.approval_id) \
+            if decision is Decision.APPROVAL_REQUIRED and self.approvals else None
         verdict = Verdict(decision, entry.reasons, errors)
         self._record({**base, "decision_id": entry.decision_id, "policy_version": entry.policy_version,
                       "approval_id": entry.approval_id},
                      verdict, jti=token.jti if token else "", detail={"replayed": True})
         return AuthorizeResult(decision, entry.decision_id, entry.policy_version, entry.reasons, errors,
-                               prepared.digest, token, entry.approval_id, replayed=True)
+                               prepared.digest, token, entry.approval_id, replayed=True,
+                               approval_expires_at=approval_expires_at)
 
     def _issue(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, decision_id: str,
                version: str) -> IssuedToken:

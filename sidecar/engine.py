@@ -14,7 +14,7 @@ from jsonschema.exceptions import best_match
 
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
-from sidecar.bundle.cedar_schema import project
+from sidecar.bundle.cedar_schema import APPROVE_ACTION, project
 from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import call_digest
@@ -229,3 +229,37 @@ def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCoun
     except InputError as exc:
         return Verdict(Decision.DENY, errors=(ErrorDetail(exc.code, exc.message),))
     return evaluate(bundle, ctx, prepared, run, request_entities(bundle, ctx, prepared))
+
+
+@dataclass(frozen=True)
+class ApprovalSubject:
+    """What Cedar sees of an approval: `Approval::"<approval_id>"` with these attributes."""
+
+    approval_id: str
+    tenant: str
+    tool: str
+    group: str
+    requester: str  # the requester's Cedar uid, e.g. User::"alice"
+
+
+def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubject) -> Verdict:
+    """Whether `approver` may decide on `subject`: `Action::"approve"`, read as every
+    evaluation is (`_interpret`: an erroring forbid or an answer that is neither Allow nor
+    Deny denies). ALLOW, or a DENY with its reasons and errors; never APPROVAL_REQUIRED."""
+    if bundle.approve is None:
+        return Verdict(Decision.DENY, errors=(ErrorDetail("policy_denied", "no policy permits approving this call"),))
+    approval = {"uid": {"type": "Approval", "id": subject.approval_id},
+                "attrs": {"tool": subject.tool, "group": subject.group, "tenant": subject.tenant,
+                          "requester": subject.requester},
+                "parents": [{"type": "Tenant", "id": subject.tenant}]}
+    entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
+                                [(approver.principal.type, approver.principal.id)], [approval],
+                                reach=bundle.approve_reach)
+    request = {"principal": {"type": approver.principal.type, "id": approver.principal.id},
+               "action": {"type": "Action", "id": APPROVE_ACTION},
+               "resource": {"type": "Approval", "id": subject.approval_id}, "context": {}}
+    verdict = _interpret(bundle, cedarpy.is_authorized(request, bundle.approve, entities))
+    if verdict.decision is Decision.APPROVAL_REQUIRED:  # an approval of an approval is not one
+        gated = ErrorDetail("policy_denied", "an approver's permit cannot itself ask for approval")
+        return Verdict(Decision.DENY, verdict.reasons, verdict.errors + (gated,), detail=verdict.detail)
+    return verdict

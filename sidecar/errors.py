@@ -90,4 +90,9 @@ class ForbiddenError(ToolAuthzError):
 
 
 class PreconditionError(ToolAuthzError):
-    """The object is not in a state that allows this (e.g. an expired approval)."""
+    """The object is not in a state that allows this (e.g. an expired approval). `code`,
+    when set, is a stable machine code that leads the message (`policy_changed: ...`)."""
+
+    def __init__(self, message: str, code: str = ""):
+        self.code = code
+        super().__init__(f"{code}: {message}" if code else message)

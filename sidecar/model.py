@@ -44,11 +44,14 @@ class TrustedContext:
     request_id: str
     entities_json: bytes = b""
 
-    def check(self) -> None:
+    def check(self, *, require_request_id: bool = True) -> None:
+        """`require_request_id=False` for a person acting outside any model run (an
+        approver): an empty request_id is then accepted, a malformed one never."""
         _require(self.tenant, TENANT, "tenant")
         _require(self.principal.type, PRINCIPAL_TYPE, "principal type")
         _require(self.principal.id, PRINCIPAL_ID, "principal id")
-        _require(self.request_id, REQUEST_ID, "request_id")
+        if self.request_id or require_request_id:
+            _require(self.request_id, REQUEST_ID, "request_id")
         if len(self.entities_json) > MAX_ENTITIES_BYTES:
             raise RequestError(f"entities_json is larger than {MAX_ENTITIES_BYTES} bytes")
 

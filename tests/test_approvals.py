@@ -318,3 +318,185 @@ def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sideca
     _, response = pending(stub)  # the retry is decided afresh, with one approval
     assert [a.approval_id for a in sidecar.approval_store.list(tenant="acme", now=0.0, limit=10)] == \
         [response.approval_id]
+
+
+# -- one evaluator, fresh decisions, contract --------------------------------------------
+
+EMERGENCY_FORBID = 'forbid (principal, action == Action::"tool:issue_refund", resource);\n'
+
+
+def reload_with(sidecar, bundle_dir, name: str, text: str) -> str:
+    """Hot-swaps the running sidecar to the bundle with `name` written as `text`."""
+    from sidecar.bundle import load_bundle
+
+    (bundle_dir / name).write_text(text)
+    bundle = load_bundle(bundle_dir)
+    sidecar.bundles.swap(bundle)
+    return bundle.version
+
+
+def refused_approvals(sidecar) -> list:
+    return [r.event for r in sidecar.audit_log.query(AuditQuery(kind="approval", result="refused"), limit=10)]
+
+
+def test_an_approver_forbid_that_errors_refuses_the_approver(stub, approvals, sidecar, bundle_dir):
+    """The approver check goes through the engine: a forbid that cannot be evaluated
+    (a Long overflow) denies, though Cedar itself answers Allow from the permit."""
+    _, response = pending(stub)
+    reload_with(sidecar, bundle_dir, "approver_overflow.cedar",
+                '@id("approver-overflow") forbid (principal, action == Action::"approve", resource)\n'
+                "when { 9223372036854775807 + 1 > 0 };\n")
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert [e.error_codes for e in refused_approvals(sidecar)] == [("approver_not_permitted",)]
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id)).status == apb.PENDING
+
+
+def test_an_emergency_forbid_stops_a_pending_approval(stub, approvals, sidecar, bundle_dir):
+    request, response = pending(stub)
+    new_version = reload_with(sidecar, bundle_dir, "emergency.cedar", EMERGENCY_FORBID)
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith("policy_changed: ")
+    seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert seen.status == apb.REJECTED and seen.reason.startswith("policy_changed") and seen.token == ""
+    [refused] = refused_approvals(sidecar)
+    assert refused.error_codes == ("policy_changed",) and refused.policy_version == new_version
+    again = stub.Authorize(request)
+    assert again.replayed and again.token == "" and again.decision != pb.ALLOW
+    with pytest.raises(grpc.RpcError) as info:  # ended: no later click revives it
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_an_emergency_forbid_after_approval_withholds_the_token(stub, approvals, sidecar, bundle_dir):
+    request, response = pending(stub)
+    decide(approvals, response.approval_id)
+    reload_with(sidecar, bundle_dir, "emergency.cedar", EMERGENCY_FORBID)
+    seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert seen.status == apb.APPROVED and seen.token == ""
+    watched = list(approvals.WatchApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
+                                                                   context=request.context), timeout=30))
+    assert [(w.status, w.token) for w in watched] == [(apb.APPROVED, "")]
+    again = stub.Authorize(request)
+    assert again.replayed and again.decision == pb.DENY and again.token == ""
+    assert "policy_changed" in [e.code for e in again.errors]
+
+
+def test_an_approval_survives_a_reload_that_still_allows_the_call(stub, approvals, sidecar, bundle_dir):
+    """Under other policies that still ask the same group, approving works and the token
+    carries the version that re-decided it; after a further reload the token comes from
+    the replay, decided afresh once more."""
+    request, response = pending(stub)
+    harmless = '@id("no-deletes") forbid (principal, action == Action::"tool:issue_refund", resource)\n' \
+               'when { context.input.amount_cents < 0 };\n'
+    approving_version = reload_with(sidecar, bundle_dir, "harmless.cedar", harmless)
+    decided = decide(approvals, response.approval_id)
+    assert decided.status == apb.APPROVED
+    mine = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    from sidecar.tokens import CallClaims
+    claims = CallClaims("acme", "User", "alice", "issue_refund", "toolu_1")
+    assert sidecar.authorizer.verifier.verify(mine.token, response.digest, claims).claims["policy_version"] == \
+        approving_version
+    later_version = reload_with(sidecar, bundle_dir, "harmless.cedar", harmless + "// reworded\n")
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
+                                                        context=request.context)).token == ""
+    again = stub.Authorize(request)
+    assert again.replayed and again.decision == pb.ALLOW and again.token
+    assert sidecar.authorizer.verifier.verify(again.token, response.digest, claims).claims["policy_version"] == \
+        later_version
+    assert stub.Verify(verify_request(request, again.token)).valid
+
+
+def test_a_call_that_now_needs_no_approval_is_approved(stub, approvals, sidecar, bundle_dir):
+    request, response = pending(stub)
+    refunds = (bundle_dir / "refunds.cedar").read_text()
+    reload_with(sidecar, bundle_dir, "refunds.cedar", refunds.replace('@approval("finance")\n', ""))
+    assert decide(approvals, response.approval_id).status == apb.APPROVED
+    mine = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
+    assert stub.Verify(verify_request(request, mine.token)).valid
+
+
+def test_a_call_that_now_needs_another_group_ends_its_approval(stub, approvals, sidecar, bundle_dir):
+    request, response = pending(stub)
+    refunds = (bundle_dir / "refunds.cedar").read_text()
+    reload_with(sidecar, bundle_dir, "refunds.cedar", refunds.replace('@approval("finance")', '@approval("legal")'))
+    with pytest.raises(grpc.RpcError) as info:
+        decide(approvals, response.approval_id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "legal" in info.value.details()
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id)).status == apb.REJECTED
+    assert stub.Authorize(request).token == ""
+
+
+def test_the_approver_needs_no_request_id_but_a_given_one_must_be_well_formed(stub, approvals):
+    _, response = pending(stub)
+    without = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"))
+    malformed = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="-bad")
+    with pytest.raises(grpc.RpcError) as info:
+        approvals.DecideApproval(apb.DecideApprovalRequest(approval_id=response.approval_id, approver=malformed,
+                                                           verdict=apb.APPROVE))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    decided = approvals.DecideApproval(apb.DecideApprovalRequest(approval_id=response.approval_id, approver=without,
+                                                                 verdict=apb.APPROVE))
+    assert decided.status == apb.APPROVED
+
+
+def test_the_runtime_still_needs_a_request_id(stub):
+    request = make_request(args=LARGE)
+    request.context.request_id = ""
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Authorize(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_authorize_says_when_the_approval_expires(stub, clock):
+    request, response = pending(stub)
+    expected = clock.now() + 900
+    assert response.approval_expires_at.ToNanoseconds() == int(expected * 1e9)
+    clock.advance(10)
+    again = stub.Authorize(request)
+    assert again.replayed and again.approval_expires_at.ToNanoseconds() == int(expected * 1e9)
+    assert not stub.Authorize(make_request()).HasField("approval_expires_at")  # a plain ALLOW
+
+
+def test_the_kept_arguments_are_erased_when_the_approval_ends_and_never_audited(stub, approvals, sidecar, clock):
+    _, first = pending(stub, call_id="t1")
+    _, second = pending(stub, call_id="t2")
+    store = sidecar.approval_store
+    assert b"4111" in store.get(first.approval_id).call_input  # kept while it can be decided
+    decide(approvals, first.approval_id)
+    assert (store.get(first.approval_id).call_input, store.get(first.approval_id).call_entities) == (b"", b"")
+    clock.advance(901)
+    pending(stub, call_id="t3")  # the next approval written sweeps the expired one
+    assert store.get(second.approval_id).call_input == b""
+    trail = [json.dumps(r.event.__dict__, default=str) for r in sidecar.audit_log.query(AuditQuery(), limit=100)]
+    assert trail and not any("4111" in record for record in trail)
+    assert "4111" not in str(approvals.GetApproval(apb.GetApprovalRequest(approval_id=second.approval_id)))
+
+
+def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(tmp_path):
+    import sqlite3
+
+    from sidecar.store.sqlite_approvals import SqliteApprovals
+
+    path = str(tmp_path / "old.db")
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE approvals (approval_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, call_id TEXT NOT NULL, "
+                   "request_id TEXT NOT NULL, requester_type TEXT NOT NULL, requester_id TEXT NOT NULL, "
+                   "tool TEXT NOT NULL, resource TEXT NOT NULL, group_name TEXT NOT NULL, policy_id TEXT NOT NULL, "
+                   "digest TEXT NOT NULL, short_code TEXT NOT NULL, decision_id TEXT NOT NULL, "
+                   "policy_version TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL, "
+                   "fields TEXT NOT NULL, status TEXT NOT NULL, decided_at REAL, approver TEXT NOT NULL DEFAULT '', "
+                   "reason TEXT NOT NULL DEFAULT '', token TEXT NOT NULL DEFAULT '', "
+                   "token_jti TEXT NOT NULL DEFAULT '', token_expires_at REAL)")
+        db.execute("INSERT INTO approvals VALUES ('a1', 'acme', 'c1', 'r1', 'User', 'alice', 'issue_refund', "
+                   "'Order::\"o\"', 'finance', 'p', 'd', 'AAAA-AAAA', 'dec', 'v1', 1.0, 2.0, '{}', 'pending', "
+                   "NULL, '', '', '', '', NULL)")
+    store = SqliteApprovals(path)
+    try:
+        old = store.get("a1")
+        assert (old.call_input, old.approved_version, old.status) == (b"", "", "pending")
+    finally:
+        store.close()

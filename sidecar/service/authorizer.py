@@ -59,6 +59,8 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         if result.token is not None:
             response.token = result.token.token
             response.expires_at.CopyFrom(timestamp(result.token.expires_at))
+        if result.approval_expires_at is not None:
+            response.approval_expires_at.CopyFrom(timestamp(result.approval_expires_at))
         return response
 
     @status_mapped_async

@@ -38,6 +38,16 @@ class ApprovalRecord:
     token: str = ""
     token_jti: str = ""
     token_expires_at: float | None = None
+    # What re-deciding the call needs while the approval is pending (approvals.py): the
+    # call's arguments as canonical JSON and the entities its runtime vouched for. Kept
+    # nowhere else, never audited, erased when the approval is decided or has expired.
+    call_input: bytes = b""
+    call_entities: bytes = b""
+    # The run's counts the call was decided on, and the policy version that approved it
+    # (its token's `policy_version`).
+    run_calls: int = 0
+    run_tool_calls: int = 0
+    approved_version: str = ""
 
     @property
     def requester(self) -> str:
@@ -60,8 +70,9 @@ class ApprovalStore(Protocol):
 
     def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float,
                token: str = "", token_jti: str = "", token_expires_at: float | None = None,
-               audit: Callable[[bool], AuditEvent] | None = None) -> bool:
-        """Atomically moves a pending, unexpired approval to `status`; False when it was
-        no longer pending (someone else decided first, or it expired). `audit(won)` builds
-        the record of this attempt, committed in the same transaction: an approval never
-        changes without its record, nor is one recorded that did not happen."""
+               approved_version: str = "", audit: Callable[[bool], AuditEvent] | None = None) -> bool:
+        """Atomically moves a pending, unexpired approval to `status`, erasing its
+        `call_input` and `call_entities` (and those of every expired approval); False when
+        it was no longer pending (someone else decided first, or it expired). `audit(won)`
+        builds the record of this attempt, committed in the same transaction: an approval
+        never changes without its record, nor is one recorded that did not happen."""

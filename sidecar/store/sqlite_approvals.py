@@ -39,13 +39,27 @@ CREATE TABLE IF NOT EXISTS approvals (
     reason TEXT NOT NULL DEFAULT '',
     token TEXT NOT NULL DEFAULT '',
     token_jti TEXT NOT NULL DEFAULT '',
-    token_expires_at REAL
+    token_expires_at REAL,
+    call_input BLOB NOT NULL DEFAULT x'',
+    call_entities BLOB NOT NULL DEFAULT x'',
+    run_calls INTEGER NOT NULL DEFAULT 0,
+    run_tool_calls INTEGER NOT NULL DEFAULT 0,
+    approved_version TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
 """
 _COLUMNS = ("approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
             "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
-            "decided_at, approver, reason, token, token_jti, token_expires_at")
+            "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
+            "run_tool_calls, approved_version")
+# Columns added after the table's first version, with their definitions: a database
+# file created before them gets them when it is opened.
+_ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
+                  "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
+                  "approved_version": "TEXT NOT NULL DEFAULT ''"}
+# The arguments of a call are kept only while its approval can still be decided.
+_ERASE_EXPIRED_INPUTS = ("UPDATE approvals SET call_input = x'', call_entities = x'' "
+                         "WHERE status = 'pending' AND expires_at < ? AND (call_input != x'' OR call_entities != x'')")
 
 
 class SqliteApprovals(SqliteDatabase):
@@ -56,6 +70,14 @@ class SqliteApprovals(SqliteDatabase):
         require_same_file(path, audit, "audit log")
         super().__init__(path, _SCHEMA, label="approvals")
         self._audit = audit
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        with self.transaction() as db:
+            present = {row[1] for row in db.execute("PRAGMA table_info(approvals)")}
+            for name, definition in _ADDED_COLUMNS.items():
+                if name not in present:
+                    db.execute(f"ALTER TABLE approvals ADD COLUMN {name} {definition}")
 
     def create(self, r: ApprovalRecord) -> None:
         with self.transaction() as db:
@@ -65,11 +87,13 @@ class SqliteApprovals(SqliteDatabase):
     def create_in(db: sqlite3.Connection, r: ApprovalRecord) -> None:
         """Insert inside a write transaction the caller holds on this database: how the
         call ledger stores an approval with the decision that asks for it."""
-        db.execute(f"INSERT INTO approvals ({_COLUMNS}) VALUES ({', '.join('?' * 24)})",
+        db.execute(_ERASE_EXPIRED_INPUTS, (r.created_at,))
+        db.execute(f"INSERT INTO approvals ({_COLUMNS}) VALUES ({', '.join('?' * 29)})",
                    (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
                     r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
                     r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
-                    r.reason, r.token, r.token_jti, r.token_expires_at))
+                    r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
+                    r.run_calls, r.run_tool_calls, r.approved_version))
 
     def get(self, approval_id: str) -> ApprovalRecord | None:
         row = self.read(lambda db: db.execute(
@@ -98,15 +122,19 @@ class SqliteApprovals(SqliteDatabase):
         rows = self.read(lambda db: db.execute(sql, (*args, limit)).fetchall())
         return [_record(r).as_of(now) for r in rows]
 
-    def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None,
+    def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float, token: str = "",
+               token_jti: str = "", token_expires_at: float | None = None, approved_version: str = "",
                audit: Callable[[bool], AuditEvent] | None = None) -> bool:
         if audit is not None and self._audit is None:
             raise RuntimeError("an audited approval decision needs an approval store with an audit log")
         with self.transaction() as db:
             won = db.execute(
                 "UPDATE approvals SET status = ?, approver = ?, reason = ?, decided_at = ?, token = ?, token_jti = ?, "
-                "token_expires_at = ? WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
-                (status, approver, reason, now, token, token_jti, token_expires_at, approval_id, now)).rowcount == 1
+                "token_expires_at = ?, approved_version = ?, call_input = x'', call_entities = x'' "
+                "WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
+                (status, approver, reason, now, token, token_jti, token_expires_at, approved_version, approval_id,
+                 now)).rowcount == 1
+            db.execute(_ERASE_EXPIRED_INPUTS, (now,))
             if audit is not None:
                 self._audit.append_in(db, [audit(won)])
         return won
@@ -115,4 +143,5 @@ class SqliteApprovals(SqliteDatabase):
 def _record(row: sqlite3.Row | tuple) -> ApprovalRecord:
     values = list(row)
     values[16] = json.loads(values[16])
+    values[24], values[25] = bytes(values[24]), bytes(values[25])
     return ApprovalRecord(*values)

@@ -66,7 +66,9 @@ class ApprovalsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetApproval(self, request, context):
-        """With the requester's context, an approved approval carries its token.
+        """With the requester's context, an approved approval carries its token while the
+        policy version that approved it is loaded; after a reload the runtime replays the
+        call through Authorize, which re-decides it under the policies loaded now.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -81,7 +81,7 @@ class AuthorizeRequest(_message.Message):
     def __init__(self, context: _Optional[_Union[TrustedContext, _Mapping]] = ..., call: _Optional[_Union[ToolCall, _Mapping]] = ...) -> None: ...
 
 class AuthorizeResponse(_message.Message):
-    __slots__ = ("decision", "decision_id", "reasons", "errors", "policy_version", "token", "expires_at", "digest", "approval_id", "replayed")
+    __slots__ = ("decision", "decision_id", "reasons", "errors", "policy_version", "token", "expires_at", "digest", "approval_id", "replayed", "approval_expires_at")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class AuthorizeResponse(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     decision_id: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -102,7 +103,8 @@ class AuthorizeResponse(_message.Message):
     digest: str
     approval_id: str
     replayed: bool
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., decision_id: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[_Union[DecisionError, _Mapping]]] = ..., policy_version: _Optional[str] = ..., token: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., digest: _Optional[str] = ..., approval_id: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    approval_expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., decision_id: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[_Union[DecisionError, _Mapping]]] = ..., policy_version: _Optional[str] = ..., token: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., digest: _Optional[str] = ..., approval_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., approval_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("token", "context", "call")
