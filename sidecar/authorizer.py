@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from ulid import ULID
@@ -19,9 +19,9 @@ from sidecar.approvals import ApprovalDesk
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder
-from sidecar.bundle.catalog import resolve_pointer
+from sidecar.bundle.catalog import MAX_INPUT_BYTES_CEILING, resolve_pointer
 from sidecar.clock import Clock
-from sidecar.digest import call_digest
+from sidecar.digest import InputLimits, digest_call
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
 from sidecar.errors import InputError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
@@ -33,17 +33,56 @@ from sidecar.store.ledger import (
     CallLedger,
     ConsumeToken,
     LedgerOp,
+    OutcomeCaller,
     RecordedDecision,
     RecordOutcome,
     Reservation,
     ReserveCall,
     only_result,
 )
-from sidecar.strict_json import parse_strict_json
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
-MAX_VERIFY_INPUT_BYTES = 1 << 20
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """The call as every audit record about it names it. Made once from the trusted
+    context and the call envelope (`of`) or from the ledger's row (`of_entry`), then
+    completed with `replace` as the decision path learns more: the resource, digest and
+    allow-listed fields once the call is prepared, the approval a decision opens."""
+
+    kind: str
+    tenant: str
+    principal: str
+    request_id: str
+    call_id: str
+    tool: str
+    decision_id: str = ""
+    policy_version: str = ""
+    resource: str = ""
+    digest: str = ""
+    approval_id: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kind: str, ctx: TrustedContext, call_id: str, tool: str) -> CallRecord:
+        # The tool as the caller named it, cut short: it may be no tool at all.
+        return cls(kind, ctx.tenant, str(ctx.principal), ctx.request_id, call_id, tool[:64])
+
+    @classmethod
+    def of_entry(cls, kind: str, entry: CallEntry) -> CallRecord:
+        return cls(kind, entry.tenant, entry.principal, entry.request_id, entry.call_id, entry.tool,
+                   decision_id=entry.decision_id, policy_version=entry.policy_version, digest=entry.digest,
+                   approval_id=entry.approval_id)
+
+    def event(self, time: float, result: str, *, reasons: tuple[str, ...] = (), error_codes: tuple[str, ...] = (),
+              jti: str = "", detail: Mapping[str, Any] | None = None) -> AuditEvent:
+        return AuditEvent(kind=self.kind, time=time, decision_id=self.decision_id, request_id=self.request_id,
+                          call_id=self.call_id, tenant=self.tenant, principal=self.principal, tool=self.tool,
+                          resource=self.resource, result=result, reasons=reasons, error_codes=error_codes,
+                          digest=self.digest, policy_version=self.policy_version, jti=jti,
+                          approval_id=self.approval_id, fields=dict(self.fields), detail=dict(detail or {}))
 
 
 @dataclass(frozen=True)
@@ -144,95 +183,95 @@ class Authorizer:
         ctx.check()
         call.check()
         bundle = self.bundles.current
-        decision_id = self.new_id()
-        base = dict(kind="authorize", decision_id=decision_id, request_id=ctx.request_id, call_id=call.call_id,
-                    tenant=ctx.tenant, principal=str(ctx.principal), tool=call.name[:64],
-                    policy_version=bundle.version)
+        record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name),
+                         decision_id=self.new_id(), policy_version=bundle.version)
         try:
             prepared = prepare(bundle, ctx, call)
         except InputError as exc:
             verdict = deny(exc.code, exc.message)
-            return Plan(AppendAudit(self._event(base, verdict)),
-                        lambda _: AuthorizeResult(Decision.DENY, decision_id, bundle.version, errors=verdict.errors))
+            return Plan(AppendAudit(self._event(record, verdict)),
+                        lambda _: AuthorizeResult(Decision.DENY, record.decision_id, bundle.version,
+                                                  errors=verdict.errors))
 
-        base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
+        record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
         tool = prepared.slice.tool.name
 
         def draft(counts: tuple[int, int]) -> _Draft:
             verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
             wanted = verdict.decision is not Decision.ALLOW or still_wanted()
-            token = self._issue(ctx, call.call_id, prepared, decision_id, bundle.version) \
+            token = self._issue(ctx, call.call_id, prepared, record.decision_id, bundle.version) \
                 if verdict.decision is Decision.ALLOW and wanted else None
             return _Draft(counts, verdict, token, gone=not wanted)
 
-        latest: list[tuple[_Draft, RecordedDecision]] = []  # the last draft and what it records
-        approvals: list[ApprovalRecord] = []  # one approval id however often `decide` runs
+        state = _DecisionState()
 
         def decide(calls: int, tool_calls: int) -> RecordedDecision:
             # Called by the ledger before its transaction on the counts it expects, then
             # in it on the counts that hold: Cedar, the signature and the audit event are
             # made again only if they differ. The row, the token's jti, the approval a
             # policy asks for and the audit record commit together.
-            previous = latest[0][0] if latest else None
+            previous = state.draft
             current = previous
             if current is None or current.counts != (calls, tool_calls):
                 current = draft((calls, tool_calls))
             elif current.token is not None and not still_wanted():
                 current = _Draft(current.counts, current.verdict, None, gone=True)
-            if current is not previous:
-                latest[:] = [(current, self._recorded(ctx, call.call_id, prepared, current, base, approvals))]
-            return latest[0][1]
+            if current is not previous or state.recorded is None:
+                state.draft = current
+                state.recorded = self._recorded(ctx, prepared, current, record, state)
+            return state.recorded
 
         def finish(reservation: Reservation) -> AuthorizeResult:
             if reservation.existing is not None:
-                return self._replay(base, ctx, prepared, reservation.existing, still_wanted)
-            verdict, token = latest[0][0].verdict, latest[0][0].token
+                return self._replay(record, ctx, prepared, reservation.existing, still_wanted)
+            latest = state.latest()
+            verdict, token = latest.verdict, latest.token
             self._count_shadow(bundle, verdict)
-            approval = approvals[0] if verdict.decision is Decision.APPROVAL_REQUIRED else None
-            return AuthorizeResult(verdict.decision, decision_id, bundle.version, verdict.reasons, verdict.errors,
-                                   prepared.digest, token, approval.approval_id if approval else "",
+            approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
+            return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
+                                   verdict.errors, prepared.digest, token, approval.approval_id if approval else "",
                                    approval_expires_at=approval.expires_at if approval else None)
 
-        entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, str(ctx.principal),
+        entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
                           self.clock.now())
         return Plan(ReserveCall(entry, decide), finish)
 
-    def _recorded(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, draft: _Draft, base: dict,
-                  approvals: list[ApprovalRecord]) -> RecordedDecision:
+    def _recorded(self, ctx: TrustedContext, prepared: PreparedCall, draft: _Draft, record: CallRecord,
+                  state: _DecisionState) -> RecordedDecision:
         """What the ledger stores of a draft: the row's decision, the approval it opens
-        (made once per call, into `approvals`) and its audit event."""
+        (made once per call, kept in `state`) and its audit event."""
         verdict = draft.verdict
         approval = None
         if verdict.decision is Decision.APPROVAL_REQUIRED:
-            if not approvals:
-                approvals.append(self._new_approval(ctx, call_id, prepared, verdict, base, RunCounts(*draft.counts)))
-            approval = approvals[0]
-        event = self._event({**base, "approval_id": approval.approval_id if approval else ""}, verdict,
+            if state.approval is None:
+                state.approval = self._new_approval(ctx, prepared, verdict, record, RunCounts(*draft.counts))
+            approval = state.approval
+        event = self._event(replace(record, approval_id=approval.approval_id if approval else ""), verdict,
                             jti=draft.token.jti if draft.token else "",
                             detail={"client_gone": True} if draft.gone else None)
-        return RecordedDecision(verdict.decision.value, base["decision_id"], base["policy_version"],
+        return RecordedDecision(verdict.decision.value, record.decision_id, record.policy_version,
                                 verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
 
-    def _new_approval(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict,
-                      base: dict, run: RunCounts) -> ApprovalRecord:
+    def _new_approval(self, ctx: TrustedContext, prepared: PreparedCall, verdict: Verdict,
+                      record: CallRecord, run: RunCounts) -> ApprovalRecord:
         if self.approvals is None:
             raise RuntimeError("a policy asks for approval but no approval desk is configured")
-        return self.approvals.new_record(ctx, call_id, prepared, verdict, decision_id=base["decision_id"],
-                                         policy_version=base["policy_version"], fields=base["fields"], run=run)
+        return self.approvals.new_record(ctx, record.call_id, prepared, verdict, decision_id=record.decision_id,
+                                         policy_version=record.policy_version, fields=dict(record.fields), run=run)
 
-    def _replay(self, base: dict, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry,
+    def _replay(self, record: CallRecord, ctx: TrustedContext, prepared: PreparedCall, entry: CallEntry,
                 still_wanted: Callable[[], bool]) -> AuthorizeResult:
-        version = base["policy_version"]
+        version = record.policy_version
         if entry.digest != prepared.digest:
             verdict = deny("call_id_reused", "this call id was already used for a different call")
-            self._record(base, verdict, detail={"original_decision_id": entry.decision_id})
-            return AuthorizeResult(Decision.DENY, base["decision_id"], version, errors=verdict.errors,
+            self._record(record, verdict, detail={"original_decision_id": entry.decision_id})
+            return AuthorizeResult(Decision.DENY, record.decision_id, version, errors=verdict.errors,
                                    digest=prepared.digest)
         if not entry.decided:
             verdict = deny("call_in_progress", "this call is still being decided; retry shortly")
-            self._record(base, verdict)
-            return AuthorizeResult(Decision.DENY, base["decision_id"], version, errors=verdict.errors,
+            self._record(record, verdict)
+            return AuthorizeResult(Decision.DENY, record.decision_id, version, errors=verdict.errors,
                                    digest=prepared.digest)
         decision = Decision(entry.decision)
         errors = tuple(ErrorDetail(c, m) for c, m in entry.errors)
@@ -258,9 +297,9 @@ class Authorizer:
         approval_expires_at = self.approvals.expiry(entry.approval_id) \
             if decision is Decision.APPROVAL_REQUIRED and self.approvals else None
         verdict = Verdict(decision, entry.reasons, errors)
-        self._record({**base, "decision_id": entry.decision_id, "policy_version": entry.policy_version,
-                      "approval_id": entry.approval_id},
-                     verdict, jti=token.jti if token else "", detail={"replayed": True})
+        original = replace(record, decision_id=entry.decision_id, policy_version=entry.policy_version,
+                           approval_id=entry.approval_id)
+        self._record(original, verdict, jti=token.jti if token else "", detail={"replayed": True})
         return AuthorizeResult(decision, entry.decision_id, entry.policy_version, entry.reasons, errors,
                                prepared.digest, token, entry.approval_id, replayed=True,
                                approval_expires_at=approval_expires_at)
@@ -278,26 +317,34 @@ class Authorizer:
     def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> Plan[VerifyResult]:
         ctx.check()
         call.check()
-        base = dict(kind="verify", request_id=ctx.request_id, call_id=call.call_id, tenant=ctx.tenant,
-                    principal=str(ctx.principal), tool=call.name[:64])
         try:
-            value = parse_strict_json(call.input_json, max_bytes=MAX_VERIFY_INPUT_BYTES)
-            digest = call_digest(tool=call.name, input=value, principal_type=ctx.principal.type,
-                                 principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
+            digest = digest_call(ctx, call, self._verify_limits(call.name)).digest
         except InputError:
-            digest = ""  # no token was ever issued for input that does not parse
+            digest = ""  # Authorize refuses such input: no token was ever issued for it
         expected = CallClaims(ctx.tenant, ctx.principal.type, ctx.principal.id, call.name, call.call_id)
         if digest:
             checked = self.verifier.verify(token, digest, expected)
             code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
         else:
             code, jti, decision_id = "bad_signature", "", ""
-        event = lambda result: AuditEvent(  # noqa: E731
-            time=self.clock.now(), decision_id=decision_id, result=result, digest=digest, jti=jti, **base)
+        record = replace(CallRecord.of("verify", ctx, call.call_id, call.name), decision_id=decision_id,
+                         digest=digest)
+
+        def event(result: str) -> AuditEvent:
+            return record.event(self.clock.now(), result, jti=jti)
+
         if code == "ok":  # single use and its record: one transaction
             return Plan(ConsumeToken(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event),
                         lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id))
         return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id))
+
+    def _verify_limits(self, tool_name: str) -> InputLimits:
+        """The limits Authorize parses a call of `tool_name` with. A tool the loaded
+        bundle no longer has may still hold a token issued under an older one, so its
+        input is read up to the largest `max_input_bytes` any bundle may set: input
+        beyond that was never authorized under any bundle."""
+        tool_slice = self.bundles.current.tools.get(tool_name)
+        return InputLimits(tool_slice.tool.max_input_bytes if tool_slice is not None else MAX_INPUT_BYTES_CEILING)
 
     # -- ReportOutcome -----------------------------------------------------------------
 
@@ -308,43 +355,56 @@ class Authorizer:
     def plan_report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
                             output_digest: str = "") -> Plan[OutcomeResult]:
         """The outcome and its audit record commit together: a call never shows an outcome
-        the audit trail lacks (NotFoundError for another principal's call)."""
+        the audit trail lacks. Only the principal and run (request id) the call was decided
+        for may report it: anyone else gets ForbiddenError, recorded in the audit trail,
+        and changes nothing. The identical report again is answered as the first was and
+        recorded once; another outcome after the first is a ConflictError."""
         ctx.check()
         ProposedCall(call_id, "-", b"").check()
         if status not in OUTCOMES:
             raise InputError("invalid_outcome", f"outcome must be one of {', '.join(OUTCOMES)}")
+        caller = CallRecord.of("outcome", ctx, call_id, "")
 
-        def record(entry: CallEntry) -> AuditEvent:
-            detail = {"error_code": error_code, "output_digest": output_digest}
+        def accepted(entry: CallEntry) -> AuditEvent:
+            detail: dict[str, Any] = {"error_code": error_code, "output_digest": output_digest}
             if not entry.verified_jti:
                 detail["flags"] = ["unverified_outcome"]
-            return AuditEvent(kind="outcome", time=self.clock.now(), decision_id=entry.decision_id,
-                              request_id=entry.request_id, call_id=call_id, tenant=ctx.tenant,
-                              principal=entry.principal, tool=entry.tool, result=status, digest=entry.digest,
-                              jti=entry.verified_jti, detail=detail)
+            return CallRecord.of_entry("outcome", entry).event(self.clock.now(), status, jti=entry.verified_jti,
+                                                              detail=detail)
+
+        def refused(entry: CallEntry) -> AuditEvent:
+            # Named as the caller claimed to be, with the call it tried to close.
+            mismatch = [name for name, theirs, ours in (("principal", entry.principal, caller.principal),
+                                                          ("request_id", entry.request_id, caller.request_id))
+                        if theirs != ours]
+            shown = replace(caller, tool=entry.tool, decision_id=entry.decision_id)
+            return shown.event(self.clock.now(), "refused", error_codes=("not_call_owner",),
+                               detail={"outcome": status, "mismatch": mismatch})
 
         op = RecordOutcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now(),
-                           principal=str(ctx.principal), audit=record)
+                           caller=OutcomeCaller(caller.principal, caller.request_id), audit=accepted,
+                           refused=refused)
         return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti))
 
     # -- audit helpers -----------------------------------------------------------------
 
-    def _fields(self, prepared: PreparedCall) -> dict:
-        out = {}
+    def _fields(self, prepared: PreparedCall) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for pointer in prepared.slice.tool.audit_fields:
             found, value = resolve_pointer(prepared.input, pointer)
             if found:
                 out[pointer] = value
         return out
 
-    def _record(self, base: dict, verdict: Verdict, *, jti: str = "", detail: dict | None = None) -> None:
-        self._write(self._event(base, verdict, jti=jti, detail=detail))
+    def _record(self, record: CallRecord, verdict: Verdict, *, jti: str = "",
+                detail: Mapping[str, Any] | None = None) -> None:
+        self._write(self._event(record, verdict, jti=jti, detail=detail))
 
-    def _event(self, base: dict, verdict: Verdict, *, jti: str = "", detail: dict | None = None) -> AuditEvent:
-        return AuditEvent(
-            time=self.clock.now(), result=verdict.decision.value, reasons=verdict.reasons,
-            error_codes=tuple(e.code for e in verdict.errors), jti=jti,
-            detail={**verdict.detail, **(detail or {})}, **base)
+    def _event(self, record: CallRecord, verdict: Verdict, *, jti: str = "",
+               detail: Mapping[str, Any] | None = None) -> AuditEvent:
+        return record.event(self.clock.now(), verdict.decision.value, reasons=verdict.reasons,
+                            error_codes=tuple(e.code for e in verdict.errors), jti=jti,
+                            detail={**verdict.detail, **(detail or {})})
 
     def _write(self, event: AuditEvent) -> None:
         self.audit.write(event)  # raises StoreUnavailable: the caller sends no token
@@ -369,6 +429,21 @@ class _Draft:
     verdict: Verdict
     token: IssuedToken | None
     gone: bool = False
+
+
+@dataclass
+class _DecisionState:
+    """What one Authorize's `decide` made so far: the ledger may call it more than once
+    (before its transaction and in it), and the call opens at most one approval."""
+
+    draft: _Draft | None = None
+    recorded: RecordedDecision | None = None  # what the ledger stores of `draft`
+    approval: ApprovalRecord | None = None
+
+    def latest(self) -> _Draft:
+        if self.draft is None:
+            raise RuntimeError("the ledger recorded a new call without asking for its decision")
+        return self.draft
 
 
 def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:

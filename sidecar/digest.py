@@ -8,14 +8,45 @@ some other JSON document the system signs or records.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import rfc8785
 
 from sidecar.errors import InputError
+from sidecar.model import ProposedCall, TrustedContext
+from sidecar.strict_json import parse_strict_json
 
-__all__ = ["DIGEST_DOMAIN", "call_digest", "canonical_json"]
+__all__ = ["DIGEST_DOMAIN", "MAX_DEPTH", "DigestedCall", "InputLimits", "call_digest", "canonical_json",
+           "digest_call"]
 
 DIGEST_DOMAIN = b"toolauthz/call/v1\n"
+MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How much input a call may carry before it is refused unparsed."""
+
+    max_bytes: int
+    max_depth: int = MAX_DEPTH
+
+
+@dataclass(frozen=True)
+class DigestedCall:
+    """A call's arguments as strictly parsed, and the digest a token for it is bound to."""
+
+    input: object
+    digest: str
+
+
+def digest_call(ctx: TrustedContext, call: ProposedCall, limits: InputLimits) -> DigestedCall:
+    """The one way from `input_json` to a digest, for Authorize and Verify alike: the
+    same strict parsing and depth limit, so that no input can verify that Authorize would
+    have refused. Raises InputError."""
+    value = parse_strict_json(call.input_json, max_bytes=limits.max_bytes, max_depth=limits.max_depth)
+    digest = call_digest(tool=call.name, input=value, principal_type=ctx.principal.type,
+                         principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
+    return DigestedCall(value, digest)
 
 
 def canonical_json(obj: object) -> bytes:

@@ -17,12 +17,10 @@ from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
 from sidecar.bundle.cedar_schema import APPROVE_ACTION, project
 from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.loader import ToolSlice
-from sidecar.digest import call_digest
+from sidecar.digest import InputLimits, digest_call
 from sidecar.errors import InputError, RequestError
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
-from sidecar.strict_json import parse_strict_json
 
-MAX_DEPTH = 64
 _ERRORED_POLICY = re.compile(r"policy `([^`]*)`")
 
 
@@ -43,7 +41,7 @@ class PreparedCall:
 
 @dataclass(frozen=True)
 class RunCounts:
-    calls: int = 0  # calls already decided in this request_id
+    calls: int = 0  # calls of this request_id already allowed or approved
     tool_calls: int = 0  # of them, calls of this tool
 
 
@@ -56,7 +54,8 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         shown = call.name if TOOL_NAME.match(call.name) else call.name[:64].encode("ascii", "replace").decode()
         raise InputError("unknown_tool", f"no tool named `{shown}` is available")
     tool = tool_slice.tool
-    value = parse_strict_json(call.input_json, max_bytes=tool.max_input_bytes, max_depth=MAX_DEPTH)
+    digested = digest_call(ctx, call, InputLimits(tool.max_input_bytes))
+    value = digested.input
     # is_valid stops at the first failure; the ranking of every error is only worth its
     # cost when there is one to report.
     error = None if tool.validator.is_valid(value) else best_match(tool.validator.iter_errors(value))
@@ -71,9 +70,7 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         if isinstance(raw, float):  # `integer` accepts 7.0; the id is the canonical "7"
             raw = int(raw)
         rtype, rid = tool.resource_type, str(raw)
-    digest = call_digest(tool=tool.name, input=value, principal_type=ctx.principal.type,
-                         principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=call.call_id)
-    return PreparedCall(tool_slice, value, digest, rtype, rid)
+    return PreparedCall(tool_slice, value, digested.digest, rtype, rid)
 
 
 def evaluate(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall, run: RunCounts,

@@ -401,3 +401,79 @@ def test_a_decision_and_its_audit_event_are_made_once_when_the_draft_holds(stub,
     assert response.decision == pb.ALLOW
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=5)
     assert len(made) == 1 and record.event == made[0]
+
+
+def _limit_refunds_to(bundle_dir, sidecar, limit: int) -> None:
+    from sidecar.bundle import load_bundle
+
+    path = bundle_dir / "tools" / "issue_refund.yaml"
+    path.write_text(path.read_text().replace("max_calls_per_run: 5", f"max_calls_per_run: {limit}"))
+    sidecar.bundles.swap(load_bundle(bundle_dir))
+    assert sidecar.bundles.current.tools["issue_refund"].tool.max_calls_per_run == limit
+
+
+SMALL, FORBIDDEN, LARGE = ({"order_id": "ord_1", "amount_cents": 1500}, {"order_id": "ord_1", "amount_cents": 20_000},
+                           {"order_id": "ord_1", "amount_cents": 6000})
+
+
+def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bundle_dir, channel):
+    """A denial leaves the budget as it was; a pending approval holds a share until it is
+    rejected (or expires), then gives it back."""
+    from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+    from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+
+    _limit_refunds_to(bundle_dir, sidecar, 3)
+    responses = [stub.Authorize(make_request(args=args, call_id=f"c{i}"))
+                 for i, args in enumerate([SMALL, FORBIDDEN, LARGE, SMALL])]
+    assert [r.decision for r in responses] == [pb.ALLOW, pb.DENY, pb.APPROVAL_REQUIRED, pb.ALLOW]
+    over = stub.Authorize(make_request(args=SMALL, call_id="c4"))
+    assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
+    bob = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="ui")
+    apb_grpc.ApprovalsStub(channel).DecideApproval(apb.DecideApprovalRequest(
+        approval_id=responses[2].approval_id, approver=bob, verdict=apb.REJECT, reason="no"))
+    assert stub.Authorize(make_request(args=SMALL, call_id="c5")).decision == pb.ALLOW  # the share came back
+    over = stub.Authorize(make_request(args=SMALL, call_id="c6"))
+    assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
+
+
+def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_dir):
+    """Approvals opened while under the limit could otherwise all be approved later."""
+    _limit_refunds_to(bundle_dir, sidecar, 3)
+    decisions = [stub.Authorize(make_request(args=LARGE, call_id=f"c{i}")) for i in range(4)]
+    assert [r.decision for r in decisions[:3]] == [pb.APPROVAL_REQUIRED] * 3
+    assert decisions[3].decision == pb.DENY and error_codes(decisions[3]) == ["limit_exceeded"]
+
+
+def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, sidecar, bundle_dir, channel):
+    from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
+    from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+
+    _limit_refunds_to(bundle_dir, sidecar, 3)
+    assert stub.Authorize(make_request(args=SMALL, call_id="c0")).decision == pb.ALLOW
+    gated = stub.Authorize(make_request(args=LARGE, call_id="c1"))
+    assert gated.decision == pb.APPROVAL_REQUIRED
+    bob = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="ui")
+    decided = apb_grpc.ApprovalsStub(channel).DecideApproval(apb.DecideApprovalRequest(
+        approval_id=gated.approval_id, approver=bob, verdict=apb.APPROVE, reason="ok"))
+    assert decided.status == apb.APPROVED
+    assert stub.Authorize(make_request(args=SMALL, call_id="c2")).decision == pb.ALLOW
+    over = stub.Authorize(make_request(args=SMALL, call_id="c3"))
+    assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
+
+
+def test_the_run_limit_holds_when_denials_and_allowed_calls_race(stub, sidecar, bundle_dir):
+    """Batched together, denials do not take the place of allowed calls in the count,
+    nor does any interleaving let more than the limit through."""
+    _limit_refunds_to(bundle_dir, sidecar, 3)
+    barrier = threading.Barrier(12)
+
+    def call(i):
+        barrier.wait(30)
+        return i, stub.Authorize(make_request(args=FORBIDDEN if i % 2 else SMALL, call_id=f"c{i}"))
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        responses = dict(pool.map(call, range(12)))
+    small = [responses[i] for i in range(0, 12, 2)]
+    assert sum(r.decision == pb.ALLOW for r in small) == 3
+    assert all(error_codes(r) == ["limit_exceeded"] for r in small if r.decision != pb.ALLOW)
+    assert all(responses[i].decision == pb.DENY for i in range(1, 12, 2))

@@ -217,13 +217,14 @@ def test_authorize_retried_after_a_lost_response_replays_the_same_decision(proxy
         assert client.verify(response.token, alice(), call()).valid
 
 
-def test_report_outcome_already_exists_after_a_retry_is_success(proxy, sidecar):
+def test_report_outcome_retried_after_a_lost_response_gets_the_first_answer(proxy, sidecar):
     servicer, client = proxy({"ReportOutcome"})
     with client:
-        token = client.authorize(alice(), call()).token
-        client.verify(token, alice(), call())
+        allowed = client.authorize(alice(), call())
+        client.verify(allowed.token, alice(), call())
         report = client.report_outcome(ALICE, "toolu_1", "completed")
-        assert report.already_recorded and servicer.seen.count("ReportOutcome") == 2
+        assert servicer.seen.count("ReportOutcome") == 2  # the first was recorded, its answer lost
+        assert (report.decision_id, report.unverified) == (allowed.decision_id, False)
         assert sidecar.ledger.get("acme", "toolu_1").outcome == "completed"
         with pytest.raises(grpc.RpcError) as info:  # a first attempt that finds one: someone else's
             client.report_outcome(ALICE, "toolu_1", "failed")

@@ -305,15 +305,55 @@ def test_exactly_one_terminal_outcome(stub, sidecar):
     assert record.event.result == "completed" and record.event.detail["output_digest"] == "ab" * 32
 
 
-def test_outcome_for_unknown_call_or_other_principal_is_not_found(stub):
+def test_outcome_for_an_unknown_call_or_from_another_tenant_is_not_found(stub):
+    """Calls are kept per tenant: another tenant's call id names no call of its own."""
     request, _ = allowed(stub)
     with pytest.raises(grpc.RpcError) as info:
         stub.ReportOutcome(outcome(request, call_id="toolu_nope"))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    other = make_request(principal="mallory")
     with pytest.raises(grpc.RpcError) as info:
-        stub.ReportOutcome(outcome(other))
+        stub.ReportOutcome(outcome(make_request(tenant="globex")))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("spoofed", [{"principal": "mallory"}, {"request_id": "run-2"},
+                                     {"principal": "mallory", "request_id": "run-2"}])
+def test_a_spoofed_caller_of_the_same_tenant_cannot_close_the_call(stub, sidecar, spoofed):
+    request, response = allowed(stub)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportOutcome(outcome(make_request(**spoofed), pb.CANCELLED))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "mallory" not in info.value.details() and "alice" not in info.value.details()
+    [refusal] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
+    event = refusal.event
+    assert (event.result, event.error_codes, event.decision_id) == ("refused", ("not_call_owner",),
+                                                                     response.decision_id)
+    assert event.principal == f'User::"{spoofed.get("principal", "alice")}"'
+    assert event.request_id == spoofed.get("request_id", "run-1")
+    assert event.detail["mismatch"] == [name for name in ("principal", "request_id") if name in spoofed]
+    assert sidecar.ledger.get("acme", "toolu_1").outcome == ""
+    # The real runtime's call is untouched: its token still runs it, and it reports.
+    assert stub.Verify(verify_request(request, response.token)).code == "ok"
+    assert stub.ReportOutcome(outcome(request)).decision_id == response.decision_id
+
+
+def test_the_same_outcome_reported_again_is_answered_again_and_recorded_once(stub, sidecar):
+    request, response = allowed(stub)
+    assert stub.Verify(verify_request(request, response.token)).valid
+    first = stub.ReportOutcome(outcome(request))
+    again = stub.ReportOutcome(outcome(request))
+    assert again == first and first.decision_id == response.decision_id
+    for different in (outcome(request, pb.FAILED),
+                      pb.ReportOutcomeRequest(context=request.context, call_id="toolu_1", status=pb.COMPLETED,
+                                              output_digest="cd" * 32),
+                      pb.ReportOutcomeRequest(context=request.context, call_id="toolu_1", status=pb.COMPLETED,
+                                              error_code="E1", output_digest="ab" * 32)):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ReportOutcome(different)
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    records = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
+    assert [r.event.result for r in records] == ["completed"]
+    assert sidecar.ledger.get("acme", "toolu_1").extra["output_digest"] == "ab" * 32
 
 
 def test_outcome_without_verification_is_recorded_and_flagged(stub, sidecar):
@@ -358,3 +398,64 @@ def test_audit_failure_of_an_outcome_records_neither(stub, sidecar, monkeypatch)
     assert stub.ReportOutcome(outcome(request)).decision_id == response.decision_id
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="outcome"), limit=5)
     assert record.event.result == "completed" and sidecar.ledger.get("acme", "toolu_1").outcome == "completed"
+
+
+# -- Verify reads the call as Authorize does ------------------------------------------------
+
+def _forge(sidecar, request, raw: bytes) -> str:
+    """A token for `raw` as a lax parser (json.loads) reads it, signed by the sidecar's
+    own key: what Verify would accept if it parsed input other than Authorize does."""
+    from sidecar.digest import call_digest
+
+    ctx = request.context
+    digest = call_digest(tool=request.call.name, input=json.loads(raw), principal_type=ctx.principal.type,
+                         principal_id=ctx.principal.id, tenant=ctx.tenant, call_id=request.call.call_id)
+    claims = CallClaims(ctx.tenant, ctx.principal.type, ctx.principal.id, request.call.name, request.call.call_id)
+    return sidecar.authorizer.issuer.issue(claims, digest, decision_id="forged", policy_version="v0").token
+
+
+REFUSED_INPUTS = {
+    "above max_input_bytes": b'{"order_id": "ord_1", "amount_cents": 1500, "pad": "' + b"x" * 5000 + b'"}',
+    "too deep": b'{"order_id": "ord_1", "amount_cents": 1500, "x": ' + b"[" * 70 + b"]" * 70 + b"}",
+    "duplicate keys": b'{"order_id": "ord_1", "amount_cents": 1500, "reason": "a", "reason": "b"}',
+    "negative zero": b'{"order_id": "ord_1", "amount_cents": 1500, "n": -0}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_INPUTS))
+def test_input_authorize_refuses_never_verifies(stub, sidecar, name):
+    raw = REFUSED_INPUTS[name]
+    request, response = allowed(stub)
+    refused = make_request(args=raw, call_id="toolu_2")
+    answer = stub.Authorize(refused)
+    assert answer.decision == pb.DENY and [e.code for e in answer.errors] == ["invalid_input"]
+    presented = verify_request(request, _forge(sidecar, request, raw))
+    presented.call.input_json = raw
+    assert stub.Verify(presented).code == "bad_signature"
+    assert stub.Verify(verify_request(request, response.token)).code == "ok"  # the identical call
+
+
+@pytest.mark.parametrize("raw", [b'{"order_id": "ord_1", "amount_cents": NaN}',
+                                 b'{"order_id": "ord_1", "amount_cents": 1500, "amount_cents": 1500}',
+                                 b" " * (2 << 20) + b'{"order_id": "ord_1", "amount_cents": 1500}'])
+def test_a_real_token_with_unparseable_input_is_bad_signature(stub, raw):
+    request, response = allowed(stub)
+    presented = verify_request(request, response.token)
+    presented.call.input_json = raw
+    assert stub.Verify(presented).code == "bad_signature"
+    assert stub.Verify(verify_request(request, response.token)).code == "ok"
+
+
+def test_a_token_of_a_tool_the_bundle_no_longer_has_verifies_for_the_identical_call(stub, sidecar, bundle_dir):
+    from sidecar.bundle import load_bundle
+
+    request, response = allowed(stub, tool="measure_runtime", entities=[],
+                                args={"prototype": "A", "metric": "runtime", "unit": "hours"})
+    for path in ("tools/measure_runtime.yaml", "measurements.cedar", "tests/measurements.yaml"):
+        (bundle_dir / path).unlink()
+    sidecar.bundles.swap(load_bundle(bundle_dir))
+    assert "measure_runtime" not in sidecar.bundles.current.tools
+    changed = verify_request(request, response.token)
+    changed.call.input_json = b'{"prototype": "B", "metric": "runtime", "unit": "hours"}'
+    assert stub.Verify(changed).code == "bad_signature"
+    assert stub.Verify(verify_request(request, response.token)).code == "ok"

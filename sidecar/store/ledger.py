@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from sidecar.store.approvals import ApprovalRecord
 
 OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
+# The decisions that hold a share of a run's budget (`max_calls_per_run`) when recorded:
+# an ALLOW, and a call waiting for approval, which may still run. A rejected or expired
+# approval gives its share back; a denial never takes one. Counting only approved calls
+# would let a run open any number of approvals while under its limit and have them all
+# approved later, each one executed.
+BUDGETED_DECISIONS = ("ALLOW", "APPROVAL_REQUIRED")
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,14 @@ class RecordedDecision:
     # For APPROVAL_REQUIRED: the pending approval, stored in that transaction too.
     approval: ApprovalRecord | None = None
 
+    @property
+    def uses_run_budget(self) -> bool:
+        return self.decision in BUDGETED_DECISIONS
 
-# Called with the run's counts (calls, tool_calls) inside reserve's transaction.
+
+# Called with the run's counts (calls, tool_calls) inside reserve's transaction: its calls
+# that were allowed, or asked for an approval that is pending or approved, of all tools and
+# of the entry's tool.
 Decide = Callable[[int, int], "RecordedDecision | None"]
 
 
@@ -93,10 +105,23 @@ class ConsumeToken:
 
 
 @dataclass(frozen=True)
+class OutcomeCaller:
+    """Who reports an outcome, as the call's row names them (`CallEntry.principal` and
+    `request_id`)."""
+
+    principal: str
+    request_id: str
+
+
+@dataclass(frozen=True)
 class RecordOutcome:
-    """`record_outcome(...)` as an operation; its result is the updated CallEntry. With
-    `principal`, a call of another principal is not found. `audit` builds the outcome's
-    record from the updated entry, committed with it."""
+    """`record_outcome(...)` as an operation; its result is the CallEntry with the
+    outcome. With `caller`, only the principal and run the call was decided for may
+    report it: anyone else gets ForbiddenError and changes nothing but the audit trail,
+    where `refused` builds the refusal's record from the call's entry. `audit` builds the
+    outcome's record from the updated entry, committed with it. The outcome already
+    recorded, reported again (same status, error code and output digest), returns the
+    entry as it is and writes nothing."""
 
     tenant: str
     call_id: str
@@ -104,8 +129,9 @@ class RecordOutcome:
     error_code: str
     output_digest: str
     now: float
-    principal: str = ""
+    caller: OutcomeCaller | None = None
     audit: Callable[[CallEntry], AuditEvent] | None = None
+    refused: Callable[[CallEntry], AuditEvent] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,12 +158,15 @@ class CallLedger(Protocol):
         """Runs the operations in order, each with the meaning of the method it names,
         sharing transactions (and their fsync) as the backend sees fit, and returns each
         one's result, or the exception it failed with instead of raising it: an operation
-        that fails writes nothing and leaves the others alone; a transaction that fails
+        that fails writes nothing but the audit record of its refusal, if it has one, and
+        leaves the others alone; a transaction that fails
         gives each of its operations a StoreUnavailable of its own."""
 
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
         """Atomically: if (tenant, call_id) exists return it; else count the calls of
-        entry.request_id (all tools, and entry.tool) and insert the entry.
+        entry.request_id that use the run's budget (all tools, and entry.tool: those
+        allowed and those whose approval is pending or approved) and insert
+        the entry.
 
         With `decide`, the counts go to `decide` inside the same transaction and the
         entry is inserted with the decision it returns (undecided if it returns None,
@@ -168,7 +197,8 @@ class CallLedger(Protocol):
 
     def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str,
                        output_digest: str, now: float) -> CallEntry:
-        """The one terminal outcome. Raises NotFoundError or ConflictError. (As an
-        operation, RecordOutcome, it also commits the outcome's audit record with it.)"""
+        """The one terminal outcome; the same outcome again returns the entry unchanged.
+        Raises NotFoundError, or ConflictError for another outcome. (As an operation,
+        RecordOutcome, it also checks the caller and commits the audit record.)"""
 
     def close(self) -> None: ...

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
+from sidecar.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
     AppendAudit,
@@ -99,7 +99,7 @@ class SqliteLedger(SqliteDatabase):
         the context switches and 1.6x the CPU per call); the transaction decides again
         only where this guess was wrong."""
         failed: dict[int, ItemFailed] = {}
-        ahead: Counter = Counter()
+        ahead: Counter[tuple[str, ...]] = Counter()
         calls_seen: set[tuple[str, str]] = set()
         for i, write in enumerate(writes):
             if not isinstance(write, _Reserve) or write.decide is None:
@@ -110,15 +110,16 @@ class SqliteLedger(SqliteDatabase):
             calls_seen.add(key)
             run = (write.entry.tenant, write.entry.request_id)
             try:
-                calls, tool_calls = self.read(lambda db: self._run_counts(db, *run, write.entry.tool))
-                write.decide(calls + ahead[run], tool_calls + ahead[(*run, write.entry.tool)])
+                calls, tool_calls = self.read(self._run_counts_of(write.entry))
+                drafted = write.decide(calls + ahead[run], tool_calls + ahead[(*run, write.entry.tool)])
             except StoreUnavailable:
                 continue  # the transaction reads again (or fails the batch)
             except Exception as exc:  # this call's failure alone: nothing of it is written
                 failed[i] = ItemFailed(exc)
                 continue
-            ahead[run] += 1
-            ahead[(*run, write.entry.tool)] += 1
+            if drafted is not None and drafted.uses_run_budget:
+                ahead[run] += 1
+                ahead[(*run, write.entry.tool)] += 1
         return failed
 
     def close(self) -> None:
@@ -134,7 +135,8 @@ class SqliteLedger(SqliteDatabase):
             return _Reserve(self, op.entry, op.decide)
         if not isinstance(op, (ConsumeToken, RecordOutcome, AppendAudit)):
             return lambda db: ItemFailed(TypeError(f"not a ledger operation: {op!r}"))
-        if self._audit is None and (isinstance(op, AppendAudit) or op.audit is not None):
+        if self._audit is None and (isinstance(op, AppendAudit) or op.audit is not None
+                                    or (isinstance(op, RecordOutcome) and op.refused is not None)):
             return lambda db: ItemFailed(RuntimeError("an audit record needs a ledger with an audit log"))
         if isinstance(op, ConsumeToken):
             return lambda db: self._consume(db, op)
@@ -152,7 +154,7 @@ class SqliteLedger(SqliteDatabase):
         existing = self._get(db, entry.tenant, entry.call_id)
         if existing is not None:
             return Reservation(existing)
-        calls, tool_calls = self._run_counts(db, entry.tenant, entry.request_id, entry.tool)
+        calls, tool_calls = self._run_counts_of(entry)(db)
         try:
             decided = decide(calls, tool_calls) if decide is not None else None
         except Exception as exc:  # this call's failure alone: nothing of it is written
@@ -176,12 +178,23 @@ class SqliteLedger(SqliteDatabase):
             self._audit.append_in(db, [decided.audit])
         return Reservation(None)
 
+    def _run_counts_of(self, entry: CallEntry) -> Callable[[sqlite3.Connection], tuple[int, int]]:
+        return lambda db: self._run_counts(db, entry, self._approvals is not None)
+
     @staticmethod
-    def _run_counts(db: sqlite3.Connection, tenant: str, request_id: str, tool: str) -> tuple[int, int]:
+    def _run_counts(db: sqlite3.Connection, entry: CallEntry, with_approvals: bool) -> tuple[int, int]:
+        """The run's calls that hold a share of its budget, of all tools and of the entry's
+        tool: those allowed, and those whose approval is pending (not yet expired at the
+        entry's time) or approved. Without an approval store in this file every call that
+        asked for approval counts: it may still be approved."""
+        held = ("decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a WHERE a.approval_id = calls.approval_id"
+                " AND (a.status = 'approved' OR (a.status = 'pending' AND a.expires_at >= ?)))") \
+            if with_approvals else "decision IN ('ALLOW', 'APPROVAL_REQUIRED')"
+        args = (entry.created_at,) if with_approvals else ()
         calls, tool_calls = db.execute(
-            "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ?",
-            (tool, tenant, request_id)).fetchone()
-        return calls, tool_calls
+            "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ? "
+            f"AND ({held})", (entry.tool, entry.tenant, entry.request_id, *args)).fetchone()
+        return int(calls), int(tool_calls)
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         return self.read(lambda db: self._get(db, tenant, call_id))
@@ -211,15 +224,24 @@ class SqliteLedger(SqliteDatabase):
             (jti, now, tenant, call_id)).rowcount
         return "ok" if inserted and updated else "already_used"
 
-    def record_outcome(self, tenant, call_id, status, error_code, output_digest, now) -> CallEntry:
+    def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str, output_digest: str,
+                       now: float) -> CallEntry:
         return only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest, now)]))
 
     def _record_outcome(self, db: sqlite3.Connection, op: RecordOutcome) -> CallEntry | ItemFailed:
         entry = self._get(db, op.tenant, op.call_id)
-        if entry is None or (op.principal and entry.principal != op.principal):
-            who = " for this principal" if op.principal else ""
-            return ItemFailed(NotFoundError(f"no call `{op.call_id}`{who} in tenant `{op.tenant}`"))
+        if entry is None:
+            return ItemFailed(NotFoundError(f"no call `{op.call_id}` in tenant `{op.tenant}`"))
+        if op.caller is not None and (entry.principal, entry.request_id) != (op.caller.principal,
+                                                                            op.caller.request_id):
+            if op.refused is not None:
+                self._audit.append_in(db, [op.refused(entry)])
+            return ItemFailed(ForbiddenError(
+                f"call `{op.call_id}` was decided for another principal or run; only they report its outcome"))
         if entry.outcome:
+            if (entry.outcome, entry.extra.get("error_code", ""), entry.extra.get("output_digest", "")) == \
+                    (op.status, op.error_code, op.output_digest):
+                return entry  # a retry of the report that set it: its answer again, recorded once
             return ItemFailed(ConflictError(f"call `{op.call_id}` already has the outcome `{entry.outcome}`"))
         extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
         db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
