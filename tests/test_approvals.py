@@ -301,8 +301,8 @@ def test_a_decision_asking_for_approval_commits_with_its_approval_and_its_record
 
 
 def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sidecar, monkeypatch):
-    """One transaction: before, the approval and the ledger row were committed first, and
-    a failing audit record left a pending approval the audit trail never mentioned."""
+    """One transaction: an approval and a ledger row committed ahead of their audit record
+    would leave, when the record fails, a pending approval the audit trail never mentions."""
     import sqlite3
 
     def disk_full(conn, events):

@@ -94,7 +94,7 @@ def decisions(bundle) -> list[tuple]:
 
 def test_reached_entities_decide_as_all_of_them(bundle, monkeypatch):
     reached = decisions(bundle)
-    monkeypatch.setattr(StaticGraph, "reach", lambda self, base, seeds: self.uids)  # the old way: everything
+    monkeypatch.setattr(StaticGraph, "reach", lambda self, base, seeds: self.uids)  # every static entity
     bundle.anchored_entities.clear()
     assert reached == decisions(bundle)
     assert {d for *_, d, _r, _e in reached} == {Decision.ALLOW, Decision.DENY}

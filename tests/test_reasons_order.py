@@ -32,7 +32,7 @@ def bundle(bundle_dir):
 
 def test_a_deny_names_its_policies_in_one_order_every_time(bundle):
     ctx = TrustedContext("acme", Principal("User", "alice"), "run")
-    # Before the fix about half of these came back ("forbid-b", "forbid-all").
+    # In Cedar's own order about half of these come back ("forbid-b", "forbid-all").
     verdicts = [engine.decide(bundle, ctx, ProposedCall(f"c{i}", "measure_runtime", CALL)) for i in range(40)]
     assert {v.decision for v in verdicts} == {Decision.DENY}
     assert {v.reasons for v in verdicts} == {("forbid-all", "forbid-b")}

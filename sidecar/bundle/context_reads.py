@@ -2,8 +2,8 @@
 so that every request hands Cedar only those parts.
 
 Cedar parses the whole context of every request before it evaluates anything, and that
-parse is the larger part of an evaluation: the benchmark's context of five attributes
-costs more than its twelve policies (docs/performance.md). A policy can observe the
+parse is the larger part of an evaluation: with one policy, 99 µs for a context of five
+attributes against 30 µs for an empty one (docs/performance.md). A policy can observe the
 context only through expressions in its text: `context.a.b`, `context has a`, or
 `context` (or a part of it) used as a whole value. A part that no policy of a tool's
 slice names can therefore be left out without changing any answer, and a part a policy

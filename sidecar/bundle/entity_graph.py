@@ -1,10 +1,10 @@
 """The static entities (entities.json) as a graph, so that a request is evaluated with the
-static entities it can reach instead of a copy of all of them.
+static entities it can reach, not a copy of all of them.
 
-Every request used to get a clone of the whole static set, merged with the runtime's
-entities and checked against the schema as a whole: a cost per request that grew with
-entities.json (1-2 ms more per decision at 1,000 static users, 24-27 ms at 10,000;
-docs/performance.md), and a cache of such clones that grew as fast. Cedar can only look at an entity it reaches from
+A clone of the whole static set per request, merged with the runtime's entities and
+checked against the schema as a whole, would cost a request more as entities.json grows
+(1-2 ms more per decision at 1,000 static users, 24-27 ms at 10,000;
+docs/performance.md), and a cache of such clones would grow as fast. Cedar can only look at an entity it reaches from
 the request: the principal, the resource, an entity a policy names, and from any of
 those their parents (for `in`) and the entities their attributes and tags refer to. The
 closure of those over the static graph is all that evaluation can observe; the

@@ -212,10 +212,10 @@ def _validate(policies: list[tuple[str, SourcePolicy, dict]], schema: cedarpy.Sc
     """Cedar's validation of every policy, in groups by the actions their scopes name,
     each group against a schema that declares only those tool actions (`schema_for`).
     The validator checks each policy against every action the schema declares, so one
-    schema of every tool made a bundle's load grow with tools x policies (37 s of 52 at
-    1,000 tools and 10,000 policies). A policy's scope admits only its own actions, so
-    it meets the same request types either way; a policy whose scope names no action, or
-    an action that is no catalogued tool, meets the whole schema as before."""
+    schema of every tool would make a bundle's load grow with tools x policies (37 s at
+    1,000 tools and 10,000 policies: docs/performance.md). A policy's scope admits only
+    its own actions, so it meets the same request types either way; a policy whose scope
+    names no action, or an action that is no catalogued tool, meets the whole schema."""
     groups: dict[frozenset[str] | None, list[tuple[str, SourcePolicy, dict]]] = {}
     for item in policies:
         actions = scope_actions(item[2])
@@ -263,7 +263,8 @@ def _reach(graph: StaticGraph, infos: list[PolicyInfo]) -> frozenset[UID]:
 
 
 def _slice(tool: Tool, by_action: dict[str | None, list[tuple[int, PolicyInfo]]], graph: StaticGraph) -> ToolSlice:
-    # In the bundle's order, as before this index existed.
+    # Back in the bundle's order: a slice lists its policies as the bundle's files do,
+    # whichever index entry (unscoped or this tool's action) each came from.
     applicable = [info for _, info in sorted(by_action.get(None, []) + by_action.get(f"tool:{tool.name}", []),
                                              key=lambda item: item[0])]
     enforcing = [i for i in applicable if not i.shadow]

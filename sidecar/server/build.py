@@ -145,7 +145,7 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
 
     With `approvals_address` (or `approvals_listen` in the settings) the Approvals service
     listens there instead, on a server of its own (see `create_approvals_server`).
-    `reuse_port` lets worker processes share the address (see sidecar/workers.py)."""
+    `reuse_port` lets worker processes share the address (see sidecar/server/workers.py)."""
     settings = sidecar.settings
     names = [pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name,
              aupb.DESCRIPTOR.services_by_name["Audit"].full_name]

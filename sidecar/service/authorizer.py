@@ -33,7 +33,7 @@ def still_wanted(context, gone: threading.Event):
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     """Authorize, Verify and ReportOutcome are coroutines on the server's event loop that
-    hand their work to the decision pump (sidecar/pump.py); GetKeys and GetStatus are
+    hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, status):

@@ -3,9 +3,9 @@ grpc.Server that the CLI, the workers and the tests use (`stop(grace).wait()`,
 `wait_for_termination`).
 
 Why aio: its event loop moves every message on one thread, and the coroutine handlers
-hand decisions to the decision pump, instead of a thread per call waking and taking the
-interpreter lock in turn (sidecar/pump.py). Plain handlers (the approval calls but the
-watch, GetKeys, GetStatus) still run on a thread pool, as before.
+hand decisions to the decision pump, so no thread per call wakes and takes the
+interpreter lock in turn (sidecar/server/pump.py). Plain handlers (the approval calls
+but the watch, GetKeys, GetStatus) run on a thread pool.
 """
 
 from __future__ import annotations

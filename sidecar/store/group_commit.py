@@ -4,9 +4,9 @@ A caller that finds no batch under way leads: it runs everything queued, its own
 included, as one batch (one transaction, one fsync). Callers arriving meanwhile queue
 and sleep, each on its own lock; the leader wakes the callers it served, then promotes
 the first still queued to lead the next batch. So one call in flight runs on its own
-thread with no hand-off, and many in flight share transactions instead of queueing on
-a write lock one transaction each, which under 32 threads cost more CPU in lock
-convoys and GIL hand-offs than the transactions themselves (docs/performance.md).
+thread with no hand-off, and many in flight share transactions rather than queue on a
+write lock one transaction each, which under 32 threads costs more CPU in lock convoys
+and GIL hand-offs than the transactions themselves (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ class CallLedger(Protocol):
 
         With `decide`, the counts go to `decide` inside the same transaction and the
         entry is inserted with the decision it returns (undecided if it returns None,
-        and without `decide`): one transaction per decision instead of two, and
+        and without `decide`): one transaction per decision, and
         concurrent calls of one run are counted and decided one after the other. An
         exception from `decide` rolls back: nothing is recorded. (A backend shared by
         replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)

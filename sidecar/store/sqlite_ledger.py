@@ -82,7 +82,7 @@ class SqliteLedger(SqliteDatabase):
         self._audit = audit
         self._approvals = approvals
         # The writes every decision and every verification make: concurrent ones share a
-        # transaction (group_commit.py) instead of queueing on the write lock one by one.
+        # transaction (group_commit.py) rather than queue on the write lock one by one.
         self._writes: GroupCommit[Callable[[sqlite3.Connection], Any], Any] = GroupCommit(
             self._run_writes, name="ledger")
 
