@@ -97,7 +97,8 @@ class ApprovalDesk:
     def _issue(self, record: ApprovalRecord, approver: str) -> IssuedToken:
         claims = CallClaims(record.tenant, record.requester_type, record.requester_id, record.tool, record.call_id)
         return self.issuer.issue(claims, record.digest, decision_id=record.decision_id,
-                                 policy_version=record.policy_version, approval_id=record.approval_id, approver=approver)
+                                 policy_version=record.policy_version, approval_id=record.approval_id,
+                                 approver=approver)
 
     def decide(self, approval_id: str, approver: TrustedContext, verdict: str, reason: str = "") -> ApprovalRecord:
         approver.check()

@@ -283,7 +283,7 @@ class Authorizer:
             code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
         else:
             code, jti, decision_id = "bad_signature", "", ""
-        event = lambda result: AuditEvent(  # noqa: E731
+        event = lambda result: AuditEvent(  # noqa: E731 - a one-expression factory handed to the plan
             time=self.clock.now(), decision_id=decision_id, result=result, digest=digest, jti=jti, **base)
         if code == "ok":  # single use and its record: one transaction
             return Plan(ConsumeToken(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event),

@@ -115,10 +115,12 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     if result.decision == cedarpy.Decision.Deny:
         if reasons:
             return Verdict(Decision.DENY, reasons, errors, detail=detail)
-        return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),), detail=detail)
+        return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),),
+                       detail=detail)
     if result.decision != cedarpy.Decision.Allow:
-        return Verdict(Decision.DENY, (), errors + (ErrorDetail("evaluation_error", "the policy engine could not evaluate this call"),),
-                      detail={**detail, "engine_errors": list(diag.errors)})
+        unevaluated = ErrorDetail("evaluation_error", "the policy engine could not evaluate this call")
+        return Verdict(Decision.DENY, (), errors + (unevaluated,),
+                       detail={**detail, "engine_errors": list(diag.errors)})
     # Cedar skips a policy that errors. A forbid that could not be evaluated must not
     # let a permit through.
     if any(bundle.policies[pid].effect == "forbid" for pid in errored if pid in bundle.policies):

@@ -53,7 +53,7 @@ def parse_strict_json(data: bytes, *, max_bytes: int, max_depth: int = 64) -> ob
         return _parse(data, max_bytes, max_depth)
     except InputError:
         raise
-    except Exception:  # belt and braces: anything unforeseen is still a clean deny
+    except Exception:  # noqa: BLE001 - belt and braces: anything unforeseen is still a clean deny
         raise InputError("invalid_input", "input could not be parsed") from None
 
 

@@ -278,7 +278,7 @@ def _json_text(value: Any) -> str:
 
 
 def _from_row(row: Sequence[Any]) -> AuditRecord:
-    values = dict(zip(_COLUMNS, row))
+    values = dict(zip(_COLUMNS, row, strict=True))
     for name in _JSON_COLUMNS:
         try:
             value = json.loads(values[name])

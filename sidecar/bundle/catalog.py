@@ -62,7 +62,8 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
         if tool is None:
             continue
         if tool.name in tools:
-            problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})", pointer="/name"))
+            problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})",
+                                    pointer="/name"))
             continue
         tools[tool.name] = tool
     return tools

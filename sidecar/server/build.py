@@ -107,11 +107,13 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
                                 interval=settings.audit.checkpoint_interval_seconds)
     t = settings.tokens
     bundles = BundleHolder(bundle)
-    issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds, clock=clock)
+    issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
+                         clock=clock)
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
-        verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds, clock=clock),
+        verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
+                               clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,

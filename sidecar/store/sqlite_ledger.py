@@ -110,11 +110,12 @@ class SqliteLedger(SqliteDatabase):
             calls_seen.add(key)
             run = (write.entry.tenant, write.entry.request_id)
             try:
-                calls, tool_calls = self.read(lambda db: self._run_counts(db, *run, write.entry.tool))
+                calls, tool_calls = self.read(
+                    lambda db: self._run_counts(db, *run, write.entry.tool))  # noqa: B023 - read at once, in this iteration
                 write.decide(calls + ahead[run], tool_calls + ahead[(*run, write.entry.tool)])
             except StoreUnavailable:
                 continue  # the transaction reads again (or fails the batch)
-            except Exception as exc:  # this call's failure alone: nothing of it is written
+            except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
                 failed[i] = ItemFailed(exc)
                 continue
             ahead[run] += 1
@@ -155,7 +156,7 @@ class SqliteLedger(SqliteDatabase):
         calls, tool_calls = self._run_counts(db, entry.tenant, entry.request_id, entry.tool)
         try:
             decided = decide(calls, tool_calls) if decide is not None else None
-        except Exception as exc:  # this call's failure alone: nothing of it is written
+        except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
             return ItemFailed(exc)
         if decided is None:
             decided = RecordedDecision("", "", "")
