@@ -168,6 +168,6 @@ def test_shadow_policy_is_recorded_but_never_changes_a_decision(bundle_dir, sett
         assert record_b.event.detail["shadow"] == {"decision": "DENY", "reasons": ["shadow-no-measure-b"]}
         [record_a] = car.audit_log.query(AuditQuery(call_id="a"), limit=2)
         assert "shadow" not in record_a.event.detail
-        assert car.status()["shadow_effects"] == {"shadow-no-measure-b": 1}
+        assert car.status().policy.shadow_effects == {"shadow-no-measure-b": 1}
     finally:
         car.close()
