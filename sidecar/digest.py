@@ -8,6 +8,7 @@ some other JSON document the system signs or records.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import rfc8785
 
@@ -18,7 +19,7 @@ __all__ = ["DIGEST_DOMAIN", "call_digest", "canonical_json"]
 DIGEST_DOMAIN = b"toolauthz/call/v1\n"
 
 
-def canonical_json(obj: object) -> bytes:
+def canonical_json(obj: Any) -> bytes:
     """RFC 8785 canonical JSON of `obj`, or InputError if it has no canonical form."""
     try:
         return rfc8785.dumps(obj)

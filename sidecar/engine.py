@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +129,7 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     gated = [pid for pid in reasons if bundle.policies[pid].approval_group]
     if gated:
         return Verdict(Decision.APPROVAL_REQUIRED, reasons, errors,
-                       bundle.policies[gated[0]].approval_group, gated[0], detail=detail)
+                       bundle.policies[gated[0]].approval_group or "", gated[0], detail=detail)
     return Verdict(Decision.ALLOW, reasons, errors, detail=detail)
 
 
@@ -141,7 +142,7 @@ def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall
 
 
 def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
-                     extra: list[dict] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
+                     extra: Sequence[dict[str, Any]] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
     """The static entities the request can reach + entities a trusted caller vouches for
     + `extra` built by the sidecar itself. Every anchor (principal, resource) gets the
     tenant as a parent; no supplied entity may name another tenant, define a tenant, or
@@ -203,7 +204,7 @@ def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: froz
     return cached
 
 
-def _supplied_entities(raw: bytes) -> list[dict]:
+def _supplied_entities(raw: bytes) -> list[dict[str, Any]]:
     if not raw:
         return []
     try:

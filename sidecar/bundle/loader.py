@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import cedarpy
 import yaml
@@ -83,7 +84,8 @@ class Bundle:
     # The static entities a request reaches plus the entities the sidecar synthesizes for
     # its principal and resource, by (tenant, anchors, reach): most calls of a session
     # repeat them. engine.trusted_entities fills and bounds it.
-    anchored_entities: dict = field(repr=False, compare=False, default_factory=dict)
+    anchored_entities: dict[tuple[str, tuple[UID, ...], frozenset[UID]], cedarpy.Entities] = field(
+        repr=False, compare=False, default_factory=dict)
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
@@ -125,7 +127,7 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
 
     infos: list[PolicyInfo] = []
     seen: dict[str, str] = {}
-    to_validate: list[tuple[str, SourcePolicy, dict]] = []
+    to_validate: list[tuple[str, SourcePolicy, dict[str, Any]]] = []
     cedar_files = sorted(root.glob("*.cedar"))
     if not cedar_files:
         problems.append(Problem(str(root), "the bundle has no `*.cedar` policy files"))
@@ -140,13 +142,13 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
         if schema is not None and len(parsed) == len(split_policies(source)):
             to_validate += [(rel, policy, est) for policy, est in parsed]
         infos.extend(file_infos)
-    if to_validate:
+    if to_validate and schema is not None:  # to_validate is empty when schema is None
         _validate(to_validate, schema, lambda named: schema_head + action_declarations(named, list(principal_types)),
                   tools, problems)
 
     entity_schema = cedarpy.Schema.from_str(user_schema + "\n" + prelude) if schema is not None else None
     graph = _load_entities(root / "entities.json", schema, entity_schema, problems)
-    if problems:
+    if problems or schema is None:  # no schema means a problem was recorded
         raise BundleError(problems)
     # (position, policy) by action named; None: the policies that name no action.
     by_action: dict[str | None, list[tuple[int, PolicyInfo]]] = {}
@@ -212,7 +214,7 @@ def _check_actions(infos: list[PolicyInfo], tools: dict[str, Tool], problems: li
                     info.line))
 
 
-def _validate(policies: list[tuple[str, SourcePolicy, dict]], schema: cedarpy.Schema,
+def _validate(policies: list[tuple[str, SourcePolicy, dict[str, Any]]], schema: cedarpy.Schema,
               schema_for: Callable[[dict[str, Tool]], str], tools: dict[str, Tool], problems: list[Problem]) -> None:
     """Cedar's validation of every policy, in groups by the actions their scopes name,
     each group against a schema that declares only those tool actions (`schema_for`).
@@ -221,7 +223,7 @@ def _validate(policies: list[tuple[str, SourcePolicy, dict]], schema: cedarpy.Sc
     1,000 tools and 10,000 policies). A policy's scope admits only its own actions, so
     it meets the same request types either way; a policy whose scope names no action, or
     an action that is no catalogued tool, meets the whole schema as before."""
-    groups: dict[frozenset[str] | None, list[tuple[str, SourcePolicy, dict]]] = {}
+    groups: dict[frozenset[str] | None, list[tuple[str, SourcePolicy, dict[str, Any]]]] = {}
     for item in policies:
         actions = scope_actions(item[2])
         if actions is not None and not all(a == APPROVE_ACTION or (a.startswith("tool:") and a[5:] in tools)
@@ -245,7 +247,8 @@ def _validate(policies: list[tuple[str, SourcePolicy, dict]], schema: cedarpy.Sc
             problems.append(Problem(rel, message, line, col))
 
 
-def _load_entities(path: pathlib.Path, schema, entity_schema, problems: list[Problem]) -> StaticGraph:
+def _load_entities(path: pathlib.Path, schema: cedarpy.Schema | None, entity_schema: cedarpy.Schema | None,
+                   problems: list[Problem]) -> StaticGraph:
     text = "[]"
     if path.exists():
         text = _read_text(path, "entities.json", problems) or "[]"

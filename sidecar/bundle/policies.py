@@ -105,7 +105,7 @@ def locate(policy: SourcePolicy, message: str) -> tuple[int, int]:
     return policy.line, policy.col
 
 
-def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[SourcePolicy, dict]]:
+def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[SourcePolicy, dict[str, Any]]]:
     """Each policy with its EST (Cedar's JSON form); parse errors become problems."""
     parsed = []
     for policy in split_policies(source):
@@ -124,7 +124,7 @@ def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[Sou
     return parsed
 
 
-def scope_actions(est: dict) -> frozenset[str] | None:
+def scope_actions(est: dict[str, Any]) -> frozenset[str] | None:
     scope = est.get("action", {})
     op = scope.get("op")
     if op == "==":
@@ -136,7 +136,7 @@ def scope_actions(est: dict) -> frozenset[str] | None:
     return None  # `action` unconstrained: the policy applies everywhere
 
 
-def build_infos(rel: str, parsed: list[tuple[SourcePolicy, dict]], problems: list[Problem],
+def build_infos(rel: str, parsed: list[tuple[SourcePolicy, dict[str, Any]]], problems: list[Problem],
                 seen: dict[str, str]) -> list[PolicyInfo]:
     infos = []
     for policy, est in parsed:

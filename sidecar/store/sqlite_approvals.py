@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
 from sidecar.store.sqlite_base import SqliteDatabase, require_same_file
@@ -76,8 +76,10 @@ class SqliteApprovals(SqliteDatabase):
             f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)).fetchone())
         return _record(row) if row else None
 
-    def list(self, *, tenant="", status="", group="", now: float, limit=100) -> list[ApprovalRecord]:
-        where, args = [], []
+    def list(self, *, tenant: str = "", status: str = "", group: str = "", now: float,
+             limit: int = 100) -> list[ApprovalRecord]:
+        where: list[str] = []
+        args: list[object] = []
         if tenant:
             where.append("tenant = ?")
             args.append(tenant)
@@ -98,7 +100,8 @@ class SqliteApprovals(SqliteDatabase):
         rows = self.read(lambda db: db.execute(sql, (*args, limit)).fetchall())
         return [_record(r).as_of(now) for r in rows]
 
-    def decide(self, approval_id, *, status, approver, reason, now, token="", token_jti="", token_expires_at=None,
+    def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float, token: str = "",
+               token_jti: str = "", token_expires_at: float | None = None,
                audit: Callable[[bool], AuditEvent] | None = None) -> bool:
         if audit is not None and self._audit is None:
             raise RuntimeError("an audited approval decision needs an approval store with an audit log")
@@ -108,11 +111,11 @@ class SqliteApprovals(SqliteDatabase):
                 "token_expires_at = ? WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
                 (status, approver, reason, now, token, token_jti, token_expires_at, approval_id, now)).rowcount == 1
             if audit is not None:
-                self._audit.append_in(db, [audit(won)])
+                self._audit.append_in(db, [audit(won)])  # type: ignore[union-attr]  # checked on entry
         return won
 
 
-def _record(row: sqlite3.Row | tuple) -> ApprovalRecord:
+def _record(row: sqlite3.Row | tuple[Any, ...]) -> ApprovalRecord:
     values = list(row)
     values[16] = json.loads(values[16])
     return ApprovalRecord(*values)

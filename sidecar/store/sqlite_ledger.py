@@ -99,7 +99,7 @@ class SqliteLedger(SqliteDatabase):
         the context switches and 1.6x the CPU per call); the transaction decides again
         only where this guess was wrong."""
         failed: dict[int, ItemFailed] = {}
-        ahead: Counter = Counter()
+        ahead: Counter[tuple[str, ...]] = Counter()
         calls_seen: set[tuple[str, str]] = set()
         for i, write in enumerate(writes):
             if not isinstance(write, _Reserve) or write.decide is None:
@@ -143,11 +143,12 @@ class SqliteLedger(SqliteDatabase):
             return lambda db: self._record_outcome(db, op)
 
         def append(db: sqlite3.Connection) -> None:
-            self._audit.append_in(db, [op.event])
+            self._audit.append_in(db, [op.event])  # type: ignore[union-attr]  # apply() refused it without one
         return append
 
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
-        return only_result(self.apply([ReserveCall(entry, decide)]))
+        reservation: Reservation = only_result(self.apply([ReserveCall(entry, decide)]))
+        return reservation
 
     def _reserve(self, db: sqlite3.Connection, entry: CallEntry, decide: Decide | None) -> Reservation | ItemFailed:
         existing = self._get(db, entry.tenant, entry.call_id)
@@ -172,9 +173,9 @@ class SqliteLedger(SqliteDatabase):
              *_json_columns(decided.reasons, decided.errors),
              decided.approval.approval_id if decided.approval is not None else ""))
         if decided.approval is not None:
-            self._approvals.create_in(db, decided.approval)
+            self._approvals.create_in(db, decided.approval)  # type: ignore[union-attr]  # checked above
         if decided.audit is not None:
-            self._audit.append_in(db, [decided.audit])
+            self._audit.append_in(db, [decided.audit])  # type: ignore[union-attr]  # checked above
         return Reservation(None)
 
     @staticmethod
@@ -189,12 +190,13 @@ class SqliteLedger(SqliteDatabase):
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float,
                 audit: Callable[[str], AuditEvent] | None = None) -> str:
-        return only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
+        code: str = only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
+        return code
 
     def _consume(self, db: sqlite3.Connection, op: ConsumeToken) -> str:
         code = self._consume_code(db, op.tenant, op.call_id, op.jti, op.now)
         if op.audit is not None:
-            self._audit.append_in(db, [op.audit(code)])
+            self._audit.append_in(db, [op.audit(code)])  # type: ignore[union-attr]  # _write_for checked it
         return code
 
     def _consume_code(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
@@ -212,8 +214,11 @@ class SqliteLedger(SqliteDatabase):
             (jti, now, tenant, call_id)).rowcount
         return "ok" if inserted and updated else "already_used"
 
-    def record_outcome(self, tenant, call_id, status, error_code, output_digest, now) -> CallEntry:
-        return only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest, now)]))
+    def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str, output_digest: str,
+                       now: float) -> CallEntry:
+        entry: CallEntry = only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest,
+                                                                 now)]))
+        return entry
 
     def _record_outcome(self, db: sqlite3.Connection, op: RecordOutcome) -> CallEntry | ItemFailed:
         entry = self._get(db, op.tenant, op.call_id)
@@ -228,7 +233,7 @@ class SqliteLedger(SqliteDatabase):
         # What that row now holds, without reading it back.
         entry = replace(entry, outcome=op.status, outcome_at=op.now, extra=extra)
         if op.audit is not None:
-            self._audit.append_in(db, [op.audit(entry)])
+            self._audit.append_in(db, [op.audit(entry)])  # type: ignore[union-attr]  # _write_for checked it
         return entry
 
     @staticmethod
