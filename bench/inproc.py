@@ -5,6 +5,7 @@ handler included (called directly with a stand-in context)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -56,7 +57,7 @@ def _through_pump(car, items, in_flight: int) -> tuple[list[int], float]:
     async def client() -> None:
         for ctx, call in queue:
             started = time.perf_counter_ns()
-            await car.pump.answer(lambda: plan(ctx, call))
+            await car.pump.answer(functools.partial(plan, ctx, call))
             lat.append(time.perf_counter_ns() - started)
 
     async def main() -> float:
@@ -102,7 +103,10 @@ def inproc_main(spec: dict, out_q) -> None:
 def _measure(car, spec: dict, out: dict, decide) -> None:
     tools, count = spec["tools"], spec["calls"]
     bundle = car.bundles.current
-    authorize = lambda item: car.authorizer.authorize(*item)  # noqa: E731
+
+    def authorize(item):
+        return car.authorizer.authorize(*item)
+
     first = car.authorizer.authorize(*_calls(10**9, 1, tools, "w")[0])
     out["decision"] = first.decision.value
     _timed(authorize, _calls(0, 50, tools, "warm"))

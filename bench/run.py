@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import bundles, inproc, load, servers, stats  # noqa: E402
-from sidecar.server.config import DATABASE_FILE  # noqa: E402
+from bench import bundles, inproc, load, servers, stats
+from sidecar.server.config import DATABASE_FILE
 
 PHASES = frozenset({"noop", "sidecar", "workers", "inproc"})
 TARGET_THROUGHPUT_RATIO = 0.5
@@ -64,8 +64,8 @@ FULL = Plan(sizes=(10, 1000, 10000), concurrency=(1, 32), duration=5.0, client_p
             verify_tokens={1: 1500, 32: 5000}, max_calls=40000, open_rate=1000.0, open_duration=10.0, open_procs=1,
             open_sweep=(200.0, 400.0), workers=2, inproc_calls=1000, profile_calls=2000)
 QUICK = Plan(sizes=(10, 40), concurrency=(1, 4), duration=0.2, client_procs=1, verify_tokens={1: 20, 4: 40},
-             max_calls=2000, open_rate=100.0, open_duration=0.3, open_procs=1, open_sweep=(), workers=2, inproc_calls=30,
-             profile_calls=30, static_users=200, mode="quick")
+             max_calls=2000, open_rate=100.0, open_duration=0.3, open_procs=1, open_sweep=(), workers=2,
+             inproc_calls=30, profile_calls=30, static_users=200, mode="quick")
 
 
 def log(message: str) -> None:
@@ -124,7 +124,8 @@ class Bench:
                "server_cpu_ms_per_call": result.server_cpu_seconds * 1e3 / max(result.timed_ok, 1),
                **stats.latency_summary(result.latencies_ns), "errors": dict(result.errors)}
         if pump_before is not None:
-            decisions, batches = (now - then for now, then in zip(servers.pump_counts(server.address), pump_before))
+            pump_after = servers.pump_counts(server.address)
+            decisions, batches = (now - then for now, then in zip(pump_after, pump_before, strict=True))
             row["calls_per_batch"] = decisions / max(batches, 1)
         self.results.runs.append(row)
         log(f"{label:8s} {rpc:9s} policies={policies} workers={workers} c={concurrency}: "
@@ -398,7 +399,8 @@ def render(results: Results) -> str:
                 lines.append(f"  {s['stage']:46} {s['cpu_us']:>8.0f}   (wall {_f(s['wall_us'], 0)})")
         w = p.get("writer") or {}
         if w:
-            lines.append(f"  one audit commit (chain, insert, fsync): {w['batch_1_ms_per_commit']:.2f} ms for 1 record, "
+            lines.append("  one audit commit (chain, insert, fsync): "
+                         f"{w['batch_1_ms_per_commit']:.2f} ms for 1 record, "
                          f"{w['batch_32_ms_per_commit']:.2f} ms for 32")
     if results.targets:
         lines += ["", "targets"]

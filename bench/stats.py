@@ -21,7 +21,10 @@ def percentile(sorted_values: list, q: float) -> float:
 
 def latency_summary(latencies_ns: list[int]) -> dict:
     values = sorted(latencies_ns)
-    ms = lambda v: v / 1e6 if v == v else v  # noqa: E731 - keeps NaN
+
+    def ms(v: float) -> float:
+        return v / 1e6 if v == v else v  # v != v only for NaN, which stays NaN
+
     return {"samples": len(values), "p50_ms": ms(percentile(values, 50)), "p99_ms": ms(percentile(values, 99)),
             "p999_ms": ms(percentile(values, 99.9)), "max_ms": ms(values[-1]) if values else float("nan"),
             "mean_ms": sum(values) / len(values) / 1e6 if values else float("nan")}

@@ -25,6 +25,7 @@ from ulid import ULID
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder
+from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import canonical_json
 from sidecar.engine import ApprovalSubject, PreparedCall, RunCounts, evaluate, may_approve, prepare, request_entities
@@ -126,7 +127,7 @@ class ApprovalDesk:
         now = self.clock.now()
         current = record.as_of(now)
         replayed = ReplayedApproval(current.status, current.expires_at)
-        if current.status != APPROVED or now - record.decided_at > window:
+        if current.status != APPROVED or record.decided_at is None or now - record.decided_at > window:
             return replayed
         bundle = self.bundles.current
         if bundle.version != record.approved_version:
@@ -151,13 +152,12 @@ class ApprovalDesk:
         if record is None:
             raise NotFoundError(f"no approval `{approval_id}`")
         who = str(approver.principal)
-        base = dict(kind="approval", time=now, decision_id=record.decision_id, request_id=record.request_id,
-                    call_id=record.call_id, tenant=record.tenant, principal=who, tool=record.tool,
-                    resource=record.resource, digest=record.digest, policy_version=record.policy_version,
-                    approval_id=approval_id, approver=who)
+        base = CallRecord("approval", record.tenant, who, record.request_id, record.call_id, record.tool,
+                          decision_id=record.decision_id, policy_version=record.policy_version,
+                          resource=record.resource, digest=record.digest, approval_id=approval_id, approver=who)
 
         def refuse(exc: Exception, code: str) -> NoReturn:
-            self.audit.write(AuditEvent(result="refused", error_codes=(code,), **base))
+            self.audit.write(base.event(now, "refused", error_codes=(code,)))
             raise exc
 
         if approver.tenant != record.tenant:
@@ -175,7 +175,7 @@ class ApprovalDesk:
         if verdict == APPROVE:
             refusal = self._still_allowed(bundle, record)
             if refusal is not None:
-                self._end_as_changed(record, refusal, now, {**base, "policy_version": bundle.version})
+                self._end_as_changed(record, refusal, now, replace(base, policy_version=bundle.version))
 
         token = self._issue(record, who, bundle.version) if verdict == APPROVE else None
 
@@ -183,9 +183,8 @@ class ApprovalDesk:
             # Committed with the approval's change, before the token can leave the process;
             # a click that lost the race is recorded as such, its token never handed out.
             if won:
-                return AuditEvent(result=verdict, jti=token.jti if token else "", detail={"reason": reason[:500]},
-                                  **base)
-            return AuditEvent(result="superseded", jti=token.jti if token else "", **base)
+                return base.event(now, verdict, jti=token.jti if token else "", detail={"reason": reason[:500]})
+            return base.event(now, "superseded", jti=token.jti if token else "")
 
         won = self.store.decide(approval_id, status=APPROVED if token else REJECTED, approver=who, reason=reason[:500],
                                 now=now, token=token.token if token else "", token_jti=token.jti if token else "",
@@ -215,14 +214,15 @@ class ApprovalDesk:
         fresh = _redecide(bundle, requester, call, RunCounts(record.run_calls, record.run_tool_calls), record.digest)
         return _refusal(fresh, record.group)
 
-    def _end_as_changed(self, record: ApprovalRecord, refusal: ErrorDetail, now: float, base: dict) -> NoReturn:
+    def _end_as_changed(self, record: ApprovalRecord, refusal: ErrorDetail, now: float,
+                        base: CallRecord) -> NoReturn:
         """The approval of a call the policies loaded now refuse ends as rejected, with the
         reason on record and in the audit trail; the caller gets FAILED_PRECONDITION."""
         reason = f"{refusal.code}: {refusal.message}"
 
         def record_of(won: bool) -> AuditEvent:
-            return AuditEvent(result="refused" if won else "superseded", error_codes=(refusal.code,),
-                              detail={"reason": reason}, **base)
+            return base.event(now, "refused" if won else "superseded", error_codes=(refusal.code,),
+                              detail={"reason": reason})
 
         won = self.store.decide(record.approval_id, status=REJECTED, approver="", reason=reason, now=now,
                                 audit=record_of)

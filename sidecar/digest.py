@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import rfc8785
 
@@ -49,7 +50,7 @@ def digest_call(ctx: TrustedContext, call: ProposedCall, limits: InputLimits) ->
     return DigestedCall(value, digest)
 
 
-def canonical_json(obj: object) -> bytes:
+def canonical_json(obj: Any) -> bytes:
     """RFC 8785 canonical JSON of `obj`, or InputError if it has no canonical form."""
     try:
         return rfc8785.dumps(obj)

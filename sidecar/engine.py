@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,10 +113,12 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     if result.decision == cedarpy.Decision.Deny:
         if reasons:
             return Verdict(Decision.DENY, reasons, errors, detail=detail)
-        return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),), detail=detail)
+        return Verdict(Decision.DENY, (), errors + (ErrorDetail("policy_denied", "no policy permits this call"),),
+                       detail=detail)
     if result.decision != cedarpy.Decision.Allow:
-        return Verdict(Decision.DENY, (), errors + (ErrorDetail("evaluation_error", "the policy engine could not evaluate this call"),),
-                      detail={**detail, "engine_errors": list(diag.errors)})
+        unevaluated = ErrorDetail("evaluation_error", "the policy engine could not evaluate this call")
+        return Verdict(Decision.DENY, (), errors + (unevaluated,),
+                       detail={**detail, "engine_errors": list(diag.errors)})
     # Cedar skips a policy that errors. A forbid that could not be evaluated must not
     # let a permit through.
     if any(bundle.policies[pid].effect == "forbid" for pid in errored if pid in bundle.policies):
@@ -123,7 +126,7 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     gated = [pid for pid in reasons if bundle.policies[pid].approval_group]
     if gated:
         return Verdict(Decision.APPROVAL_REQUIRED, reasons, errors,
-                       bundle.policies[gated[0]].approval_group, gated[0], detail=detail)
+                       bundle.policies[gated[0]].approval_group or "", gated[0], detail=detail)
     return Verdict(Decision.ALLOW, reasons, errors, detail=detail)
 
 
@@ -136,7 +139,7 @@ def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall
 
 
 def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
-                     extra: list[dict] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
+                     extra: Sequence[dict[str, Any]] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
     """The static entities the request can reach + entities a trusted caller vouches for
     + `extra` built by the sidecar itself. Every anchor (principal, resource) gets the
     tenant as a parent; no supplied entity may name another tenant, define a tenant, or
@@ -198,7 +201,7 @@ def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: froz
     return cached
 
 
-def _supplied_entities(raw: bytes) -> list[dict]:
+def _supplied_entities(raw: bytes) -> list[dict[str, Any]]:
     if not raw:
         return []
     try:

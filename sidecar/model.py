@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.errors import RequestError
 
@@ -70,7 +71,7 @@ class ProposedCall:
             raise RequestError("missing tool name")
 
 
-def _require(value: str, pattern: re.Pattern, what: str) -> None:
+def _require(value: str, pattern: re.Pattern[str], what: str) -> None:
     if not value:
         raise RequestError(f"missing {what}")
     if not pattern.match(value):
@@ -92,8 +93,8 @@ class Verdict:
     errors: tuple[ErrorDetail, ...] = ()
     approval_group: str = ""
     approval_policy: str = ""
-    detail: dict = field(default_factory=dict)  # operator-only diagnostics for the audit
+    detail: dict[str, Any] = field(default_factory=dict)  # operator-only diagnostics for the audit
 
 
-def deny(code: str, message: str, **detail) -> Verdict:
+def deny(code: str, message: str, **detail: Any) -> Verdict:
     return Verdict(Decision.DENY, errors=(ErrorDetail(code, message),), detail=detail)

@@ -16,6 +16,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from itertools import accumulate
 
 from sidecar.errors import InputError
@@ -53,7 +54,7 @@ def parse_strict_json(data: bytes, *, max_bytes: int, max_depth: int = 64) -> ob
         return _parse(data, max_bytes, max_depth)
     except InputError:
         raise
-    except Exception:  # belt and braces: anything unforeseen is still a clean deny
+    except Exception:  # noqa: BLE001 - belt and braces: anything unforeseen is still a clean deny
         raise InputError("invalid_input", "input could not be parsed") from None
 
 
@@ -134,7 +135,7 @@ def _check_float(s: str) -> tuple[float, str | None]:
     return f, None
 
 
-def _fast_pairs(pairs: list[tuple[str, object]]) -> dict:
+def _fast_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     d = dict(pairs)
     if len(d) != len(pairs):
         raise _Violation
@@ -179,11 +180,15 @@ class _Bad:
         self.describe = describe
 
 
+def _duplicate_key(key: str, at: str) -> str:
+    return f"duplicate key `{_show(key)}` in object at `{at}`"
+
+
 def _marking_pairs(pairs: list[tuple[str, object]]) -> object:
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            return _Bad(lambda at, k=key: f"duplicate key `{_show(k)}` in object at `{at}`")
+            return _Bad(partial(_duplicate_key, key))
         seen.add(key)
     return dict(pairs)
 

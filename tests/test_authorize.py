@@ -28,7 +28,8 @@ def test_small_refund_of_own_order_is_allowed_with_a_token(stub, sidecar):
     assert len(response.digest) == 64 and len(response.decision_id) == 26
     assert response.policy_version == sidecar.bundles.current.version
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=10)
-    assert (record.event.kind, record.event.result, record.event.decision_id) == ("authorize", "ALLOW", response.decision_id)
+    event = record.event
+    assert (event.kind, event.result, event.decision_id) == ("authorize", "ALLOW", response.decision_id)
     assert record.event.fields == {"/order_id": "ord_1", "/amount_cents": 1500}
 
 
@@ -261,7 +262,8 @@ def test_a_forbid_that_errors_never_lets_a_permit_through(bundle_dir, settings, 
     try:
         ctx = TrustedContext("acme", Principal("User", "alice"), "r",
                              json.dumps([order_entity("ord_1", "alice")]).encode())
-        result = car.authorizer.authorize(ctx, ProposedCall("c", "issue_refund", b'{"order_id":"ord_1","amount_cents":100000}'))
+        call = ProposedCall("c", "issue_refund", b'{"order_id":"ord_1","amount_cents":100000}')
+        result = car.authorizer.authorize(ctx, call)
         assert result.decision.value == "DENY" and result.token is None
         assert ("policy_error", "policy `overflowing-forbid` could not be evaluated") in \
             [(e.code, e.message) for e in result.errors]
@@ -334,7 +336,10 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
     car = build_sidecar(settings, clock=clock)
     try:
         ctx = TrustedContext("acme", Principal("User", "alice"), "r")
-        decide = lambda cid, raw: car.authorizer.authorize(ctx, ProposedCall(cid, "read_ticket", raw)).decision.value
+
+        def decide(cid: str, raw: bytes) -> str:
+            return car.authorizer.authorize(ctx, ProposedCall(cid, "read_ticket", raw)).decision.value
+
         assert decide("a", b'{"ticket": 7.0}') == "ALLOW"
         assert decide("b", b'{"ticket": 7}') == "ALLOW"
         assert decide("c", b'{"ticket": 8}') == "DENY"

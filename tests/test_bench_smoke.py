@@ -69,7 +69,8 @@ def test_targets_are_judged_and_printed(quick_run):
     names = [t["target"] for t in results["targets"]]
     assert len(names) == 6
     assert [n for n in names if n.startswith("Authorize/no-op throughput")] == [
-        "Authorize/no-op throughput, 4 in flight, 1 process", "Authorize/no-op throughput, 4 in flight, 2 processes each"]
+        "Authorize/no-op throughput, 4 in flight, 1 process",
+        "Authorize/no-op throughput, 4 in flight, 2 processes each"]
     assert any(n.startswith("Authorize cost at 40 / at 10 policies") for n in names)
     assert sum(n.startswith("Authorize p99 at 100/s offered") for n in names) == 2
     assert any(n.startswith("audit records lost") for n in names)

@@ -44,7 +44,7 @@ def test_misspelt_context_attribute_names_file_and_line(bundle_dir):
     path = bundle_dir / "refunds.cedar"
     text = path.read_text().replace("context.input.amount_cents <= 5000", "context.input.amout_cents <= 5000")
     path.write_text(text)
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if "amout_cents" in l)
+    line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "amout_cents" in text_line)
     col = text.splitlines()[line - 1].index("amout_cents") + 1
     found = problems_of(bundle_dir)
     assert any(p.startswith(f"refunds.cedar:{line}:{col}: ") and "amout_cents" in p for p in found), found
@@ -86,7 +86,8 @@ def test_cedar_parse_error_is_located(bundle_dir):
 def test_invalid_json_schema_names_file_and_pointer(bundle_dir):
     edit_tool(bundle_dir, "lookup_order", lambda d: d["input_schema"]["properties"]["order_id"].update(type="strin"))
     found = problems_of(bundle_dir)
-    assert any(p.startswith("tools/lookup_order.yaml: at `/input_schema/properties/order_id/type`") for p in found), found
+    where = "tools/lookup_order.yaml: at `/input_schema/properties/order_id/type`"
+    assert any(p.startswith(where) for p in found), found
 
 
 def test_schema_without_declared_dialect_is_refused(bundle_dir):
@@ -122,7 +123,8 @@ def test_duplicate_tool_name(bundle_dir):
 
 
 def test_policy_for_an_uncatalogued_tool(bundle_dir):
-    (bundle_dir / "extra.cedar").write_text('permit (principal, action == Action::"tool:delete_everything", resource);\n')
+    (bundle_dir / "extra.cedar").write_text(
+        'permit (principal, action == Action::"tool:delete_everything", resource);\n')
     assert any(p.startswith("extra.cedar:1") and "`tool:delete_everything`" in p for p in problems_of(bundle_dir))
 
 

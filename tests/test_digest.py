@@ -152,7 +152,7 @@ def _code(cell: str) -> str:
 def test_doc_vectors_match_code() -> None:
     rows = _doc_rows()
     assert [r[0] for r in rows] == [v.name for v in VECTORS]  # the doc shows every vector
-    for (name, fields_cell, sent, canonical, digest), v in zip(rows, VECTORS):
+    for (name, fields_cell, sent, canonical, digest), v in zip(rows, VECTORS, strict=True):
         tool, ptype, pid, tenant, call_id = re.findall(r"`([^`]*)`", fields_cell)
         value = parse_strict_json(_code(sent).encode("utf-8"), max_bytes=65536)
         got = call_digest(tool=tool, input=value, principal_type=ptype, principal_id=pid,

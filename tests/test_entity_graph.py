@@ -78,7 +78,8 @@ def order(owner: str) -> list[dict]:
 # A principal the runtime describes itself, in a static group, managed by a static user.
 SUPPLIED = {"uid": {"type": "User", "id": "sup"}, "parents": [{"type": "Group", "id": "g1"}],
             "attrs": {"manager": {"__entity": {"type": "User", "id": "u5"}}}}
-CALLS = {"lookup_order": b'{"order_id":"ord_1"}', "measure_runtime": b'{"prototype":"A","metric":"runtime","unit":"hours"}'}
+CALLS = {"lookup_order": b'{"order_id":"ord_1"}',
+         "measure_runtime": b'{"prototype":"A","metric":"runtime","unit":"hours"}'}
 
 
 def decisions(bundle) -> list[tuple]:
@@ -119,7 +120,8 @@ def test_the_closure_follows_parents_attributes_and_tags():
     graph = StaticGraph([
         {"uid": {"type": "A", "id": "a"}, "attrs": {"to": {"__entity": {"type": "B", "id": "b"}}}, "parents": []},
         {"uid": {"type": "B", "id": "b"}, "attrs": {}, "parents": [{"type": "C", "id": "c"}]},
-        {"uid": {"type": "C", "id": "c"}, "attrs": {}, "parents": [], "tags": {"t": {"__entity": {"type": "D", "id": "d"}}}},
+        {"uid": {"type": "C", "id": "c"}, "attrs": {}, "parents": [],
+         "tags": {"t": {"__entity": {"type": "D", "id": "d"}}}},
         {"uid": {"type": "D", "id": "d"}, "attrs": {"set": [{"type": "E", "id": "e"}]}, "parents": []},
         {"uid": {"type": "E", "id": "e"}, "attrs": {}, "parents": [{"type": "A", "id": "a"}]},  # a cycle back
         {"uid": {"type": "F", "id": "f"}, "attrs": {}, "parents": []},

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.support_agent.scenario import MAX_STEPS, run_scenario  # noqa: E402
+from examples.support_agent.scenario import MAX_STEPS, run_scenario  # noqa: E402 - importable only once ROOT is on sys.path
 
 
 def test_the_scenario_trace_and_its_counts():

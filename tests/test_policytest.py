@@ -56,7 +56,8 @@ def test_the_example_suites_pass_and_cover_every_tool_policy_and_tool(capsys):
 
 def test_the_suites_do_not_change_the_policy_version(bundle_dir):
     before = load_bundle(bundle_dir).version
-    (bundle_dir / "tests" / "refunds.yaml").write_text("# edited\n" + (bundle_dir / "tests" / "refunds.yaml").read_text())
+    suite = bundle_dir / "tests" / "refunds.yaml"
+    suite.write_text("# edited\n" + suite.read_text())
     assert load_bundle(bundle_dir).version == before
 
 
@@ -145,7 +146,8 @@ def test_shared_principals_and_entities_work_across_suites(capsys, bare_bundle):
           - uid: {type: Order, id: ord_alice1}
             attrs: {owner: {__entity: {type: User, id: alice}}, refundable_cents: 100}
         """)
-    write(bare_bundle / "tests" / "a.yaml", "cases:\n" + ALLOW_CASE.format(name="a", principal="alice", decision="ALLOW"))
+    write(bare_bundle / "tests" / "a.yaml",
+          "cases:\n" + ALLOW_CASE.format(name="a", principal="alice", decision="ALLOW"))
     write(bare_bundle / "tests" / "b.yaml", "principals:\n  eve: {type: User, id: eve}\ncases:\n"
           + ALLOW_CASE.format(name="b1", principal="alice", decision="ALLOW")
           + ALLOW_CASE.format(name="b2", principal="eve", decision="DENY"))

@@ -47,8 +47,8 @@ def test_requests_queued_while_the_pump_is_busy_share_one_batch_and_one_commit(s
     async def main():
         first = asyncio.ensure_future(pump.answer(hold))
         await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
-        rest = [asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id=f"c{i}", request_id=f"run{i}"))))
-                for i in range(20)]
+        plans = [plan_for(sidecar, make_request(call_id=f"c{i}", request_id=f"run{i}")) for i in range(20)]
+        rest = [asyncio.ensure_future(pump.answer(plan)) for plan in plans]
         await asyncio.sleep(0)  # let the 20 reach the queue before the pump is released
         release.set()
         with pytest.raises(InputError):
@@ -122,8 +122,10 @@ def test_verify_through_the_pump_consumes_once(sidecar, pump):
     async def main():
         decided = await pump.answer(plan_for(car, request))
         verify = verify_request(request, decided.token.token)
-        plan = lambda: car.authorizer.plan_verify(  # noqa: E731
-            verify.token, trusted_context(verify.context), proposed_call(verify.call))
+
+        def plan():
+            return car.authorizer.plan_verify(verify.token, trusted_context(verify.context), proposed_call(verify.call))
+
         return await asyncio.gather(pump.answer(plan), pump.answer(plan))
 
     first, second = asyncio.run(main())

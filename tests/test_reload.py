@@ -69,7 +69,7 @@ def test_reload_under_load_loses_nothing_and_mixes_no_versions(bundle_dir, tmp_p
                 forbid_file.unlink()
             assert sidecar.reloader.reload()
             with progress:  # let the clients run against this version
-                assert progress.wait_for(lambda: len(seen) >= before + 20 or failures, timeout=60)
+                assert progress.wait_for(lambda before=before: len(seen) >= before + 20 or failures, timeout=60)
     finally:
         stop.set()
         for t in threads:
@@ -121,7 +121,7 @@ def test_sighup_reloads_a_running_server(tmp_path, bundle_dir):
     proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", "1"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True)
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
     reader.start()
 
     def await_line(text: str) -> str:
@@ -168,6 +168,6 @@ def test_shadow_policy_is_recorded_but_never_changes_a_decision(bundle_dir, sett
         assert record_b.event.detail["shadow"] == {"decision": "DENY", "reasons": ["shadow-no-measure-b"]}
         [record_a] = car.audit_log.query(AuditQuery(call_id="a"), limit=2)
         assert "shadow" not in record_a.event.detail
-        assert car.status()["shadow_effects"] == {"shadow-no-measure-b": 1}
+        assert car.status().policy.shadow_effects == {"shadow-no-measure-b": 1}
     finally:
         car.close()

@@ -255,7 +255,7 @@ def test_shape_variants(verifier, token, key):
     raw = b64d(body)
     flipped = bytearray(raw)
     flipped[-1] ^= 0x01  # one bit of the signature
-    dup_kid = ('{"kid":"%s","kid":"%s"}' % (key.kid, key.kid)).encode()
+    dup_kid = f'{{"kid":"{key.kid}","kid":"{key.kid}"}}'.encode()
     cases = {
         "truncated": token[:-10],
         "truncated-into-payload": token[:40],

@@ -52,7 +52,7 @@ def test_show_tells_one_calls_story_in_order(history, capsys):
     data = closed(history)
     assert main(["audit", "--data-dir", data, "show", "call_large"]) == 0
     out = capsys.readouterr().out
-    lines = [l.split()[1] for l in out.splitlines()[2:]]
+    lines = [line.split()[1] for line in out.splitlines()[2:]]
     assert lines == ["decision", "approval", "verification", "outcome"], out
     assert "APPROVAL_REQUIRED because refund-own-order-large-needs-finance" in out
     assert 'APPROVE by User::"bob"' in out and "verification ok" in out and "failed gateway_timeout" in out
@@ -76,7 +76,7 @@ def test_verify_passes_untouched_and_names_an_edited_record(history, capsys):
 def test_query_filters_and_json_lines(history, capsys):
     data = closed(history)
     assert main(["audit", "--data-dir", data, "query", "--tool", "issue_refund", "--kind", "authorize", "--json"]) == 0
-    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["call_id"] for r in rows] == ["call_small", "call_large"]
     assert rows[1]["fields"] == {"/order_id": "ord_1", "/amount_cents": 7000}
     assert main(["audit", "--data-dir", data, "query", "--principal", 'User::"bob"']) == 0
@@ -88,7 +88,7 @@ def test_export_writes_every_record_without_secrets(history, tmp_path, capsys):
     data = closed(history)
     target = tmp_path / "audit.jsonl"
     assert main(["audit", "--data-dir", data, "export", "--output", str(target)]) == 0
-    rows = [json.loads(l) for l in target.read_text().splitlines()]
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == 8
     assert SECRET not in target.read_text()
 
@@ -102,7 +102,8 @@ def test_query_decisions_rpc_filters_and_pages(history, channel):
         tenant="acme", limit=3, page_token=str(first_page[-1].seq))))
     assert [r.seq for r in first_page + second_page] == list(range(1, 7))
     outcomes = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(kind="outcome", result="failed")))
-    assert [(r.call_id, json.loads(r.detail_json)["error_code"]) for r in outcomes] == [("call_large", "gateway_timeout")]
+    codes = [(r.call_id, json.loads(r.detail_json)["error_code"]) for r in outcomes]
+    assert codes == [("call_large", "gateway_timeout")]
     nobody = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="globex")))
     assert nobody == []
 

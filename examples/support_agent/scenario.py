@@ -253,7 +253,8 @@ def _run(client: AuthzClient, desk: FinanceDesk, trace: Trace, address: str) -> 
         if outcome is None:
             trace("(not sent to the sidecar: the loop's limit answered it)", 10)
         elif not outcome.executed:
-            trace(f"(not executed; {block['name']} implementation runs so far: {backend.executions[block['name']]})", 10)
+            runs = backend.executions[block["name"]]
+            trace(f"(not executed; {block['name']} implementation runs so far: {runs})", 10)
 
     trace(f"user: {USER_MESSAGE}")
     messages = [{"role": "user", "content": USER_MESSAGE}]
@@ -268,7 +269,8 @@ def _run(client: AuthzClient, desk: FinanceDesk, trace: Trace, address: str) -> 
 
     trace("runtime restart: a new Guard for the same run is handed toolu_04 again")
     restarted = Guard(client, context, backend.tools(BUNDLE), observer=observe)
-    again = restarted.run("toolu_04", "issue_refund", '{"order_id": "ord_1001", "amount_cents": 1500, "reason": "late"}')
+    again = restarted.run("toolu_04", "issue_refund",
+                          '{"order_id": "ord_1001", "amount_cents": 1500, "reason": "late"}')
     trace(f"tool_result toolu_04 (error): {again.content}", 8)
     trace()
 
@@ -330,7 +332,8 @@ def _checks(report: ScenarioReport, desk: FinanceDesk) -> None:
         ("allowed order lookup: toolu_01 completed, lookup_order executed once",
          status("toolu_01") == ("completed", "") and ex["lookup_order"] == 1),
         ("arguments rejected by the schema: toolu_02 failed/invalid_input, zero executions",
-         status("toolu_02") == ("failed", "invalid_input") and not any(r.idempotency_key == "toolu_02" for r in refunds)),
+         status("toolu_02") == ("failed", "invalid_input")
+         and not any(r.idempotency_key == "toolu_02" for r in refunds)),
         ("another customer's order denied: toolu_03 failed/denied, not executed",
          status("toolu_03") == ("failed", "denied") and not res["toolu_03"].executed),
         ("small refund allowed and executed once: toolu_04 completed",

@@ -31,7 +31,8 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
     if not value:
         return {}  # the usual `detail`: nothing to normalize
     try:
-        return json.loads(rfc8785.dumps(value))
+        normalized: dict[str, Any] = json.loads(rfc8785.dumps(value))
+        return normalized
     except ValueError as exc:  # CanonicalizationError, or a lone surrogate
         raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
 

@@ -10,4 +10,4 @@ from sidecar.audit.records import AuditEvent
 class AuditSink(Protocol):
     """Write one event; return once it is committed (raise StoreUnavailable otherwise)."""
 
-    def write(self, event: AuditEvent) -> None: ...
+    def write(self, event: AuditEvent) -> object: ...  # what a sink returns (its record) is its own business

@@ -106,7 +106,8 @@ _PLANNER_STATS = "\n".join([
 
 def build_query(filters: AuditQuery, after_seq: int, limit: int) -> tuple[str, list[Any]]:
     """The SELECT for `query`; column names come from a fixed list, values are bound."""
-    clauses, params = ["seq > ?"], [after_seq]
+    clauses = ["seq > ?"]
+    params: list[object] = [after_seq]
     for name in _EQUALITY_FILTERS:
         value = getattr(filters, name)
         if value is not None:
@@ -278,7 +279,7 @@ def _json_text(value: Any) -> str:
 
 
 def _from_row(row: Sequence[Any]) -> AuditRecord:
-    values = dict(zip(_COLUMNS, row))
+    values = dict(zip(_COLUMNS, row, strict=True))
     for name in _JSON_COLUMNS:
         try:
             value = json.loads(values[name])

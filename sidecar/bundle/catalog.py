@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,13 +63,14 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
         if tool is None:
             continue
         if tool.name in tools:
-            problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})", pointer="/name"))
+            problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})",
+                                    pointer="/name"))
             continue
         tools[tool.name] = tool
     return tools
 
 
-def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict | None:
+def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
@@ -89,7 +91,7 @@ def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dic
     return data
 
 
-def _parse_tool(raw: dict, rel: str, problems: list[Problem]) -> Tool | None:
+def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool | None:
     before = len(problems)
 
     def bad(pointer: str, message: str) -> None:
@@ -118,6 +120,7 @@ def _parse_tool(raw: dict, rel: str, problems: list[Problem]) -> Tool | None:
 
     if len(problems) > before or input_schema is None:
         return None
+    assert isinstance(name, str) and isinstance(side_effect, str)  # checked above: a problem otherwise
     return Tool(
         name=name, description=description, side_effect=side_effect,
         input_schema=input_schema, output_schema=output_schema,
@@ -128,7 +131,10 @@ def _parse_tool(raw: dict, rel: str, problems: list[Problem]) -> Tool | None:
     )
 
 
-def _check_schema(schema: Any, pointer: str, bad, *, required: bool) -> dict | None:
+Complain = Callable[[str, str], None]  # (JSON pointer, message): records a problem
+
+
+def _check_schema(schema: Any, pointer: str, bad: Complain, *, required: bool) -> dict[str, Any] | None:
     if schema is None:
         if required:
             bad(pointer, "missing JSON Schema")
@@ -157,7 +163,7 @@ _VALID_SCHEMAS: set[str] = set()  # canonical texts of schemas that passed, in t
 _MAX_VALID_SCHEMAS = 8192
 
 
-def _check_against_metaschema(schema: dict) -> None:
+def _check_against_metaschema(schema: dict[str, Any]) -> None:
     """Draft202012Validator.check_schema, remembered for schemas that passed: it costs
     about 10 ms a schema, and a reload reads every tool again while it is mostly the
     policies that changed."""
@@ -170,7 +176,7 @@ def _check_against_metaschema(schema: dict) -> None:
     _VALID_SCHEMAS.add(key)
 
 
-def _formats(node: Any, pointer: str):
+def _formats(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
     if isinstance(node, dict):
         for key, value in node.items():
             child = f"{pointer}/{key}"
@@ -183,7 +189,7 @@ def _formats(node: Any, pointer: str):
             yield from _formats(value, f"{pointer}/{i}")
 
 
-def schema_at(schema: dict, pointer: str) -> tuple[dict | None, bool]:
+def schema_at(schema: dict[str, Any], pointer: str) -> tuple[dict[str, Any] | None, bool]:
     """The sub-schema a JSON pointer into an *instance* lands on, and whether every step
     is a required property (so the pointer always resolves on a valid input)."""
     node, always = schema, True
@@ -197,7 +203,7 @@ def schema_at(schema: dict, pointer: str) -> tuple[dict | None, bool]:
     return node, always
 
 
-def _parse_resource(raw: Any, input_schema: dict | None, bad) -> tuple[str, str | None]:
+def _parse_resource(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, str | None]:
     if raw is None:
         return "Tool", None
     if not isinstance(raw, dict) or set(raw) - {"type", "id"}:
@@ -220,7 +226,7 @@ def _parse_resource(raw: Any, input_schema: dict | None, bad) -> tuple[str, str 
     return rtype if isinstance(rtype, str) else "Tool", pointer
 
 
-def _parse_limits(raw: Any, bad) -> tuple[int, int | None]:
+def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:
     if raw is None:
         return DEFAULT_MAX_INPUT_BYTES, None
     if not isinstance(raw, dict):
@@ -239,7 +245,7 @@ def _parse_limits(raw: Any, bad) -> tuple[int, int | None]:
     return max_bytes, max_calls
 
 
-def _parse_audit(raw: Any, input_schema: dict | None, bad) -> tuple[str, ...]:
+def _parse_audit(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, ...]:
     if raw is None:
         return ()
     record = raw.get("record") if isinstance(raw, dict) else None

@@ -25,7 +25,7 @@ Reads = dict[str, "Reads"] | None
 _CONTEXT = {"Var": "context"}
 
 
-def context_reads(policy_ests: Iterable[dict]) -> Reads:
+def context_reads(policy_ests: Iterable[dict[str, Any]]) -> Reads:
     """The parts of the context that the `when`/`unless` conditions of these policies
     (Cedar's JSON form) can read."""
     reads = _ReadSet()
@@ -60,7 +60,7 @@ class _ReadSet:
         for attr in path[:-1]:
             if attr in node and node[attr] is None:
                 return  # already read whole
-            node = node.setdefault(attr, {})
+            node = node.setdefault(attr, {})  # type: ignore[assignment]  # a None here returned above
         if whole:
             node[path[-1]] = None
         else:

@@ -38,15 +38,15 @@ def references(value: Any) -> Iterator[UID]:
             stack.extend(item)
 
 
-def entity_references(entity: dict) -> Iterator[UID]:
+def entity_references(entity: dict[str, Any]) -> Iterator[UID]:
     """What one entity (Cedar's JSON form) leads to: its parents, and the entities its
     attributes and tags refer to."""
     return references([entity.get("parents", []), entity.get("attrs", {}), entity.get("tags", {})])
 
 
 class StaticGraph:
-    def __init__(self, entities: list[dict]):
-        self._json: dict[UID, dict] = {}
+    def __init__(self, entities: list[dict[str, Any]]):
+        self._json: dict[UID, dict[str, Any]] = {}
         for entity in entities:
             self._json[(entity["uid"]["type"], entity["uid"]["id"])] = entity
         self._next = {uid: tuple({r for r in entity_references(e) if r in self._json and r != uid})

@@ -105,7 +105,7 @@ def locate(policy: SourcePolicy, message: str) -> tuple[int, int]:
     return policy.line, policy.col
 
 
-def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[SourcePolicy, dict]]:
+def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[SourcePolicy, dict[str, Any]]]:
     """Each policy with its EST (Cedar's JSON form); parse errors become problems."""
     parsed = []
     for policy in split_policies(source):
@@ -117,13 +117,14 @@ def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[Sou
             continue
         statics = list(est.get("staticPolicies", {}).values())
         if est.get("templates") or len(statics) != 1:
-            problems.append(Problem(rel, "expected exactly one static policy here (templates are not supported)", policy.line, policy.col))
+            problems.append(Problem(rel, "expected exactly one static policy here (templates are not supported)",
+                                    policy.line, policy.col))
             continue
         parsed.append((policy, statics[0]))
     return parsed
 
 
-def scope_actions(est: dict) -> frozenset[str] | None:
+def scope_actions(est: dict[str, Any]) -> frozenset[str] | None:
     scope = est.get("action", {})
     op = scope.get("op")
     if op == "==":
@@ -135,18 +136,20 @@ def scope_actions(est: dict) -> frozenset[str] | None:
     return None  # `action` unconstrained: the policy applies everywhere
 
 
-def build_infos(rel: str, parsed: list[tuple[SourcePolicy, dict]], problems: list[Problem],
+def build_infos(rel: str, parsed: list[tuple[SourcePolicy, dict[str, Any]]], problems: list[Problem],
                 seen: dict[str, str]) -> list[PolicyInfo]:
     infos = []
     for policy, est in parsed:
         annotations = {k: (v if v is not None else "") for k, v in est.get("annotations", {}).items()}
         policy_id = annotations.get("id") or f"{rel}:{policy.line}"
         if policy_id in seen:
-            problems.append(Problem(rel, f"duplicate policy id `{policy_id}` (also at {seen[policy_id]})", policy.line, policy.col))
+            problems.append(Problem(rel, f"duplicate policy id `{policy_id}` (also at {seen[policy_id]})",
+                                    policy.line, policy.col))
             continue
         seen[policy_id] = f"{rel}:{policy.line}"
         if "approval" in annotations and (est["effect"] != "permit" or not annotations["approval"]):
-            problems.append(Problem(rel, "`@approval(\"<group>\")` needs a group name and belongs on a permit", policy.line, policy.col))
+            problems.append(Problem(rel, "`@approval(\"<group>\")` needs a group name and belongs on a permit",
+                                    policy.line, policy.col))
             continue
         infos.append(PolicyInfo(policy_id, est["effect"], annotations, rel, policy.line, scope_actions(est), est))
     return infos

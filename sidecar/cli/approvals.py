@@ -56,7 +56,8 @@ def run(args) -> int:
                 tenant=args.tenant, status=apb.ApprovalStatus.Value(args.status.upper()), group=args.group), timeout=10)
             for a in reply.approvals:
                 print(f"{a.approval_id}  {a.short_code}  {apb.ApprovalStatus.Name(a.status).lower():8}  "
-                      f"{a.tenant}  {a.tool}  {a.resource}  {a.requester.type}::\"{a.requester.id}\"  {a.arguments_json}")
+                      f"{a.tenant}  {a.tool}  {a.resource}  {a.requester.type}::\"{a.requester.id}\"  "
+                      f"{a.arguments_json}")
             return 0
         if args.approvals_command == "show":
             print(describe(stub.GetApproval(apb.GetApprovalRequest(approval_id=args.approval_id), timeout=10)))

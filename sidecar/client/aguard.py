@@ -55,7 +55,7 @@ class AsyncGuard(_GuardCore):
                 result = end.result
             self._finish(call_id, result)
             raise
-        except Exception as exc:  # noqa: BLE001 - a bug here must still end the call
+        except Exception as exc:  # a bug here must still end the call
             log.exception("guard failed in call %s", call_id)
             end = self._unknown(call, att, "internal_error") if att.started else \
                 self._fail(call, att, "internal_error", report=att.authorize_sent,
@@ -76,7 +76,7 @@ class AsyncGuard(_GuardCore):
             if inspect.isawaitable(entities):
                 entities = await entities
             ctx = self.context.to_proto(entities)
-        except Exception:  # noqa: BLE001 - the runtime's provider
+        except Exception:  # the runtime's provider
             log.exception("entities provider failed for call %s", call.call_id)
             return self._fail(call, att, "context_error", report=False)
         att.authorize_sent = True

@@ -213,7 +213,7 @@ class _GuardCore:
             return
         try:
             self._observer(GuardEvent(kind, call.call_id, call.name, data))
-        except Exception:  # noqa: BLE001 - an observer never changes a call's course
+        except Exception:  # an observer never changes a call's course
             log.exception("guard observer failed on %s", kind)
 
     # -- results -----------------------------------------------------------------------
@@ -233,7 +233,8 @@ class _GuardCore:
         return _End(result, (r.FAILED, code, "") if report else None)
 
     def _cancelled(self, call, att, *, report: bool) -> _End:
-        return _End(self._result(call, att, r.CANCELLED, "cancelled"), (r.CANCELLED, "cancelled", "") if report else None)
+        report_as = (r.CANCELLED, "cancelled", "") if report else None
+        return _End(self._result(call, att, r.CANCELLED, "cancelled"), report_as)
 
     def _unknown(self, call, att, code: str) -> _End:
         return _End(self._result(call, att, r.OUTCOME_UNKNOWN, code, executed=True), (r.OUTCOME_UNKNOWN, code, ""))
@@ -277,7 +278,8 @@ class _GuardCore:
         return tool
 
     def _invocation(self, call: ProposedCall, att: _Attempt, tool: Tool, timeout: float | None) -> ToolInvocation:
-        seconds = timeout if timeout is not None else tool.timeout if tool.timeout is not None else self.execution_timeout
+        seconds = (timeout if timeout is not None
+                   else tool.timeout if tool.timeout is not None else self.execution_timeout)
         return ToolInvocation(call.call_id, call.name, self.context, threading.Event(), time.monotonic() + seconds,
                               att.decision_id, att.approval_id)
 
@@ -365,12 +367,14 @@ class Guard(_GuardCore):
         att = _Attempt()
         try:
             end = self._drive(call, att, cancel, timeout, approval_wait)
-        except Exception as exc:  # noqa: BLE001 - a bug here must still end the call
+        except Exception as exc:  # a bug here must still end the call
             log.exception("guard failed in call %s", call_id)
             end = self._unknown(call, att, "internal_error") if att.started else \
-                self._fail(call, att, "internal_error", report=att.authorize_sent, detail={"exception": type(exc).__name__})
+                self._fail(call, att, "internal_error", report=att.authorize_sent,
+                           detail={"exception": type(exc).__name__})
         except BaseException:
-            end = self._unknown(call, att, "interrupted") if att.started else self._cancelled(call, att, report=att.authorize_sent)
+            end = (self._unknown(call, att, "interrupted") if att.started
+                   else self._cancelled(call, att, report=att.authorize_sent))
             self._finish(call_id, self._report(end))
             raise
         return self._finish(call_id, self._report(end))
@@ -392,7 +396,7 @@ class Guard(_GuardCore):
         try:
             entities = self.context.entities(call) if self.context.entities else None
             ctx = self.context.to_proto(entities)
-        except Exception:  # noqa: BLE001 - the runtime's provider; never the model's business
+        except Exception:  # the runtime's provider; never the model's business
             log.exception("entities provider failed for call %s", call.call_id)
             return self._fail(call, att, "context_error", report=False)
         att.authorize_sent = True

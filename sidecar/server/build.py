@@ -33,6 +33,7 @@ from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.running import AioServer
+from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
 from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.tokens import TokenIssuer, TokenVerifier
@@ -56,17 +57,17 @@ class Sidecar:
     approvals: ApprovalDesk
     approval_store: SqliteApprovals
     pump: DecisionPump
-    reloader: BundleReloader | None = None
+    reloader: BundleReloader
     closed: bool = False
     started_at: float = field(default_factory=time.time)
 
-    def status(self) -> dict:
+    def status(self) -> SidecarStatus:
         bundle = self.bundles.current
-        return {"policy_version": bundle.version, "loaded_at": bundle.loaded_at,
-                "last_reload_error": self.reloader.last_error, "bundle_dir": str(bundle.directory),
-                "shadow_effects": self.authorizer.shadow_effects(), "reloads": self.reloader.reloads,
-                "decisions": self.pump.answered, "decision_batches": self.pump.batches,
-                "decisions_waiting": self.pump.waiting}
+        policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
+                              reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
+                              shadow_effects=self.authorizer.shadow_effects())
+        pump = PumpStatus(answered=self.pump.answered, batches=self.pump.batches, waiting=self.pump.waiting)
+        return SidecarStatus(policy, pump)
 
     def close(self) -> None:
         """Drains the audit writer, signs a final checkpoint and closes the stores; a
@@ -93,7 +94,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     _refuse_old_layout(data, settings.database_path)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
-    if getattr(keyring, "created_key", None) is not None:
+    if keyring.created_key is not None:
         log.warning("generated a development token signing key in %s (kid %s)", settings.keys_dir,
                     keyring.created_key.kid)
     audit_key = _audit_key(settings)
@@ -107,11 +108,13 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
                                 interval=settings.audit.checkpoint_interval_seconds)
     t = settings.tokens
     bundles = BundleHolder(bundle)
-    issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds, clock=clock)
+    issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
+                         clock=clock)
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
-        verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds, clock=clock),
+        verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
+                               clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,

@@ -91,7 +91,7 @@ class DecisionPump:
                 batch = [self._jobs.popleft() for _ in range(min(len(self._jobs), self._max_batch))]
             try:
                 answers = self._answers(batch)
-            except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
+            except BaseException as exc:  # never leave a caller waiting
                 log.error("decision batch failed", exc_info=exc)
                 answers = [StoreUnavailable("the decision could not be made") for _ in batch]
             self._batches += 1
@@ -107,7 +107,7 @@ class DecisionPump:
                 planned.append(i)
             except Exception as exc:  # noqa: BLE001 - this request's answer
                 answers[i] = exc
-        for i, answer in zip(planned, self._authorizer.run_many(plans)):
+        for i, answer in zip(planned, self._authorizer.run_many(plans), strict=True):
             answers[i] = answer
         return answers
 
@@ -115,7 +115,7 @@ class DecisionPump:
     def _deliver(batch: list[_Job], answers: list[Any]) -> None:
         """One wake-up of each event loop for the whole batch."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
-        for job, answer in zip(batch, answers):
+        for job, answer in zip(batch, answers, strict=True):
             by_loop.setdefault(job.loop, []).append((job.future, answer))
         for loop, settled in by_loop.items():
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
@@ -13,6 +14,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
 from sidecar.service.common import proposed_call, status_mapped, status_mapped_async, timestamp, trusted_context
+from sidecar.service.status import SidecarStatus
 from sidecar.tokens.keyring import KeyRing
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
@@ -36,11 +38,12 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
-    def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, status):
+    def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing,
+                 status: Callable[[], SidecarStatus]):
         self._authorizer = authorizer
         self._pump = pump
         self._keyring = keyring
-        self._status = status  # callable -> dict of the GetStatusResponse fields
+        self._status = status
 
     @status_mapped_async
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
@@ -90,8 +93,9 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:
         status = self._status()
+        policy, pump = status.policy, status.pump
         return pb.GetStatusResponse(
-            policy_version=status["policy_version"], loaded_at=timestamp(status["loaded_at"]),
-            last_reload_error=status["last_reload_error"], bundle_dir=status["bundle_dir"],
-            shadow_effects=status["shadow_effects"], reloads=status["reloads"], decisions=status["decisions"],
-            decision_batches=status["decision_batches"], decisions_waiting=status["decisions_waiting"])
+            policy_version=policy.version, loaded_at=timestamp(policy.loaded_at),
+            last_reload_error=policy.last_reload_error, bundle_dir=policy.bundle_dir,
+            shadow_effects=dict(policy.shadow_effects), reloads=policy.reloads, decisions=pump.answered,
+            decision_batches=pump.batches, decisions_waiting=pump.waiting)

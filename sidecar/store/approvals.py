@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -30,7 +30,7 @@ class ApprovalRecord:
     policy_version: str
     created_at: float
     expires_at: float
-    fields: dict = field(default_factory=dict)  # allow-listed arguments only
+    fields: dict[str, Any] = field(default_factory=dict)  # allow-listed arguments only
     status: str = PENDING
     decided_at: float | None = None
     approver: str = ""  # Cedar uid of the approver

@@ -147,7 +147,7 @@ class GroupCommit(Generic[T, R]):
             if not isinstance(exc, Exception):
                 raise
             return
-        for waiter, result in zip(batch, results):
+        for waiter, result in zip(batch, results, strict=True):
             if isinstance(result, ItemFailed):
                 waiter.error = result.error
             else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
@@ -43,7 +43,7 @@ class CallEntry:
     verified_at: float | None = None
     outcome: str = ""
     outcome_at: float | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def decided(self) -> bool:
@@ -145,7 +145,7 @@ class AppendAudit:
 LedgerOp = ReserveCall | ConsumeToken | RecordOutcome | AppendAudit
 
 
-def only_result(results: list):
+def only_result(results: Sequence[Any]) -> Any:
     """The one result of `apply([op])`, raised if it is an exception."""
     (result,) = results
     if isinstance(result, BaseException):
@@ -154,7 +154,7 @@ def only_result(results: list):
 
 
 class CallLedger(Protocol):
-    def apply(self, ops: Sequence[LedgerOp]) -> list:
+    def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
         """Runs the operations in order, each with the meaning of the method it names,
         sharing transactions (and their fsync) as the backend sees fit, and returns each
         one's result, or the exception it failed with instead of raising it: an operation

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
 from sidecar.store.sqlite_base import SqliteDatabase, require_same_file
@@ -100,8 +100,10 @@ class SqliteApprovals(SqliteDatabase):
             f"SELECT {_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)).fetchone())
         return _record(row) if row else None
 
-    def list(self, *, tenant="", status="", group="", now: float, limit=100) -> list[ApprovalRecord]:
-        where, args = [], []
+    def list(self, *, tenant: str = "", status: str = "", group: str = "", now: float,
+             limit: int = 100) -> list[ApprovalRecord]:
+        where: list[str] = []
+        args: list[object] = []
         if tenant:
             where.append("tenant = ?")
             args.append(tenant)
@@ -136,11 +138,11 @@ class SqliteApprovals(SqliteDatabase):
                  now)).rowcount == 1
             db.execute(_ERASE_EXPIRED_INPUTS, (now,))
             if audit is not None:
-                self._audit.append_in(db, [audit(won)])
+                self._audit.append_in(db, [audit(won)])  # type: ignore[union-attr]  # checked on entry
         return won
 
 
-def _record(row: sqlite3.Row | tuple) -> ApprovalRecord:
+def _record(row: sqlite3.Row | tuple[Any, ...]) -> ApprovalRecord:
     values = list(row)
     values[16] = json.loads(values[16])
     values[24], values[25] = bytes(values[24]), bytes(values[25])

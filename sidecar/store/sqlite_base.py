@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from sidecar.errors import StoreUnavailable
 
@@ -36,7 +36,7 @@ class WriteLock:
         self._threads = threading.Lock()
         self._timeout = timeout
         self._path = db_path + "-writer.lock" if cross_process else None
-        self._fd = None
+        self._fd: int | None = None
         self._key: str | None = None
         self._users = 0
 
@@ -70,11 +70,11 @@ class WriteLock:
         finally:
             self._release()
 
-    def __enter__(self):
+    def __enter__(self) -> WriteLock:
         self._acquire(self._timeout)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._release()
 
     def _acquire(self, timeout: float) -> None:
@@ -108,7 +108,7 @@ class WriteLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._threads.release()
 
-    def close(self):
+    def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -137,7 +137,12 @@ def sync_log(db_path: str, label: str) -> None:
         return
 
 
-def require_same_file(path: str, store, name: str) -> None:
+class StoredInFile(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+def require_same_file(path: str, store: StoredInFile | None, name: str) -> None:
     """A store whose writes join another's transactions must live in the same file."""
     if store is not None and os.path.realpath(store.path) != os.path.realpath(path):
         raise ValueError(f"the {name} must live in the same database file: one transaction holds both")

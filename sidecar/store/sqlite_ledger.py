@@ -114,7 +114,7 @@ class SqliteLedger(SqliteDatabase):
                 drafted = write.decide(calls + ahead[run], tool_calls + ahead[(*run, write.entry.tool)])
             except StoreUnavailable:
                 continue  # the transaction reads again (or fails the batch)
-            except Exception as exc:  # this call's failure alone: nothing of it is written
+            except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
                 failed[i] = ItemFailed(exc)
                 continue
             if drafted is not None and drafted.uses_run_budget:
@@ -144,11 +144,12 @@ class SqliteLedger(SqliteDatabase):
             return lambda db: self._record_outcome(db, op)
 
         def append(db: sqlite3.Connection) -> None:
-            self._audit.append_in(db, [op.event])
+            self._append(db, [op.event])
         return append
 
     def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
-        return only_result(self.apply([ReserveCall(entry, decide)]))
+        reservation: Reservation = only_result(self.apply([ReserveCall(entry, decide)]))
+        return reservation
 
     def _reserve(self, db: sqlite3.Connection, entry: CallEntry, decide: Decide | None) -> Reservation | ItemFailed:
         existing = self._get(db, entry.tenant, entry.call_id)
@@ -157,7 +158,7 @@ class SqliteLedger(SqliteDatabase):
         calls, tool_calls = self._run_counts_of(entry)(db)
         try:
             decided = decide(calls, tool_calls) if decide is not None else None
-        except Exception as exc:  # this call's failure alone: nothing of it is written
+        except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
             return ItemFailed(exc)
         if decided is None:
             decided = RecordedDecision("", "", "")
@@ -173,9 +174,9 @@ class SqliteLedger(SqliteDatabase):
              *_json_columns(decided.reasons, decided.errors),
              decided.approval.approval_id if decided.approval is not None else ""))
         if decided.approval is not None:
-            self._approvals.create_in(db, decided.approval)
+            self._approvals.create_in(db, decided.approval)  # type: ignore[union-attr]  # checked above
         if decided.audit is not None:
-            self._audit.append_in(db, [decided.audit])
+            self._append(db, [decided.audit])
         return Reservation(None)
 
     def _run_counts_of(self, entry: CallEntry) -> Callable[[sqlite3.Connection], tuple[int, int]]:
@@ -201,12 +202,13 @@ class SqliteLedger(SqliteDatabase):
 
     def consume(self, tenant: str, call_id: str, jti: str, now: float,
                 audit: Callable[[str], AuditEvent] | None = None) -> str:
-        return only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
+        code: str = only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
+        return code
 
     def _consume(self, db: sqlite3.Connection, op: ConsumeToken) -> str:
         code = self._consume_code(db, op.tenant, op.call_id, op.jti, op.now)
         if op.audit is not None:
-            self._audit.append_in(db, [op.audit(code)])
+            self._append(db, [op.audit(code)])
         return code
 
     def _consume_code(self, db: sqlite3.Connection, tenant: str, call_id: str, jti: str, now: float) -> str:
@@ -226,7 +228,16 @@ class SqliteLedger(SqliteDatabase):
 
     def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str, output_digest: str,
                        now: float) -> CallEntry:
-        return only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest, now)]))
+        entry: CallEntry = only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code, output_digest,
+                                                                 now)]))
+        return entry
+
+    def _append(self, db: sqlite3.Connection, events: list[AuditEvent]) -> None:
+        """Audit records in this transaction; `_write_for` refuses any operation that
+        carries one when the ledger has no audit log, so this never finds it missing."""
+        if self._audit is None:
+            raise RuntimeError("an audit record needs a ledger with an audit log")
+        self._audit.append_in(db, events)
 
     def _record_outcome(self, db: sqlite3.Connection, op: RecordOutcome) -> CallEntry | ItemFailed:
         entry = self._get(db, op.tenant, op.call_id)
@@ -235,7 +246,7 @@ class SqliteLedger(SqliteDatabase):
         if op.caller is not None and (entry.principal, entry.request_id) != (op.caller.principal,
                                                                             op.caller.request_id):
             if op.refused is not None:
-                self._audit.append_in(db, [op.refused(entry)])
+                self._append(db, [op.refused(entry)])
             return ItemFailed(ForbiddenError(
                 f"call `{op.call_id}` was decided for another principal or run; only they report its outcome"))
         if entry.outcome:
@@ -249,7 +260,7 @@ class SqliteLedger(SqliteDatabase):
         # What that row now holds, without reading it back.
         entry = replace(entry, outcome=op.status, outcome_at=op.now, extra=extra)
         if op.audit is not None:
-            self._audit.append_in(db, [op.audit(entry)])
+            self._append(db, [op.audit(entry)])
         return entry
 
     @staticmethod

@@ -62,7 +62,7 @@ class _Entry:
 class KeyRing:
     """The signing key plus every key that may still verify, looked up by kid."""
 
-    def __init__(self, entries: Iterable[_Entry], *, grace_seconds: float):
+    def __init__(self, entries: Iterable[_Entry], *, grace_seconds: float, created_key: KeyInfo | None = None):
         if grace_seconds < 0:
             raise ValueError("grace_seconds must not be negative")
         self._entries = {e.key.kid: e for e in entries}
@@ -71,7 +71,7 @@ class KeyRing:
             raise ValueError(f"a key ring needs exactly one active key, not {len(active)}")
         self.signing: SigningKey = active[0].key
         self.grace_seconds = grace_seconds
-        self.created_key: KeyInfo | None = None  # set by load_keyring(create_if_missing=True)
+        self.created_key = created_key  # the key load_keyring(create_if_missing=True) generated
 
     @classmethod
     def from_keys(cls, *, active: SigningKey, others: Iterable[tuple[SigningKey, str, float | None]] = (),
@@ -253,6 +253,4 @@ def load_keyring(keys_dir: str | os.PathLike[str], *, grace_seconds: float, cloc
     if create_if_missing and not os.path.exists(os.path.join(d, MANIFEST)):
         created = _generate(d, clock, only_if_empty=True)
     with _locked(d, create=False):
-        ring = KeyRing(_read_manifest(d), grace_seconds=grace_seconds)
-    ring.created_key = created
-    return ring
+        return KeyRing(_read_manifest(d), grace_seconds=grace_seconds, created_key=created)

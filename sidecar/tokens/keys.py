@@ -1,6 +1,7 @@
 """Ed25519 signing keys for PASETO v4.public tokens: loading, generating, publishing.
 
-The key ring and its directory are in sidecar/tokens/keyring.py. The kid is the PASERK id (`k4.pid.…`) of the public key; it is only ever a dict key.
+The key ring and its directory are in sidecar/tokens/keyring.py. The kid is the PASERK id
+(`k4.pid.…`) of the public key; it is only ever a dict key.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _parse_pem(data: bytes, path: str) -> Ed25519PrivateKey:
         key = ser.load_pem_private_key(data, password=None)
     except TypeError:
         raise KeyFileError(f"key file `{path}` is encrypted; store it unencrypted with mode 0600") from None
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever cryptography raises, the file is not a usable key
         raise KeyFileError(f"key file `{path}` is not a PKCS#8 PEM private key") from None
     if not isinstance(key, Ed25519PrivateKey):
         kind = type(key).__name__.removesuffix("PrivateKey")  # RSA, EC, X25519, Ed448, DSA, ...

@@ -1,0 +1,53 @@
+"""How every audit record names the call it is about."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.audit.records import AuditEvent
+from sidecar.model import TrustedContext
+from sidecar.store.ledger import CallEntry
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """The call as every audit record about it names it. Made once from the trusted
+    context and the call envelope (`of`) or from the ledger's row (`of_entry`), then
+    completed with `replace` as the decision path learns more: the resource, digest and
+    allow-listed fields once the call is prepared, the approval a decision opens."""
+
+    kind: str
+    tenant: str
+    principal: str
+    request_id: str
+    call_id: str
+    tool: str
+    decision_id: str = ""
+    policy_version: str = ""
+    resource: str = ""
+    digest: str = ""
+    approval_id: str = ""
+    approver: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kind: str, ctx: TrustedContext, call_id: str, tool: str) -> CallRecord:
+        # The tool as the caller named it, cut short: it may be no tool at all.
+        return cls(kind, ctx.tenant, str(ctx.principal), ctx.request_id, call_id, tool[:64])
+
+    @classmethod
+    def of_entry(cls, kind: str, entry: CallEntry) -> CallRecord:
+        return cls(kind, entry.tenant, entry.principal, entry.request_id, entry.call_id, entry.tool,
+                   decision_id=entry.decision_id, policy_version=entry.policy_version, digest=entry.digest,
+                   approval_id=entry.approval_id)
+
+    def event(self, time: float, result: str, *, reasons: tuple[str, ...] = (), error_codes: tuple[str, ...] = (),
+              jti: str = "", detail: Mapping[str, Any] | None = None) -> AuditEvent:
+        return AuditEvent(kind=self.kind, time=time, decision_id=self.decision_id, request_id=self.request_id,
+                          call_id=self.call_id, tenant=self.tenant, principal=self.principal, tool=self.tool,
+                          resource=self.resource, result=result, reasons=reasons, error_codes=error_codes,
+                          digest=self.digest, policy_version=self.policy_version, jti=jti,
+                          approval_id=self.approval_id, approver=self.approver,
+                          fields=dict(self.fields), detail=dict(detail or {}))
