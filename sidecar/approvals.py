@@ -126,7 +126,11 @@ class ApprovalDesk:
             return self.hide_token(current)  # a second click: the same approval, the same single token
         if current.status != PENDING:
             refuse(PreconditionError(f"the approval is {current.status}"), f"approval_{current.status}")
-        if not self._permitted(record, approver):
+        try:
+            permitted = self._permitted(record, approver)
+        except RequestError as exc:  # the approver's entities break a rule: refused, and audited as such
+            refuse(exc, "invalid_entities")
+        if not permitted:
             refuse(ForbiddenError(f"`{who}` may not approve this call"), "approver_not_permitted")
 
         token = self._issue(record, who) if verdict == APPROVE else None

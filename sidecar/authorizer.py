@@ -23,7 +23,7 @@ from sidecar.bundle.catalog import resolve_pointer
 from sidecar.clock import Clock
 from sidecar.digest import call_digest
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
-from sidecar.errors import InputError, StoreUnavailable
+from sidecar.errors import InputError, RequestError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.ledger import (
@@ -155,7 +155,12 @@ class Authorizer:
                         lambda _: AuthorizeResult(Decision.DENY, decision_id, bundle.version, errors=verdict.errors))
 
         base.update(resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
-        entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
+        try:
+            entities = request_entities(bundle, ctx, prepared)
+        except RequestError as exc:  # refused before anything but its audit record is stored
+            refusal = AuditEvent(time=self.clock.now(), result="refused", error_codes=("invalid_entities",),
+                                 detail={"error": str(exc)[:500]}, **base)
+            return Plan(AppendAudit(refusal), lambda _, error=exc: _raise(error))
         tool = prepared.slice.tool.name
 
         def draft(counts: tuple[int, int]) -> _Draft:
@@ -360,6 +365,10 @@ class _Draft:
     verdict: Verdict
     token: IssuedToken | None
     gone: bool = False
+
+
+def _raise(exc: Exception):
+    raise exc
 
 
 def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:
