@@ -170,7 +170,11 @@ class ApprovalDesk:
         if current.status != PENDING:
             refuse(PreconditionError(f"the approval is {current.status}"), f"approval_{current.status}")
         bundle = self.bundles.current  # one bundle for the approver's check, the call's and the token
-        if not self._permitted(bundle, record, approver):
+        try:
+            permitted = self._permitted(bundle, record, approver)
+        except RequestError as exc:  # the approver's entities break a rule: refused, and audited as such
+            refuse(exc, "invalid_entities")
+        if not permitted:
             refuse(ForbiddenError(f"`{who}` may not approve this call"), "approver_not_permitted")
         if verdict == APPROVE:
             refusal = self._still_allowed(bundle, record)

@@ -7,11 +7,12 @@ and a verification's record commit in the same transaction as their ledger write
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ulid import ULID
 
@@ -24,7 +25,7 @@ from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import InputLimits, digest_call
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
-from sidecar.errors import InputError, StoreUnavailable
+from sidecar.errors import InputError, RequestError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.ledger import (
@@ -155,7 +156,12 @@ class Authorizer:
                                                   errors=verdict.errors))
 
         record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
-        entities = request_entities(bundle, ctx, prepared)  # RequestError before anything is stored
+        try:
+            entities = request_entities(bundle, ctx, prepared)
+        except RequestError as exc:  # refused before anything but its audit record is stored
+            refusal = record.event(self.clock.now(), "refused", error_codes=("invalid_entities",),
+                                   detail={"error": str(exc)[:500]})
+            return Plan(AppendAudit(refusal), functools.partial(_refuse, exc))
         tool = prepared.slice.tool.name
 
         def draft(counts: tuple[int, int]) -> _Draft:
@@ -405,6 +411,11 @@ class _DecisionState:
         if self.draft is None:
             raise RuntimeError("the ledger recorded a new call without asking for its decision")
         return self.draft
+
+
+def _refuse(exc: Exception, _written: object) -> NoReturn:
+    """A refused request's answer once its audit record is written: the refusal."""
+    raise exc
 
 
 def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:

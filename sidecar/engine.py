@@ -16,7 +16,7 @@ from jsonschema.exceptions import best_match
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import TOOL_NAME, resolve_pointer
 from sidecar.bundle.cedar_schema import APPROVE_ACTION, project
-from sidecar.bundle.entity_graph import UID, entity_references
+from sidecar.bundle.entity_graph import UID, entity_references, normalize_entity, parents_of, show_uid, uid_of
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import InputLimits, digest_call
 from sidecar.errors import InputError, RequestError
@@ -140,37 +140,42 @@ def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall
 
 def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
                      extra: Sequence[dict[str, Any]] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
-    """The static entities the request can reach + entities a trusted caller vouches for
-    + `extra` built by the sidecar itself. Every anchor (principal, resource) gets the
-    tenant as a parent; no supplied entity may name another tenant, define a tenant, or
-    redefine a static entity. `reach`: the static entities the policies to be evaluated
-    name, with all they lead to (ToolSlice.policy_reach)."""
+    """The static entities of the request's tenant that it can reach + entities a trusted
+    caller vouches for (checked by _check_supplied) + `extra` built by the sidecar itself.
+    Every anchor (principal, resource) is inside `Tenant::"<tenant>"`: a supplied one gets
+    the tenant as a parent, a shared static one gets it in this request, and one nobody
+    describes is built in the tenant, attribute-less. A static entity of another tenant is
+    never an anchor: invisible to this tenant, its uid is built afresh like any unknown one,
+    so a request can neither use it nor learn that it exists. `reach`: the static entities
+    the policies to be evaluated name, with all they lead to (ToolSlice.policy_reach)."""
+    graph = bundle.static_graph
     tenant = {"type": "Tenant", "id": tenant_id}
-    by_uid = {}
+    by_uid: dict[UID, dict[str, Any]] = {}
     for entity in _supplied_entities(entities_json):
-        uid = (entity["uid"]["type"], entity["uid"]["id"])
-        if uid in bundle.static_uids or uid in by_uid or uid[0] in ("Tenant", "Approval", "Action"):
-            raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` may not be supplied by the runtime")
-        for parent in entity["parents"]:
-            if parent.get("type") == "Tenant" and parent.get("id") != tenant_id:
-                raise RequestError(f"entity `{uid[0]}::\"{uid[1]}\"` names another tenant")
+        uid = uid_of(entity)
+        if uid in by_uid:
+            raise RequestError(f"entity `{show_uid(uid)}` is supplied twice")
+        _check_supplied(bundle, tenant_id, uid, entity)
         by_uid[uid] = entity
-    synthesized = []
-    for uid in anchors:
+    built = {uid_of(entity) for entity in extra}
+    anchored: list[UID] = []  # anchors the tenant is added to here: shared static ones and unknown ones
+    for uid in dict.fromkeys(anchors):
+        if uid[0] == "Tenant" and uid[1] != tenant_id:
+            raise RequestError(f"`{show_uid(uid)}` cannot be the principal or resource of another tenant's request")
         if uid in by_uid:
             if tenant not in by_uid[uid]["parents"]:
                 by_uid[uid]["parents"].append(tenant)
-        elif uid not in bundle.static_uids and uid not in synthesized and \
-                all(e["uid"] != {"type": uid[0], "id": uid[1]} for e in extra):
-            synthesized.append(uid)
-    # Only what evaluation can reach of the static entities (bundle/entity_graph.py): a
-    # copy of all of them made each request cost more the longer entities.json grew.
+        elif uid not in built and graph.tenant_of(uid) != tenant_id:
+            anchored.append(uid)
+    # Only what evaluation can reach of the static entities visible to the tenant
+    # (bundle/entity_graph.py): a copy of all of them made each request cost more the
+    # longer entities.json grew, and another tenant's must never be part of it.
     seeds = {*anchors, ("Tenant", tenant_id)}
     for entity in (*by_uid.values(), *extra):
         seeds.update(entity_references(entity))
-    reach = bundle.static_graph.reach(reach, seeds)
+    reach = graph.reach(reach, seeds, tenant_id)
     try:
-        entities = _anchored(bundle, tenant_id, tuple(synthesized), reach)
+        entities = _anchored(bundle, tenant_id, tuple(anchored), reach)
         if extra:
             entities = entities.with_added_json_str(json.dumps(list(extra)))
         if by_uid:
@@ -180,21 +185,51 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     return entities
 
 
+RESERVED_TYPES = ("Tenant", "Approval", "Action")
+
+
+def _check_supplied(bundle: Bundle, tenant_id: str, uid: UID, entity: dict[str, Any]) -> None:
+    """The rules for an entity the runtime supplies (normalized: every reference read as
+    Cedar reads it). Tenants, approvals and actions are the sidecar's; a static entity the
+    tenant sees is the bundle's and is not redefined. The membership of static entities is
+    the bundle's too: the only static parent a supplied entity may name is its own tenant,
+    or a group bundle.yaml opens to the runtime (`runtime_groups`) that the tenant sees.
+    That holds for the static entities of every tenant, whose names the policies share."""
+    graph = bundle.static_graph
+    if uid[0] in RESERVED_TYPES:
+        raise RequestError(f"entity `{show_uid(uid)}` may not be supplied by the runtime: `{uid[0]}` entities are "
+                           f"the sidecar's")
+    if graph.visible(uid, tenant_id):
+        raise RequestError(f"entity `{show_uid(uid)}` may not be supplied by the runtime: the bundle defines it")
+    for ref in entity_references(entity):
+        if ref[0] == "Tenant" and ref[1] != tenant_id:
+            raise RequestError(f"entity `{show_uid(uid)}` names another tenant, `{show_uid(ref)}`")
+    for parent in parents_of(entity):
+        opened = parent in bundle.runtime_groups and graph.visible(parent, tenant_id)
+        if parent in graph and parent != ("Tenant", tenant_id) and not opened:
+            raise RequestError(f"entity `{show_uid(uid)}` may not have parent `{show_uid(parent)}`: the members "
+                               f"of a static entity are the bundle's (bundle.yaml `runtime_groups` opens a group)")
+
+
 MAX_ANCHORED = 4096
 
 
 def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: frozenset[UID]) -> cedarpy.Entities:
-    """The static entities in `reach` plus an attribute-less entity in the tenant for
-    each of `uids` (anchors nobody described), cached on the bundle: calls of one
-    session repeat them, and parsing them is most of building a request's entities."""
+    """The static entities in `reach` with each of `uids` (anchors) inside the tenant: a
+    shared static one with the tenant added to its parents, any other an attribute-less
+    entity in the tenant. Cached on the bundle by tenant, anchors and reach (itself of one
+    tenant): calls of one session repeat them, and parsing them is most of building a
+    request's entities."""
     key = (tenant_id, uids, reach)
     cached = bundle.anchored_entities.get(key)
     if cached is None:
-        tenant = {"type": "Tenant", "id": tenant_id}
-        cached = cedarpy.Entities.from_json_str(bundle.static_graph.entities_json(reach), schema=bundle.entity_schema)
+        graph, tenant = bundle.static_graph, {"type": "Tenant", "id": tenant_id}
+        shared = {uid for uid in uids if graph.visible(uid, tenant_id)}
+        cached = cedarpy.Entities.from_json_str(graph.entities_json(reach - shared), schema=bundle.entity_schema)
         if uids:
             cached = cached.with_added_json_str(json.dumps(
-                [{"uid": {"type": t, "id": i}, "attrs": {}, "parents": [tenant]} for t, i in uids]))
+                [graph.in_tenant(uid, tenant_id) if uid in shared else
+                 {"uid": {"type": uid[0], "id": uid[1]}, "attrs": {}, "parents": [tenant]} for uid in uids]))
         if len(bundle.anchored_entities) >= MAX_ANCHORED:
             bundle.anchored_entities.clear()  # bounded; a sweep of new principals just refills it
         bundle.anchored_entities[key] = cached
@@ -202,6 +237,8 @@ def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: froz
 
 
 def _supplied_entities(raw: bytes) -> list[dict[str, Any]]:
+    """The runtime's entities, normalized (entity_graph.normalize_entity): every later
+    check reads the uids Cedar will read, and Cedar is given exactly what was checked."""
     if not raw:
         return []
     try:
@@ -210,15 +247,10 @@ def _supplied_entities(raw: bytes) -> list[dict[str, Any]]:
         raise RequestError("entities_json is not valid JSON") from None
     if not isinstance(data, list):
         raise RequestError("entities_json must be a JSON array of Cedar entities")
-    for entity in data:
-        uid = entity.get("uid") if isinstance(entity, dict) else None
-        if not (isinstance(uid, dict) and isinstance(uid.get("type"), str) and isinstance(uid.get("id"), str)):
-            raise RequestError("each entity needs a `uid` with string `type` and `id`")
-        entity.setdefault("attrs", {})
-        entity.setdefault("parents", [])
-        if not isinstance(entity["parents"], list) or not all(isinstance(p, dict) for p in entity["parents"]):
-            raise RequestError("entity `parents` must be a list of entity references")
-    return data
+    try:
+        return [normalize_entity(entity) for entity in data]
+    except ValueError as exc:
+        raise RequestError(f"entities_json: {exc}") from None
 
 
 def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCounts = RunCounts()) -> Verdict:

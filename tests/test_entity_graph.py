@@ -67,6 +67,8 @@ def bundle(bundle_dir):
     (bundle_dir / "schema.cedarschema").write_text(SCHEMA)
     (bundle_dir / "entities.json").write_text(json.dumps(entities()))
     (bundle_dir / "graph.cedar").write_text(POLICIES)
+    # SUPPLIED joins a static group: the bundle has to open that group to the runtime.
+    (bundle_dir / "bundle.yaml").write_text('principal_types: [User]\nruntime_groups: [Group::"g1"]\n')
     return load_bundle(bundle_dir)
 
 
@@ -95,7 +97,8 @@ def decisions(bundle) -> list[tuple]:
 
 def test_reached_entities_decide_as_all_of_them(bundle, monkeypatch):
     reached = decisions(bundle)
-    monkeypatch.setattr(StaticGraph, "reach", lambda self, base, seeds: self.uids)  # every static entity
+    # Every static entity (every static entity here is acme's or shared).
+    monkeypatch.setattr(StaticGraph, "reach", lambda self, base, seeds, tenant: self.uids)
     bundle.anchored_entities.clear()
     assert reached == decisions(bundle)
     assert {d for *_, d, _r, _e in reached} == {Decision.ALLOW, Decision.DENY}
@@ -140,10 +143,10 @@ def test_reach_adds_the_closure_of_static_seeds_to_a_closed_base():
         {"uid": {"type": "G", "id": "c"}, "attrs": {}, "parents": []},
     ])
     base = graph.closure([("G", "c")])
-    assert graph.reach(base, [("U", "not-static"), ("G", "c")]) is base
-    assert graph.reach(base, [("G", "a")]) == {("G", "a"), ("G", "b"), ("G", "c")}
-    assert graph.reach(base, [("G", "a")]) is graph.reach(base, [("G", "a")])  # cached
-    assert graph.reach(frozenset(), []) == frozenset()
+    assert graph.reach(base, [("U", "not-static"), ("G", "c")], "acme") == base
+    assert graph.reach(base, [("G", "a")], "acme") == {("G", "a"), ("G", "b"), ("G", "c")}
+    assert graph.reach(base, [("G", "a")], "acme") is graph.reach(base, [("G", "a")], "acme")  # cached
+    assert graph.reach(frozenset(), [], "acme") == frozenset()
 
 
 def test_references_find_every_entity_a_value_names():

@@ -1,7 +1,7 @@
 """Loads a bundle directory into immutable, pre-parsed objects, or refuses it whole.
 
 Layout:
-    bundle.yaml            optional: {principal_types: [User]}
+    bundle.yaml            optional: {principal_types: [User], runtime_groups: ['Group::"oncall"']}
     schema.cedarschema     entity types (no namespace); actions are generated
     *.cedar                policies
     entities.json          optional static entities (groups, ...)
@@ -86,6 +86,9 @@ class Bundle:
     # repeat them. engine.trusted_entities fills and bounds it.
     anchored_entities: dict[tuple[str, tuple[UID, ...], frozenset[UID]], cedarpy.Entities] = field(
         repr=False, compare=False, default_factory=dict)
+    # Static entities that the runtime's entities may name as a parent (bundle.yaml
+    # `runtime_groups`): groups whose members come from the caller's identity provider.
+    runtime_groups: frozenset[UID] = field(repr=False, default=frozenset())
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
@@ -116,7 +119,12 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
     for t in principal_types:
         if t not in declared:
             problems.append(Problem("bundle.yaml", f"principal type `{t}` is not declared in {SCHEMA_FILE}"))
+    # A request's principal and resource are inside its tenant; a tenant cannot be either.
+    if "Tenant" in principal_types:
+        problems.append(Problem("bundle.yaml", "`Tenant` cannot be a principal type", pointer="/principal_types"))
     for tool in tools.values():
+        if tool.resource_type == "Tenant":
+            problems.append(Problem(tool.source, "`Tenant` cannot be a resource type", pointer="/resource/type"))
         if tool.resource_type not in declared and tool.resource_type != "Tool":
             problems.append(Problem(
                 tool.source, f"resource type `{tool.resource_type}` is not declared in {SCHEMA_FILE}",
@@ -148,6 +156,7 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
 
     entity_schema = cedarpy.Schema.from_str(user_schema + "\n" + prelude) if schema is not None else None
     graph = _load_entities(root / "entities.json", schema, entity_schema, problems)
+    runtime_groups = _read_runtime_groups(root, graph, problems)
     if problems or schema is None:  # no schema means a problem was recorded
         raise BundleError(problems)
     # (position, policy) by action named; None: the policies that name no action.
@@ -159,7 +168,8 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
     return Bundle(root, version, time.time(), tuple(principal_types), slices,
                   {i.policy_id: i for i in infos}, schema_text, schema, graph, graph.uids,
-                  policy_set(approvers) if approvers else None, _reach(graph, approvers), entity_schema)
+                  policy_set(approvers) if approvers else None, _reach(graph, approvers), entity_schema,
+                  runtime_groups=runtime_groups)
 
 
 def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
@@ -177,6 +187,41 @@ def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
                                 pointer="/principal_types"))
         return ["User"]
     return types
+
+
+RUNTIME_GROUP = re.compile(r'([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)::"([^"\\]*)"')
+
+
+def _read_runtime_groups(root: pathlib.Path, graph: StaticGraph, problems: list[Problem]) -> frozenset[UID]:
+    """bundle.yaml `runtime_groups`: a list of `Type::"id"`, each a static entity (not a
+    tenant) that the runtime's entities may name as a parent. A name that is no static
+    entity is refused: such a group is open to the runtime already, so the entry could
+    only be a typo."""
+    path = root / "bundle.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    except (OSError, yaml.YAMLError):
+        return frozenset()  # _read_manifest reports it
+    entries = data.get("runtime_groups", []) if isinstance(data, dict) else []
+    if not isinstance(entries, list):
+        problems.append(Problem("bundle.yaml", "`runtime_groups` must be a list of entities, "
+                                'e.g. [\'Group::"oncall"\']', pointer="/runtime_groups"))
+        return frozenset()
+    groups = set()
+    for index, entry in enumerate(entries):
+        found = RUNTIME_GROUP.fullmatch(entry) if isinstance(entry, str) else None
+        where = f"/runtime_groups/{index}"
+        if found is None:
+            problems.append(Problem("bundle.yaml", "an entry of `runtime_groups` must be an entity "
+                                    'like Group::"oncall"', pointer=where))
+        elif found.group(1) == "Tenant":
+            problems.append(Problem("bundle.yaml", "a tenant cannot be a runtime group", pointer=where))
+        elif (found.group(1), found.group(2)) not in graph:
+            problems.append(Problem("bundle.yaml", f"`{entry}` is not an entity of entities.json; a group the bundle "
+                                    "does not define needs no opening", pointer=where))
+        else:
+            groups.add((found.group(1), found.group(2)))
+    return frozenset(groups)
 
 
 def _read_text(path: pathlib.Path, rel: str, problems: list[Problem]) -> str | None:
