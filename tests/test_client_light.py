@@ -56,7 +56,7 @@ def test_the_client_imports_without_the_policy_engine() -> None:
     assert done.stdout.startswith("ok ") and "issue_refund" in done.stdout
 
 
-def _catalog_schemas(bundle_dir: pathlib.Path) -> dict[str, dict]:
+def _catalog_schemas(bundle_dir: pathlib.Path) -> dict[str, dict[str, object]]:
     problems: list[Problem] = []
     tools = load_catalog(bundle_dir / "tools", problems)
     assert problems == []

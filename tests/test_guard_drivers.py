@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -20,6 +20,7 @@ from sidecar.client.sync import OutcomeReport
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
+R = TypeVar("R")
 CONTEXT = TrustedContext("acme", Principal("User", "alice"), "run-1")
 ARGS = '{"order_id": "ord_1"}'
 
@@ -58,7 +59,7 @@ class Script:
         return OutcomeReport("dec_1", unverified=False)
 
 
-def _raise_or_return(answer: Any) -> Any:
+def _raise_or_return(answer: R | grpc.RpcError) -> R:
     if isinstance(answer, grpc.RpcError):
         raise answer
     return answer

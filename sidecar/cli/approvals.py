@@ -71,7 +71,8 @@ def _status(a: apb.Approval) -> str:
     return apb.ApprovalStatus.Name(a.status).lower()
 
 
-def add_approvals_command(sub: argparse._SubParsersAction, parse_principal: Callable[[str], object]) -> None:
+def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                          parse_principal: Callable[[str], object]) -> None:
     server_help = f"the sidecar's Approvals address (default: ${SERVER_ENV}, else {DEFAULT_SERVER})"
     approvals = sub.add_parser("approvals", help="list, show, approve or reject pending approvals")
     approvals.add_argument("--server", default=None, help=server_help)
