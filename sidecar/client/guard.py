@@ -112,7 +112,7 @@ class Guard(GuardCore):
         if isinstance(step, Execute):
             return self._execute(step, cancel)
         if inspect.iscoroutine(step.awaitable):
-            step.awaitable.close()  # never awaited: close it rather than leak a warning
+            step.awaitable.close()  # it will never be awaited: closed, Python does not warn about it
         raise TypeError("the entities provider returned an awaitable: use AsyncGuard for a coroutine provider")
 
     def _watch(self, step: WatchApproval, cancel: threading.Event | None) -> apb.Approval | None:
