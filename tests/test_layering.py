@@ -69,8 +69,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "the audit log shares the ledger's SQLite connection helper; issue 17 moves storage",
     ("sidecar.audit.writer", "sidecar.store.group_commit"):
         "the audit writer batches commits with the ledger's group commit; issue 17 moves storage",
-    ("sidecar.client.tools", "sidecar.bundle.catalog"):
-        "the Guard reads output schemas through the bundle catalog; issue 21 makes the client light",
 }
 
 # The root package's __init__ is empty: it belongs to no layer and imports nothing.

@@ -11,8 +11,9 @@ from sidecar.client.guard import Guard, GuardEvent, GuardStateError, UnknownCall
 from sidecar.client.offline import OfflineVerifier
 from sidecar.client.results import APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED, CallResult
 from sidecar.client.retry import NO_RETRY, RetryPolicy
+from sidecar.client.schemas import load_output_schemas
 from sidecar.client.sync import AuthzClient, OutcomeReport
-from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet, load_output_schemas
+from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet
 
 __all__ = [
     "AuthzClient", "AsyncAuthzClient", "OutcomeReport", "RetryPolicy", "NO_RETRY",

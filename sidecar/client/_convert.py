@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -34,7 +36,9 @@ def call_msg(call: ProposedCall | pb.ToolCall) -> pb.ToolCall:
     raise TypeError("call must be a sidecar.client.ProposedCall or a toolauthz.v1.ToolCall")
 
 
-def enum_value(value, names: dict, what: str) -> int:
+def enum_value(value: Any, names: Mapping[str, int], what: str) -> Any:
+    """The number of an enum value given by name or number. Typed Any: the generated stubs
+    give each proto enum its own NewType of int, which one helper cannot name for all."""
     if isinstance(value, str):
         try:
             return names[value.lower()]

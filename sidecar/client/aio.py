@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import grpc
 import grpc.aio
@@ -23,7 +24,15 @@ from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
-__all__ = ["AsyncAuthzClient"]
+__all__ = ["AsyncAuthzClient", "AsyncApprovalStream"]
+
+
+class AsyncApprovalStream(Protocol):
+    """A WatchApproval stream over grpc.aio: the approval's states; `cancel()` ends it early."""
+
+    def __aiter__(self) -> AsyncIterator[apb.Approval]: ...
+
+    def cancel(self) -> bool: ...
 
 
 class AsyncAuthzClient:
@@ -127,7 +136,7 @@ class AsyncAuthzClient:
         return (await self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout))[0]
 
     def watch_approval(self, approval_id: str, context=None, *,
-                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> AsyncIterator[apb.Approval]:
+                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> AsyncApprovalStream:
         """An async iterator of `Approval` (a grpc.aio stream call: `.cancel()` ends it)."""
         request = cv.get_approval_request(approval_id, context)
         return self._approvals.WatchApproval(request, timeout=timeout)

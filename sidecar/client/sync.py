@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -23,7 +24,7 @@ from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
-__all__ = ["AuthzClient", "OutcomeReport", "DEFAULT_TIMEOUT", "DEFAULT_WATCH_TIMEOUT"]
+__all__ = ["AuthzClient", "OutcomeReport", "ApprovalStream", "DEFAULT_TIMEOUT", "DEFAULT_WATCH_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_WATCH_TIMEOUT = 60.0
@@ -35,6 +36,12 @@ class OutcomeReport:
     decision_id: str
     unverified: bool  # the call's token was never verified before this outcome
     already_recorded: bool = False  # ALREADY_EXISTS after a retried attempt: our first attempt landed
+
+
+class ApprovalStream(Iterator[apb.Approval], Protocol):
+    """A WatchApproval stream: the approval's states; `cancel()` ends it early."""
+
+    def cancel(self) -> bool: ...
 
 
 class AuthzClient:
@@ -159,7 +166,7 @@ class AuthzClient:
         return self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout)[0]
 
     def watch_approval(self, approval_id: str, context=None, *,
-                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> grpc.Call:
+                       timeout: float = DEFAULT_WATCH_TIMEOUT) -> ApprovalStream:
         """The current state, then every change until a terminal state. The returned
         stream is an iterator of `Approval` with `.cancel()`; it ends with
         DEADLINE_EXCEEDED after `timeout` seconds. Not retried."""

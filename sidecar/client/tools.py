@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import pathlib
 import re
 import threading
 import time
@@ -32,12 +31,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from sidecar.bundle.catalog import load_catalog
 from sidecar.client.context import TrustedContext
 from sidecar.digest import canonical_json
-from sidecar.errors import BundleError, InputError, Problem
+from sidecar.errors import InputError
 
-__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "DEFAULT_MAX_OUTPUT_BYTES"]
+__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 _CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -158,12 +156,3 @@ class ToolSet:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
-
-def load_output_schemas(bundle_dir: str | pathlib.Path) -> dict[str, dict]:
-    """The `output_schema` of every tool in a bundle's `tools/` directory (the same
-    files, parsed by the same code, the sidecar loads). Raises BundleError."""
-    problems: list[Problem] = []
-    tools = load_catalog(pathlib.Path(bundle_dir) / "tools", problems)
-    if problems:
-        raise BundleError(problems)
-    return {name: tool.output_schema for name, tool in tools.items() if tool.output_schema is not None}
