@@ -21,6 +21,7 @@ from sidecar.audit.sink import AuditSink
 from sidecar.bundle import BundleHolder
 from sidecar.bundle.cedar_schema import APPROVE_ACTION
 from sidecar.clock import Clock
+from sidecar.display import shown
 from sidecar.engine import PreparedCall, trusted_entities
 from sidecar.errors import ForbiddenError, NotFoundError, PreconditionError, RequestError
 from sidecar.model import TrustedContext, Verdict
@@ -68,7 +69,7 @@ class ApprovalDesk:
     def get(self, approval_id: str, viewer: TrustedContext | None = None) -> ApprovalRecord:
         record = self.store.get(approval_id)
         if record is None:
-            raise NotFoundError(f"no approval `{approval_id}`")
+            raise NotFoundError(f"no approval `{shown(approval_id)}`")
         return self._as_seen_by(record.as_of(self.clock.now()), viewer)
 
     def list(self, *, tenant: str = "", status: str = "", group: str = "", limit: int = 100) -> list[ApprovalRecord]:
@@ -106,7 +107,7 @@ class ApprovalDesk:
         now = self.clock.now()
         record = self.store.get(approval_id)
         if record is None:
-            raise NotFoundError(f"no approval `{approval_id}`")
+            raise NotFoundError(f"no approval `{shown(approval_id)}`")
         who = str(approver.principal)
         base = dict(kind="approval", time=now, decision_id=record.decision_id, request_id=record.request_id,
                     call_id=record.call_id, tenant=record.tenant, principal=who, tool=record.tool,

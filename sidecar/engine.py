@@ -18,6 +18,7 @@ from sidecar.bundle.cedar_schema import project
 from sidecar.bundle.entity_graph import UID, entity_references
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import call_digest
+from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
 from sidecar.strict_json import parse_strict_json
@@ -51,10 +52,9 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
     """Steps 1-4. Raises InputError (a DENY the model can recover from)."""
     if ctx.principal.type not in bundle.principal_types:
         raise RequestError(f"principal type `{ctx.principal.type}` is not one the bundle declares")
-    tool_slice = bundle.tools.get(call.name) if TOOL_NAME.match(call.name) else None
+    tool_slice = bundle.tools.get(call.name) if TOOL_NAME.fullmatch(call.name) else None
     if tool_slice is None:
-        shown = call.name if TOOL_NAME.match(call.name) else call.name[:64].encode("ascii", "replace").decode()
-        raise InputError("unknown_tool", f"no tool named `{shown}` is available")
+        raise InputError("unknown_tool", f"no tool named `{shown(call.name)}` is available")
     tool = tool_slice.tool
     value = parse_strict_json(call.input_json, max_bytes=tool.max_input_bytes, max_depth=MAX_DEPTH)
     # is_valid stops at the first failure; the ranking of every error is only worth its

@@ -168,7 +168,7 @@ def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
         problems.append(Problem("bundle.yaml", f"cannot read: {exc}"))
         return ["User"]
     types = data.get("principal_types", ["User"]) if isinstance(data, dict) else None
-    if not isinstance(types, list) or not types or not all(isinstance(t, str) and ENTITY_TYPE.match(t) for t in types):
+    if not isinstance(types, list) or not types or not all(isinstance(t, str) and ENTITY_TYPE.fullmatch(t) for t in types):
         problems.append(Problem("bundle.yaml", "`principal_types` must be a non-empty list of entity type names", pointer="/principal_types"))
         return ["User"]
     return types

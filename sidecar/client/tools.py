@@ -40,7 +40,7 @@ from sidecar.errors import BundleError, InputError, Problem
 __all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
-_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 
 
 class ToolError(Exception):
@@ -48,7 +48,7 @@ class ToolError(Exception):
     `message` is shown to the model, so it must be model-safe."""
 
     def __init__(self, code: str, message: str):
-        if not _CODE.match(code):
+        if not _CODE.fullmatch(code):
             raise ValueError(f"tool error code must match `{_CODE.pattern}`")
         super().__init__(message)
         self.code = code

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sidecar.display import shown
 from sidecar.errors import ConflictError, NotFoundError, StoreUnavailable
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
@@ -218,9 +219,9 @@ class SqliteLedger(SqliteDatabase):
         entry = self._get(db, op.tenant, op.call_id)
         if entry is None or (op.principal and entry.principal != op.principal):
             who = " for this principal" if op.principal else ""
-            return ItemFailed(NotFoundError(f"no call `{op.call_id}`{who} in tenant `{op.tenant}`"))
+            return ItemFailed(NotFoundError(f"no call `{shown(op.call_id)}`{who} in tenant `{shown(op.tenant)}`"))
         if entry.outcome:
-            return ItemFailed(ConflictError(f"call `{op.call_id}` already has the outcome `{entry.outcome}`"))
+            return ItemFailed(ConflictError(f"call `{shown(op.call_id)}` already has the outcome `{entry.outcome}`"))
         extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
         db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
                    (op.status, op.now, json.dumps(extra), op.tenant, op.call_id))
