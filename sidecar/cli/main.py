@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import sys
 
 import grpc
@@ -15,19 +14,12 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import add_approvals_command
 from sidecar.cli.audit import add_audit_command
+from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
 from sidecar.clock import SystemClock
+from sidecar.display import bounded_message
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
-from sidecar.model import Principal, ProposedCall, TrustedContext
-
-_PRINCIPAL = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)::"(.*)"$')
-
-
-def parse_principal(text: str) -> Principal:
-    match = _PRINCIPAL.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f'principal must look like `User::"alice"`, not `{text}`')
-    return Principal(match.group(1), match.group(2))
+from sidecar.model import ProposedCall, TrustedContext
 
 
 def cmd_serve(args) -> int:
@@ -147,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             print(problem, file=sys.stderr)
         return 1
     except (ToolAuthzError, RequestError, OSError) as exc:
-        print(f"toolauthz: {exc}", file=sys.stderr)
+        print(f"toolauthz: {bounded_message(str(exc))}", file=sys.stderr)
         return 1
     except grpc.RpcError as exc:
-        print(f"toolauthz: {exc.code().name.lower()}: {exc.details()}", file=sys.stderr)
+        print(f"toolauthz: {exc.code().name.lower()}: {bounded_message(exc.details() or '')}", file=sys.stderr)
         return 1
 
 
