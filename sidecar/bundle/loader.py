@@ -36,6 +36,7 @@ from sidecar.bundle.entity_graph import UID, StaticGraph, references
 from sidecar.bundle.policies import (
     PolicyInfo,
     SourcePolicy,
+    approval_group_problems,
     build_infos,
     locate,
     parse_file,
@@ -138,6 +139,7 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
         if schema is not None and len(parsed) == len(split_policies(source)):
             to_validate += [(rel, policy, est) for policy, est in parsed]
         infos.extend(file_infos)
+    problems.extend(approval_group_problems(infos, APPROVE_ACTION))
     if to_validate:
         _validate(to_validate, schema, lambda named: schema_head + action_declarations(named, list(principal_types)),
                   tools, problems)
