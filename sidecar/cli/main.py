@@ -24,10 +24,11 @@ from sidecar.model import ProposedCall, TrustedContext
 
 def cmd_serve(args) -> int:
     from sidecar.server.config import load_settings
-    from sidecar.server.workers import serve_workers
+    from sidecar.server.workers import ReloadRequests, serve_workers
 
-    settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
-    return serve_workers(settings, args.workers)
+    with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
+        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
+        return serve_workers(settings, args.workers, reloads)
 
 
 def cmd_check(args) -> int:
