@@ -10,7 +10,9 @@ literal would, so that what a person reads is exactly what the sidecar holds.
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
 # A short prefix is enough to recognise a value in a message; a whole value could be
 # megabytes (and over gRPC a message above 16 KB no longer fits the trailer).
@@ -71,3 +73,29 @@ def bounded_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if len(safe) <= limit:
         return safe
     return safe[:limit] + "… (message cut)"
+
+
+class EscapingFormatter(logging.Formatter):
+    """Log lines that a logged value cannot split or recolour: the message is escaped as
+    `bounded_message` does (whole, not cut), and a traceback keeps its lines but has
+    every other unprintable character escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return display(super().formatMessage(record), quotes=False)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return "\n".join(display(line, quotes=False) for line in super().formatException(ei).split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return "\n".join(display(line, quotes=False) for line in stack_info.split("\n"))
+
+
+def use_escaping_formatter(level: int, fmt: str) -> None:
+    """`logging.basicConfig(level, format)` whose handler escapes its lines. Like
+    basicConfig, it leaves a root logger that already has handlers as it is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(level=level, format=fmt)
+    for handler in root.handlers:
+        handler.setFormatter(EscapingFormatter(fmt))

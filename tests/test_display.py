@@ -129,3 +129,20 @@ def test_shown_keeps_a_short_prefix_and_counts_the_rest():
     assert shown("ok\n") == "ok\\n"
     assert len(bounded_message("x" * 100_000)) < 1100
     assert json.loads(bounded_message('{"a": "b"}')) == {"a": "b"}
+
+
+def test_log_lines_escape_what_a_caller_wrote():
+    import logging
+
+    from sidecar.display import EscapingFormatter
+
+    formatter = EscapingFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord("toolauthz", logging.WARNING, __file__, 1, "tool %s failed", (FORGED_ID,), None)
+    line = formatter.format(record)
+    assert "\n" not in line and "\x1b" not in line and line.startswith("WARNING tool tkt_9")
+    try:
+        raise ValueError(FORGED_ID)
+    except ValueError:
+        import sys
+        record = logging.LogRecord("toolauthz", logging.ERROR, __file__, 1, "boom", (), sys.exc_info())
+    assert "\x1b" not in formatter.format(record)

@@ -17,7 +17,7 @@ from sidecar.cli.audit import add_audit_command
 from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
 from sidecar.clock import SystemClock
-from sidecar.display import bounded_message
+from sidecar.display import bounded_message, use_escaping_formatter
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
 from sidecar.model import ProposedCall, TrustedContext
 
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_escaping_formatter(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

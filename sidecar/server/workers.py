@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
+from sidecar.display import use_escaping_formatter
 from sidecar.errors import BundleError, ToolAuthzError
 from sidecar.server.config import Settings
 from sidecar.server.heap import keep_bundles_frozen
@@ -352,7 +353,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
     reloads = ReloadRequests().install()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_stop)
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
+    use_escaping_formatter(logging.INFO, _LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
     from sidecar.server.build import build_sidecar
 
     try:
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     from sidecar.server.config import load_settings
 
     reloads = ReloadRequests().install()  # first: a SIGHUP while starting must not kill the sidecar
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
+    use_escaping_formatter(logging.INFO, _LOG_FORMAT)
     parser = argparse.ArgumentParser(prog="python -m sidecar.server.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle")
     parser.add_argument("--listen")

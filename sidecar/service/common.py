@@ -42,7 +42,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 log = logging.getLogger("toolauthz.service")
 
-_STATUS = [
+_STATUS: list[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode]] = [
     ((RequestError, InputError), grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (ConflictError, grpc.StatusCode.ALREADY_EXISTS),
