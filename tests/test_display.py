@@ -9,7 +9,6 @@ import pytest
 
 from sidecar.cli.main import main
 from sidecar.display import bounded_message, display, display_uid, shown
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from tests.conftest import make_request
 

@@ -4,8 +4,6 @@ model or a runtime wrote is displayed escaped."""
 
 from __future__ import annotations
 
-import json
-
 import grpc
 import pytest
 
