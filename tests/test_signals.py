@@ -1,9 +1,10 @@
 """SIGHUP at any moment of `toolauthz serve`'s startup neither kills the sidecar nor is lost.
 
 Three moments, each reached without sleeping: at spawn (the child starts with SIGHUP
-blocked, so the signal sent at once waits for the sidecar's own code to unblock it), in
-the middle of building the sidecar (after the bundle is loaded: the line that reports
-the generated development audit key), and once it says it serves."""
+blocked, inherited from the test's thread, so the signal sent at once waits for the
+sidecar's own code to unblock it), in the middle of building the sidecar (after the
+bundle is loaded: the line that reports the generated development audit key), and once
+it says it serves."""
 
 from __future__ import annotations
 
@@ -40,10 +41,16 @@ class Serve:
         config.write_text(json.dumps({"bundle": str(bundle_dir), "data_dir": str(tmp_path / "data"),
                                       "listen": "127.0.0.1:0", "generate_missing_keys": True,
                                       "reload_poll_seconds": 0}))
-        block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})) if hup_blocked else None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", str(workers)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=block)
+        # The child inherits this thread's signal mask. (Not a preexec_fn: code run between
+        # fork and exec in a process with gRPC threads can abort the child.)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP}) if hup_blocked else None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", str(workers)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        finally:
+            if previous is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

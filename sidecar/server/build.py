@@ -33,7 +33,7 @@ from sidecar.server.reload import BundleReloader
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
-from sidecar.service.common import answer_malformed
+from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
@@ -156,7 +156,7 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
         names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
 
     def build(server: grpc.aio.Server) -> None:
-        ours = answer_malformed(server)
+        ours = TolerantRegistration(server)
         pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
             sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
         aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
@@ -170,7 +170,7 @@ def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tup
     """The Approvals service alone, for deployments that expose it to an approval tool."""
     return _start(sidecar.settings,
                   lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals),
-                                                                          answer_malformed(server)),
+                                                                          TolerantRegistration(server)),
                   [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
                   address or sidecar.settings.approvals_listen)
 

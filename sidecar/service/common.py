@@ -9,7 +9,7 @@ The service layer is the only place where errors become status codes:
     PreconditionError         -> FAILED_PRECONDITION
     StoreUnavailable          -> UNAVAILABLE (and never a token or `valid`)
     deadline already passed   -> DEADLINE_EXCEEDED, before any work
-    bytes that are no message -> INVALID_ARGUMENT, before any work (see `answer_malformed`)
+    bytes that are no message -> INVALID_ARGUMENT, before any work (see `TolerantRegistration`)
     anything else             -> INTERNAL with a generic message; the detail goes to the log
 A DENY is an answer, not an error: it travels in the response.
 """
@@ -113,7 +113,7 @@ class _TolerantGenericHandler(grpc.GenericRpcHandler):
         return None if handler is None else _tolerant(handler)
 
 
-class answer_malformed:  # noqa: N801 - used like a function: add_XServicer_to_server(servicer, answer_malformed(server))
+class TolerantRegistration:
     """A view of a grpc server for the generated `add_*Servicer_to_server` functions:
     the handlers it registers give a MalformedRequest to their `status_mapped` servicer
     method instead of failing inside grpc."""
