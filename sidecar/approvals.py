@@ -28,6 +28,7 @@ from sidecar.bundle import Bundle, BundleHolder
 from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import canonical_json
+from sidecar.display import shown
 from sidecar.engine import ApprovalSubject, PreparedCall, RunCounts, evaluate, may_approve, prepare, request_entities
 from sidecar.errors import ForbiddenError, InputError, NotFoundError, PreconditionError, RequestError
 from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
@@ -90,7 +91,7 @@ class ApprovalDesk:
     def get(self, approval_id: str, viewer: TrustedContext | None = None) -> ApprovalRecord:
         record = self.store.get(approval_id)
         if record is None:
-            raise NotFoundError(f"no approval `{approval_id}`")
+            raise NotFoundError(f"no approval `{shown(approval_id)}`")
         return self._as_seen_by(record.as_of(self.clock.now()), viewer)
 
     def list(self, *, tenant: str = "", status: str = "", group: str = "", limit: int = 100) -> list[ApprovalRecord]:
@@ -150,7 +151,7 @@ class ApprovalDesk:
         now = self.clock.now()
         record = self.store.get(approval_id)
         if record is None:
-            raise NotFoundError(f"no approval `{approval_id}`")
+            raise NotFoundError(f"no approval `{shown(approval_id)}`")
         who = str(approver.principal)
         base = CallRecord("approval", record.tenant, who, record.request_id, record.call_id, record.tool,
                           decision_id=record.decision_id, policy_version=record.policy_version,

@@ -36,7 +36,7 @@ class InputLimits:
 class DigestedCall:
     """A call's arguments as strictly parsed, and the digest a token for it is bound to."""
 
-    input: object
+    input: Any  # the parsed JSON value: dict, list, str, int, float, bool or None
     digest: str
 
 

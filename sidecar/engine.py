@@ -19,6 +19,7 @@ from sidecar.bundle.cedar_schema import APPROVE_ACTION, project
 from sidecar.bundle.entity_graph import UID, entity_references, normalize_entity, parents_of, show_uid, uid_of
 from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import InputLimits, digest_call
+from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
 
@@ -50,10 +51,9 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
     """Steps 1-4. Raises InputError (a DENY the model can recover from)."""
     if ctx.principal.type not in bundle.principal_types:
         raise RequestError(f"principal type `{ctx.principal.type}` is not one the bundle declares")
-    tool_slice = bundle.tools.get(call.name) if TOOL_NAME.match(call.name) else None
+    tool_slice = bundle.tools.get(call.name) if TOOL_NAME.fullmatch(call.name) else None
     if tool_slice is None:
-        shown = call.name if TOOL_NAME.match(call.name) else call.name[:64].encode("ascii", "replace").decode()
-        raise InputError("unknown_tool", f"no tool named `{shown}` is available")
+        raise InputError("unknown_tool", f"no tool named `{shown(call.name)}` is available")
     tool = tool_slice.tool
     digested = digest_call(ctx, call, InputLimits(tool.max_input_bytes))
     value = digested.input

@@ -13,10 +13,10 @@ from typing import Any
 
 from sidecar.errors import RequestError
 
-TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-PRINCIPAL_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-PRINCIPAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}$")
-CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+PRINCIPAL_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+PRINCIPAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}\Z")
+CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}\Z")
 REQUEST_ID = CALL_ID
 MAX_ENTITIES_BYTES = 1 << 20
 
@@ -74,7 +74,7 @@ class ProposedCall:
 def _require(value: str, pattern: re.Pattern[str], what: str) -> None:
     if not value:
         raise RequestError(f"missing {what}")
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise RequestError(f"{what} must match `{pattern.pattern}`")
 
 

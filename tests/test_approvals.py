@@ -422,6 +422,9 @@ def test_a_call_that_now_needs_no_approval_is_approved(stub, approvals, sidecar,
 def test_a_call_that_now_needs_another_group_ends_its_approval(stub, approvals, sidecar, bundle_dir):
     request, response = pending(stub)
     refunds = (bundle_dir / "refunds.cedar").read_text()
+    (bundle_dir / "legal.cedar").write_text(  # `check` refuses a group nobody can approve for
+        '@id("legal-approves")\npermit (principal in Group::"legal", action == Action::"approve", resource is Approval)'
+        '\nwhen { resource.group == "legal" };\n')
     reload_with(sidecar, bundle_dir, "refunds.cedar", refunds.replace('@approval("finance")', '@approval("legal")'))
     with pytest.raises(grpc.RpcError) as info:
         decide(approvals, response.approval_id)

@@ -181,3 +181,95 @@ def test_a_reload_does_not_check_an_unchanged_tool_schema_again(bundle_dir, monk
     found = problems_of(bundle_dir)  # a changed schema is checked, and a bad one refused, every time
     assert len(checked) == first + 1 and any("lookup_order" in p and "invalid JSON Schema" in p for p in found)
     assert problems_of(bundle_dir) and len(checked) == first + 2
+
+
+# ---- `check` catches silent mistakes ------------------------------------------------------
+
+def test_a_misspelt_annotation_is_refused_where_it_is_with_a_suggestion(bundle_dir, capsys):
+    path = bundle_dir / "refunds.cedar"
+    text = path.read_text().replace('@approval("finance")', '@aproval("finance")')
+    path.write_text(text)
+    line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "@aproval" in text_line)
+    assert main(["check", str(bundle_dir)]) == 1
+    err = capsys.readouterr().err
+    assert f"refunds.cedar:{line}:1: unknown annotation `@aproval`; did you mean `@approval`?" in err, err
+
+
+def test_an_unknown_annotation_mid_line_is_located_at_its_column(bundle_dir):
+    (bundle_dir / "extra.cedar").write_text(
+        '// extra\n@id("x")  @owner("sec-team")\nforbid (principal, action, resource);\n')
+    found = problems_of(bundle_dir)
+    assert any(p.startswith("extra.cedar:2:11: unknown annotation `@owner`; toolauthz reads only `@id`") for p in found)
+
+
+def test_known_annotations_pass(bundle_dir):
+    (bundle_dir / "extra.cedar").write_text('@id("x")\n@shadow\nforbid (principal, action, resource);\n')
+    assert "x" in load_bundle(bundle_dir).policies
+
+
+def test_an_approval_group_nobody_can_approve_is_refused(bundle_dir):
+    path = bundle_dir / "refunds.cedar"
+    text = path.read_text().replace('@approval("finance")', '@approval("leads")')
+    path.write_text(text)
+    line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "@approval" in text_line)
+    found = problems_of(bundle_dir)
+    assert any(p.startswith(f"refunds.cedar:{line - 1}:1: no policy can permit `Action::\"approve\"` for approval "
+                            "group `leads`") for p in found), found
+
+
+def test_a_misspelt_approval_group_gets_a_suggestion(bundle_dir):
+    path = bundle_dir / "refunds.cedar"
+    path.write_text(path.read_text().replace('@approval("finance")', '@approval("finanse")'))
+    assert any("group `finanse`" in p and "did you mean `finance`?" in p for p in problems_of(bundle_dir))
+
+
+@pytest.mark.parametrize("approver_policy", [
+    'permit (principal in Group::"leads", action == Action::"approve", resource is Approval)\n'
+    'when { resource.tool == "issue_refund" && "leads" == resource.group };',
+    # no condition on the group: leads can approve anything, leads included
+    'permit (principal in Group::"leads", action == Action::"approve", resource);',
+    # a condition on the group the static test does not read exactly: accepted
+    'permit (principal, action == Action::"approve", resource is Approval)\n'
+    'when { ["leads", "ops"].contains(resource.group) };',
+])
+def test_an_approval_group_with_an_approver_policy_loads(bundle_dir, approver_policy):
+    path = bundle_dir / "refunds.cedar"
+    path.write_text(path.read_text().replace('@approval("finance")', '@approval("leads")'))
+    (bundle_dir / "leads.cedar").write_text(approver_policy + "\n")
+    assert load_bundle(bundle_dir).policies["refund-own-order-large-needs-finance"].approval_group == "leads"
+
+
+@pytest.mark.parametrize("approver_policy", [
+    # pinned to another group, in a second `when`
+    'permit (principal, action == Action::"approve", resource) when { true } when { resource.group == "ops" };',
+    # a forbid or a shadow permit grants nothing
+    'forbid (principal, action == Action::"approve", resource) when { resource.group == "leads" };',
+    '@shadow\npermit (principal, action == Action::"approve", resource) when { resource.group == "leads" };',
+    # a permit on another action
+    'permit (principal, action == Action::"tool:lookup_order", resource);',
+])
+def test_an_approval_group_without_a_granting_permit_is_refused(bundle_dir, approver_policy):
+    path = bundle_dir / "refunds.cedar"
+    path.write_text(path.read_text().replace('@approval("finance")', '@approval("leads")'))
+    (bundle_dir / "leads.cedar").write_text(approver_policy + "\n")
+    assert any("group `leads`" in p for p in problems_of(bundle_dir))
+
+
+def test_a_string_resource_id_without_a_pinned_shape_is_refused(bundle_dir):
+    def loosen(doc):
+        del doc["input_schema"]["properties"]["order_id"]["pattern"]
+    edit_tool(bundle_dir, "lookup_order", loosen)
+    found = problems_of(bundle_dir)
+    assert any(p.startswith("tools/lookup_order.yaml: at `/resource/id`: `/order_id` is a string without a `pattern`")
+               for p in found), found
+
+
+@pytest.mark.parametrize("pin", [{"enum": ["ord_1", "ord_2"]}, {"const": "ord_1"}, {"format": "uuid"},
+                                 {"pattern": "^ord_[0-9]+$"}])
+def test_a_string_resource_id_pinned_by_pattern_enum_const_or_uuid_loads(bundle_dir, pin):
+    def pin_it(doc):
+        field = doc["input_schema"]["properties"]["order_id"]
+        field.pop("pattern")
+        field.update(pin)
+    edit_tool(bundle_dir, "lookup_order", pin_it)
+    assert "lookup_order" in load_bundle(bundle_dir).tools

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar.cli.approvals import _shown
 from sidecar.cli.main import main
+from sidecar.display import display as _shown
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb

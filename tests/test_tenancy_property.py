@@ -44,6 +44,8 @@ when { principal has buddy && principal.buddy in Group::"g0" };
 when { resource has owner && resource.owner == principal && context.input.amount_cents <= 5000 };
 @id("g2-big-refunds") @approval("finance") permit (principal in Group::"g2", action == Action::"tool:issue_refund",
   resource) when { context.input.amount_cents > 5000 };
+@id("g0-approves-finance") permit (principal in Group::"g0", action == Action::"approve", resource is Approval)
+when { resource.group == "finance" };
 """
 # Policies only about A: each holds only for a principal or resource inside Tenant::"A".
 A_POLICIES = [

@@ -3,6 +3,7 @@ truth for the tool's schema, resource mapping, limits and audit allow-list."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import re
@@ -11,18 +12,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import jsonschema.protocols
+import jsonschema.validators
 import yaml
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
 
 from sidecar.errors import Problem
 
 SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
-TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
+ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 DEFAULT_MAX_INPUT_BYTES = 65536
 MAX_INPUT_BYTES_CEILING = 1 << 20
 _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+# Keywords that pin a string resource id to a known shape (see `_parse_resource`).
+_PINNING_KEYWORDS = ("pattern", "enum", "const")
+_PINNING_FORMATS = ("uuid",)
 _KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
                "resource", "limits", "audit"}
 
@@ -40,7 +47,7 @@ class Tool:
     max_calls_per_run: int | None
     audit_fields: tuple[str, ...]  # JSON pointers recorded in clear
     source: str  # file name, for messages
-    validator: Draft202012Validator = field(repr=False, compare=False)
+    validator: jsonschema.protocols.Validator = field(repr=False, compare=False)
 
 
 # libyaml's safe loader when PyYAML has it (its wheels do): the same documents, read in
@@ -91,6 +98,41 @@ def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dic
     return data
 
 
+@functools.lru_cache(maxsize=4096)
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema `pattern` (an ECMA-262 regex) compiled for Python's `re`. Outside a
+    character class and unescaped, ECMA's `$` (no multiline flag) matches only at the end
+    of the input; Python's also matches before a final newline, which would let
+    `^ord_[0-9]+$` accept `ord_1\\n`. So `$` becomes `\\Z`."""
+    out: list[str] = []
+    escaped = in_class = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class:
+            in_class = False
+        elif char == "$" and not in_class:
+            out.append("\\Z")
+            continue
+        out.append(char)
+    return re.compile("".join(out))
+
+
+def _pattern_keyword(validator: Any, pattern: str, instance: Any,
+                     schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+        yield ValidationError(f"does not match `{pattern}`")
+
+
+# Draft 2020-12 with `pattern` read as JSON Schema defines it (ECMA-262 `$`).
+InputValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # jsonschema leaves it untyped
+    Draft202012Validator, {"pattern": _pattern_keyword})
+
+
 def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool | None:
     before = len(problems)
 
@@ -100,7 +142,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     for key in sorted(set(raw) - _KNOWN_KEYS):
         bad(f"/{key}", f"unknown key `{key}`")
     name = raw.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         bad("/name", "tool name must match `^[a-z][a-z0-9_]{0,63}$`")
     description = raw.get("description", "")
     if not isinstance(description, str):
@@ -127,7 +169,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         resource_type=resource_type, resource_pointer=pointer,
         max_input_bytes=max_bytes, max_calls_per_run=max_calls,
         audit_fields=audit_fields, source=rel,
-        validator=Draft202012Validator(input_schema, format_checker=_FORMAT_CHECKER),
+        validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
     )
 
 
@@ -210,7 +252,7 @@ def _parse_resource(raw: Any, input_schema: dict[str, Any] | None, bad: Complain
         bad("/resource", "resource must be a mapping with `type` and `id`")
         return "Tool", None
     rtype, pointer = raw.get("type"), raw.get("id")
-    if not isinstance(rtype, str) or not ENTITY_TYPE.match(rtype):
+    if not isinstance(rtype, str) or not ENTITY_TYPE.fullmatch(rtype):
         bad("/resource/type", "resource type must be a Cedar entity type name")
     if not isinstance(pointer, str) or not pointer.startswith("/"):
         bad("/resource/id", "resource id must be a JSON pointer into the input, such as `/order_id`")
@@ -223,7 +265,15 @@ def _parse_resource(raw: Any, input_schema: dict[str, Any] | None, bad: Complain
             bad("/resource/id", f"`{pointer}` is not required at every level, so the resource could be missing")
         elif sub.get("type") not in ("string", "integer"):
             bad("/resource/id", f"`{pointer}` must be a string or integer property")
+        elif sub.get("type") == "string" and not _pins_its_shape(sub):
+            bad("/resource/id", f"`{pointer}` is a string without a `pattern`, `enum`, `const` or `format: uuid`: "
+                "the resource id comes from the model, and unpinned it can hold anything (newlines, quotes, "
+                "terminal escapes) that an approver or auditor is later shown")
     return rtype if isinstance(rtype, str) else "Tool", pointer
+
+
+def _pins_its_shape(schema: dict[str, Any]) -> bool:
+    return any(key in schema for key in _PINNING_KEYWORDS) or schema.get("format") in _PINNING_FORMATS
 
 
 def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:

@@ -37,6 +37,7 @@ from sidecar.bundle.entity_graph import UID, StaticGraph, references
 from sidecar.bundle.policies import (
     PolicyInfo,
     SourcePolicy,
+    approval_group_problems,
     build_infos,
     locate,
     parse_file,
@@ -150,6 +151,7 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
         if schema is not None and len(parsed) == len(split_policies(source)):
             to_validate += [(rel, policy, est) for policy, est in parsed]
         infos.extend(file_infos)
+    problems.extend(approval_group_problems(infos, APPROVE_ACTION))
     if to_validate and schema is not None:  # to_validate is empty when schema is None
         _validate(to_validate, schema, lambda named: schema_head + action_declarations(named, list(principal_types)),
                   tools, problems)
@@ -182,7 +184,8 @@ def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
         problems.append(Problem("bundle.yaml", f"cannot read: {exc}"))
         return ["User"]
     types = data.get("principal_types", ["User"]) if isinstance(data, dict) else None
-    if not isinstance(types, list) or not types or not all(isinstance(t, str) and ENTITY_TYPE.match(t) for t in types):
+    if not isinstance(types, list) or not types or \
+            not all(isinstance(t, str) and ENTITY_TYPE.fullmatch(t) for t in types):
         problems.append(Problem("bundle.yaml", "`principal_types` must be a non-empty list of entity type names",
                                 pointer="/principal_types"))
         return ["User"]

@@ -8,6 +8,7 @@ Policies get stable ids: their `@id` annotation, else `<file>:<line>`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -98,11 +99,92 @@ def locate(policy: SourcePolicy, message: str) -> tuple[int, int]:
         for candidate in (fragment.split(".")[-1], fragment, fragment.split("::")[-1].strip('"')):
             at = policy.text.find(candidate) if candidate else -1
             if at >= 0:
-                absolute = policy.text[:at]
-                line = policy.line + absolute.count("\n")
-                col = (at - absolute.rfind("\n")) if "\n" in absolute else policy.col + at
-                return line, col
+                return _position(policy, at)
     return policy.line, policy.col
+
+
+def _position(policy: SourcePolicy, at: int) -> tuple[int, int]:
+    """Line and column of offset `at` inside the policy's text."""
+    before = policy.text[:at]
+    line = policy.line + before.count("\n")
+    col = (at - before.rfind("\n")) if "\n" in before else policy.col + at
+    return line, col
+
+
+# The annotations toolauthz reads. Cedar accepts any annotation, so a misspelt one
+# (`@aproval`) would silently drop what it was meant to say: every other name is refused.
+KNOWN_ANNOTATIONS = ("id", "approval", "shadow")
+
+
+def annotation_problems(rel: str, policy: SourcePolicy, annotations: dict[str, str]) -> list[Problem]:
+    """Each annotation toolauthz does not know, at its `@`, with the closest known name."""
+    problems = []
+    for name in sorted(set(annotations) - set(KNOWN_ANNOTATIONS)):
+        close = difflib.get_close_matches(name, KNOWN_ANNOTATIONS, n=1, cutoff=0.6)
+        hint = f"; did you mean `@{close[0]}`?" if close else \
+            f"; toolauthz reads only {', '.join(f'`@{known}`' for known in KNOWN_ANNOTATIONS)}"
+        found = re.search(r"@\s*" + re.escape(name) + r"\b", policy.text)
+        line, col = _position(policy, found.start()) if found else (policy.line, policy.col)
+        problems.append(Problem(rel, f"unknown annotation `@{name}`{hint}", line, col))
+    return problems
+
+
+def approval_group_problems(infos: list[PolicyInfo], approve_action: str) -> list[Problem]:
+    """Each `@approval("<group>")` that no permit on `approve_action` can grant: nobody
+    could ever approve such a call. The test is static and errs towards accepting: a
+    permit on approve (or on every action) counts for a group unless one of its `when`
+    clauses requires, as a top-level `&&` conjunct, `resource.group == "<other group>"`."""
+    approvers = [i for i in infos if i.effect == "permit" and not i.shadow
+                 and (i.actions is None or approve_action in i.actions)]
+    restrictions = [groups_permitted(i.est) for i in approvers]
+    if any(groups is None for groups in restrictions):
+        return []
+    approvable = frozenset().union(*(groups for groups in restrictions if groups is not None))
+    problems = []
+    for info in infos:
+        group = info.approval_group
+        if not group or group in approvable:
+            continue
+        close = difflib.get_close_matches(group, sorted(approvable), n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        problems.append(Problem(
+            info.file, f"no policy can permit `Action::\"{approve_action}\"` for approval group `{group}`: "
+            f"add a permit on it whose condition requires `resource.group == \"{group}\"`{hint}", info.line, 1))
+    return problems
+
+
+def groups_permitted(est: dict[str, Any]) -> frozenset[str] | None:
+    """The approval groups a permit can grant, when its conditions pin `resource.group` to
+    string literals (as top-level `&&` conjuncts of `when` clauses); None: any group."""
+    pinned: frozenset[str] | None = None
+    for condition in est.get("conditions", []):
+        if condition.get("kind") != "when":
+            continue
+        for conjunct in _conjuncts(condition.get("body", {})):
+            literal = _group_literal(conjunct)
+            if literal is not None:
+                pinned = frozenset([literal]) if pinned is None else pinned & {literal}
+    return pinned
+
+
+def _conjuncts(expr: dict[str, Any]) -> list[dict[str, Any]]:
+    both = expr.get("&&") if isinstance(expr, dict) else None
+    if isinstance(both, dict):
+        return _conjuncts(both.get("left", {})) + _conjuncts(both.get("right", {}))
+    return [expr]
+
+
+def _group_literal(expr: dict[str, Any]) -> str | None:
+    """"g" for `resource.group == "g"` (either side), else None."""
+    equal = expr.get("==") if isinstance(expr, dict) else None
+    if not isinstance(equal, dict):
+        return None
+    sides = (equal.get("left"), equal.get("right"))
+    for reads, value in (sides, sides[::-1]):
+        literal = value.get("Value") if isinstance(value, dict) else None
+        if reads == {".": {"left": {"Var": "resource"}, "attr": "group"}} and isinstance(literal, str):
+            return literal
+    return None
 
 
 def parse_file(rel: str, source: str, problems: list[Problem]) -> list[tuple[SourcePolicy, dict[str, Any]]]:
@@ -147,6 +229,7 @@ def build_infos(rel: str, parsed: list[tuple[SourcePolicy, dict[str, Any]]], pro
                                     policy.line, policy.col))
             continue
         seen[policy_id] = f"{rel}:{policy.line}"
+        problems.extend(annotation_problems(rel, policy, annotations))
         if "approval" in annotations and (est["effect"] != "permit" or not annotations["approval"]):
             problems.append(Problem(rel, "`@approval(\"<group>\")` needs a group name and belongs on a permit",
                                     policy.line, policy.col))

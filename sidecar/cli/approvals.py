@@ -11,13 +11,12 @@ or a field that a person reads before approving.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 from collections.abc import Callable
 
 from sidecar.client import AuthzClient, Principal, TrustedContext
+from sidecar.display import display, display_uid
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
@@ -26,45 +25,16 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 RPC_TIMEOUT = 10.0
 # The proto enum is the one list of statuses: PENDING -> `pending`, ...
 _STATUSES = [name.lower() for name in apb.ApprovalStatus.keys() if name != "APPROVAL_STATUS_UNSPECIFIED"]
-_NAMED_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# A Cedar uid, `Type::"id"` (namespaced types too): the id is shown escaped between quotes.
-_UID = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)::"(.*)"$', re.DOTALL)
-
-
-def _code_point(char: str) -> str:
-    number = ord(char)
-    if number < 0x100:
-        return f"\\x{number:02x}"
-    return f"\\u{number:04x}" if number < 0x10000 else f"\\U{number:08x}"
-
-
-def _shown(value: str) -> str:
-    """`value` as a terminal can show it safely: every character that is not printable
-    (controls and ESC, line and paragraph separators, zero-width and bidi controls, ...)
-    as its code, and quotes and backslashes escaped, so a value cannot end its field."""
-    return "".join(_NAMED_ESCAPES.get(c) or (c if c.isprintable() else _code_point(c)) for c in value)
-
-
-def _shown_uid(uid: str) -> str:
-    match = _UID.match(uid)
-    if match is None:
-        return _shown(uid)
-    return f'{match.group(1)}::"{_shown(match.group(2))}"'
 
 
 def _shown_principal(principal: pb.Principal) -> str:
-    return f'{_shown(principal.type)}::"{_shown(principal.id)}"'
+    return f'{display(principal.type)}::"{display(principal.id)}"'
 
 
 def _shown_json(text: str) -> str:
-    """JSON keeps its own quotes (a JSON string escapes the ones it holds); anything that
-    is not JSON is shown like any other value."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return _shown(text)
-    dumped = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return "".join(c if c.isprintable() else _code_point(c) for c in dumped)
+    """JSON keeps its own quotes (a JSON string escapes the ones it holds); its
+    unprintable characters are still escaped."""
+    return display(text, quotes=False)
 
 
 def _status(a: apb.Approval) -> str:
@@ -98,25 +68,32 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
     approvals.set_defaults(func=run)
 
 
+def _principal(p: pb.Principal) -> str:
+    return f'{display(p.type)}::"{display(p.id)}"'
+
+
 def describe(a: apb.Approval) -> str:
+    """The approval as the approver reads it; every value escaped (sidecar/display.py):
+    the resource id comes from the model and must not forge lines of this page."""
     lines = [
-        f"approval   {_shown(a.approval_id)}  [{_status(a)}]",
-        f"code       {_shown(a.short_code)}   (compare with the requester's screen)",
-        f"tool       {_shown(a.tool)} on {_shown_uid(a.resource)}",
-        f"requester  {_shown_principal(a.requester)} in tenant {_shown(a.tenant)}",
-        f"arguments  {_shown_json(a.arguments_json)}  (other fields: digest {_shown(a.digest[:16])}...)",
-        f"group      {_shown(a.group)}  (policy {_shown(a.policy_id)})",
+        f"approval   {display(a.approval_id)}  [{_status(a)}]",
+        f"code       {display(a.short_code)}   (compare with the requester's screen)",
+        f"tool       {display(a.tool)} on {display_uid(a.resource)}",
+        f"requester  {_shown_principal(a.requester)} in tenant {display(a.tenant)}",
+        f"arguments  {_shown_json(a.arguments_json)}  (other fields: digest {display(a.digest[:16])}...)",
+        f"group      {display(a.group)}  (policy {display(a.policy_id)})",
         f"expires    {a.expires_at.ToDatetime().isoformat()}Z",
     ]
     if a.approver.id:
-        lines.append(f"decided by {_shown_principal(a.approver)}  {_shown(a.reason)}")
+        lines.append(f"decided by {_shown_principal(a.approver)}  {display(a.reason)}")
     return "\n".join(lines)
 
 
 def summary(a: apb.Approval) -> str:
     """One line of `approvals list`."""
-    return (f"{_shown(a.approval_id)}  {_shown(a.short_code)}  {_status(a):8}  {_shown(a.tenant)}  {_shown(a.tool)}  "
-            f"{_shown_uid(a.resource)}  {_shown_principal(a.requester)}  {_shown_json(a.arguments_json)}")
+    return (f"{display(a.approval_id)}  {display(a.short_code)}  {_status(a):8}  {display(a.tenant)}  "
+            f"{display(a.tool)}  {display_uid(a.resource)}  {_shown_principal(a.requester)}  "
+            f"{_shown_json(a.arguments_json)}")
 
 
 def server_address(args: argparse.Namespace) -> str:
@@ -136,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             approver = TrustedContext(args.tenant, Principal(args.approver.type, args.approver.id), "cli")
         except ValueError as exc:
-            print(f"toolauthz: invalid_argument: {_shown(str(exc))}", file=sys.stderr)
+            print(f"toolauthz: invalid_argument: {display(str(exc))}", file=sys.stderr)
             return 1
         print(describe(client.decide_approval(args.approval_id, approver, args.approvals_command, args.reason)))
         return 0

@@ -6,6 +6,7 @@ directory needs no running sidecar); remote clients use the Audit.QueryDecisions
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
@@ -13,6 +14,8 @@ from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, SqliteAuditLog, verify_chain
 from sidecar.audit.store import MAX_PAGE
+from sidecar.cli.options import add_anywhere, principal_filter
+from sidecar.display import bounded_message, display, display_uid, shown
 from sidecar.errors import ToolAuthzError
 from sidecar.server.config import DATABASE_FILE
 
@@ -22,13 +25,14 @@ STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
 
 def add_audit_command(sub) -> None:
     audit = sub.add_parser("audit", help="query, export, show and verify the audit trail")
-    audit.add_argument("--data-dir", default=".toolauthz")
     verbs = audit.add_subparsers(dest="audit_command", required=True)
+    parsers: list[argparse.ArgumentParser] = []
     for name, help_text in (("query", "matching records as a table (or JSON lines)"),
                             ("export", "matching records as JSON lines")):
         p = verbs.add_parser(name, help=help_text)
+        parsers.append(p)
         for f in _FILTERS:
-            p.add_argument(f"--{f.replace('_', '-')}")
+            p.add_argument(f"--{f.replace('_', '-')}", **({"type": principal_filter} if f == "principal" else {}))
         p.add_argument("--since", help="ISO 8601 time, inclusive")
         p.add_argument("--until", help="ISO 8601 time, exclusive")
         if name == "query":
@@ -42,6 +46,7 @@ def add_audit_command(sub) -> None:
     verify = verbs.add_parser("verify", help="check the hash chain against the signed checkpoints")
     verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
                                              "default: derived from <data-dir>/audit-key.pem")
+    add_anywhere(audit, [*parsers, show, verify], "--data-dir", default=".toolauthz")
     audit.set_defaults(func=run)
 
 
@@ -101,9 +106,9 @@ def _iso(epoch: float) -> str:
 
 def _row(record: AuditRecord) -> str:
     e = record.event
-    why = ",".join(e.reasons or e.error_codes)
-    return (f"{record.seq:>7}  {_iso(e.time)}  {e.kind:9}  {e.result:17}  {e.tenant:10}  {e.principal:18}  "
-            f"{e.tool:16}  {e.call_id:20}  {why}")
+    why = display(",".join(e.reasons or e.error_codes))
+    return (f"{record.seq:>7}  {_iso(e.time)}  {display(e.kind):9}  {display(e.result):17}  {display(e.tenant):10}  "
+            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display(e.call_id):20}  {why}")
 
 
 def _query(log, args) -> int:
@@ -133,12 +138,12 @@ def _export(log, args) -> int:
 def _show(log, args) -> int:
     records = list(_pages(log, AuditQuery(call_id=args.call_id, tenant=args.tenant)))
     if not records:
-        print(f"no audit records for call `{args.call_id}`", file=sys.stderr)
+        print(f"no audit records for call `{shown(args.call_id)}`", file=sys.stderr)
         return 1
     first = records[0].event
-    print(f"call {first.call_id} in tenant {first.tenant}: {first.tool} by {first.principal}"
-          f" on {first.resource or '-'}")
-    print(f"digest {first.digest or '-'}  policy version {first.policy_version}")
+    print(f"call {display(first.call_id)} in tenant {display(first.tenant)}: {display(first.tool)}"
+          f" by {display_uid(first.principal)} on {display_uid(first.resource) if first.resource else '-'}")
+    print(f"digest {display(first.digest) or '-'}  policy version {display(first.policy_version)}")
     # Stable story order: decision, approval, verification, outcome (seq within each).
     for record in sorted(records, key=lambda r: (STORY_ORDER.get(r.event.kind, 9), r.seq)):
         print("  " + _story_line(record))
@@ -146,21 +151,23 @@ def _show(log, args) -> int:
 
 
 def _story_line(record: AuditRecord) -> str:
+    """One step of a call's story; every recorded string is escaped (sidecar/display.py)."""
     e = record.event
     at = _iso(e.time)
     if e.kind == "authorize":
-        why = ", ".join(e.reasons) or ", ".join(e.error_codes) or "-"
-        extra = f" approval {e.approval_id}" if e.approval_id else ""
+        why = display(", ".join(e.reasons) or ", ".join(e.error_codes) or "-")
+        extra = f" approval {display(e.approval_id)}" if e.approval_id else ""
         replay = " (replayed)" if e.detail.get("replayed") else ""
-        return f"{at}  decision     {e.result}{replay} because {why}{extra}  [decision {e.decision_id}]"
+        decision = f"[decision {display(e.decision_id)}]"
+        return f"{at}  decision     {display(e.result)}{replay} because {why}{extra}  {decision}"
     if e.kind == "approval":
-        why = f" ({', '.join(e.error_codes)})" if e.error_codes else ""
-        return f"{at}  approval     {e.result}{why} by {e.approver}"
+        why = f" ({display(', '.join(e.error_codes))})" if e.error_codes else ""
+        return f"{at}  approval     {display(e.result)}{why} by {display_uid(e.approver)}"
     if e.kind == "verify":
-        return f"{at}  verification {e.result}" + (f" token {e.jti[:8]}…" if e.jti else "")
-    flags = " ".join(e.detail.get("flags", []))
-    code = e.detail.get("error_code") or ""
-    return f"{at}  outcome      {e.result}{' ' + code if code else ''}{' [' + flags + ']' if flags else ''}"
+        return f"{at}  verification {display(e.result)}" + (f" token {display(e.jti[:8])}…" if e.jti else "")
+    flags = display(" ".join(str(flag) for flag in e.detail.get("flags", [])))
+    code = display(str(e.detail.get("error_code") or ""))
+    return f"{at}  outcome      {display(e.result)}{' ' + code if code else ''}{' [' + flags + ']' if flags else ''}"
 
 
 def _verify(log, args) -> int:
@@ -172,7 +179,7 @@ def _verify(log, args) -> int:
         return 0
     for f in findings:
         where = f"seq {f.seq}" if f.last_seq == f.seq else f"seq {f.seq}-{f.last_seq}"
-        print(f"{where}: {f.kind}: {f.message}")
+        print(f"{where}: {display(f.kind)}: {bounded_message(f.message)}")
     print(f"{len(findings)} finding(s): the audit trail was altered", file=sys.stderr)
     return 1
 

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import sys
 
 import grpc
@@ -15,27 +14,21 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import add_approvals_command
 from sidecar.cli.audit import add_audit_command
+from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
 from sidecar.clock import SystemClock
+from sidecar.display import bounded_message, use_escaping_formatter
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
-from sidecar.model import Principal, ProposedCall, TrustedContext
-
-_PRINCIPAL = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)::"(.*)"$')
-
-
-def parse_principal(text: str) -> Principal:
-    match = _PRINCIPAL.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f'principal must look like `User::"alice"`, not `{text}`')
-    return Principal(match.group(1), match.group(2))
+from sidecar.model import ProposedCall, TrustedContext
 
 
 def cmd_serve(args) -> int:
     from sidecar.server.config import load_settings
-    from sidecar.server.workers import serve_workers
+    from sidecar.server.workers import ReloadRequests, serve_workers
 
-    settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
-    return serve_workers(settings, args.workers)
+    with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
+        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
+        return serve_workers(settings, args.workers, reloads)
 
 
 def cmd_check(args) -> int:
@@ -138,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_escaping_formatter(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -147,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             print(problem, file=sys.stderr)
         return 1
     except (ToolAuthzError, RequestError, OSError) as exc:
-        print(f"toolauthz: {exc}", file=sys.stderr)
+        print(f"toolauthz: {bounded_message(str(exc))}", file=sys.stderr)
         return 1
     except grpc.RpcError as exc:
-        print(f"toolauthz: {exc.code().name.lower()}: {exc.details()}", file=sys.stderr)
+        print(f"toolauthz: {exc.code().name.lower()}: {bounded_message(exc.details() or '')}", file=sys.stderr)
         return 1
 
 

@@ -121,5 +121,5 @@ def check_call_id(call_id: str) -> None:
 def _require(value: str, pattern, what: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"missing {what}")
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise ValueError(f"{what} must match `{pattern.pattern}`")

@@ -43,7 +43,7 @@ NOT_REPORTED = "not_reported"  # deliberately not reported (see Guard docs), or 
 CONFLICT = "conflict"  # ALREADY_EXISTS at once: someone else reported this call id
 REPORT_FAILED = "report_failed"  # the sidecar could not be reached; the local outcome stands
 
-_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
 
 MESSAGES = {
     "cancelled": "The call was cancelled before it started; it was not executed.",
@@ -71,7 +71,7 @@ MESSAGES = {
 
 
 def tool_unavailable(name: str) -> str:
-    shown = f"`{name}` " if _TOOL_NAME.match(name or "") else ""
+    shown = f"`{name}` " if _TOOL_NAME.fullmatch(name or "") else ""
     return f"The tool {shown}is not available here; the call was not executed."
 
 

@@ -38,7 +38,7 @@ from sidecar.errors import InputError
 __all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
-_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 
 
 class ToolError(Exception):
@@ -46,7 +46,7 @@ class ToolError(Exception):
     `message` is shown to the model, so it must be model-safe."""
 
     def __init__(self, code: str, message: str):
-        if not _CODE.match(code):
+        if not _CODE.fullmatch(code):
             raise ValueError(f"tool error code must match `{_CODE.pattern}`")
         super().__init__(message)
         self.code = code

@@ -9,6 +9,7 @@ import pathlib
 import time
 from dataclasses import dataclass, field
 
+import grpc
 from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -32,6 +33,7 @@ from sidecar.server.reload import BundleReloader
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
 from sidecar.store import SqliteLedger
@@ -156,12 +158,13 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
     if with_approvals:
         names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
 
-    def build(server) -> None:
+    def build(server: grpc.aio.Server) -> None:
+        ours = TolerantRegistration(server)
         pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
-            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), server)
-        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), server)
+            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
+        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
         if with_approvals:
-            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server)
+            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), ours)
 
     return _start(settings, build, names, address or settings.listen, reuse_port)
 
@@ -169,7 +172,8 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
     """The Approvals service alone, for deployments that expose it to an approval tool."""
     return _start(sidecar.settings,
-                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), server),
+                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals),
+                                                                          TolerantRegistration(server)),
                   [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
                   address or sidecar.settings.approvals_listen)
 

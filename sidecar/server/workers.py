@@ -16,6 +16,12 @@ The parent:
   * starts the workers (spawn), waits until each one serves, forwards SIGTERM, SIGINT
     and SIGHUP (bundle reload) to them, and exits non-zero when a worker fails to start
     or dies while serving (the remaining workers are stopped first).
+
+SIGHUP never kills a starting sidecar: `ReloadRequests` handles it from the first moment
+of `serve_workers` (and of a worker) on, before anything says "serving"; a request made
+before the reloader runs is honoured once it does. The parent sends SIGHUP to a worker
+only once that worker has said it serves, since a spawned process cannot handle a signal
+before its own code runs.
 """
 
 from __future__ import annotations
@@ -32,11 +38,17 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
 
+from sidecar.display import use_escaping_formatter
 from sidecar.errors import BundleError, ToolAuthzError
 from sidecar.server.config import Settings
 from sidecar.server.heap import keep_bundles_frozen
+
+if TYPE_CHECKING:
+    from sidecar.server.build import Sidecar
 
 log = logging.getLogger("toolauthz.workers")
 
@@ -45,23 +57,70 @@ STOP_GRACE_SECONDS = 5.0  # in-flight calls get this long (as in `toolauthz serv
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def serve_workers(settings: Settings, workers: int) -> int:
+class ReloadRequests:
+    """SIGHUP as a request to reload the bundle, from the moment this is entered: one
+    that arrives before a reloader is attached (`route_to`) is kept and passed on then,
+    so a SIGHUP at any moment of startup neither kills the process nor is lost."""
+
+    def __init__(self) -> None:
+        self._asked = False
+        self._reload: Callable[[], None] | None = None
+        self._previous: Callable[[int, FrameType | None], object] | int | None = None
+
+    def install(self) -> ReloadRequests:
+        self._previous = signal.signal(signal.SIGHUP, self._on_hup)
+        # A supervisor may start the sidecar with SIGHUP blocked: what it holds back
+        # arrives now, when it is handled.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        return self
+
+    def route_to(self, reload: Callable[[], None]) -> None:
+        self._reload = reload
+        if self._asked:
+            self._asked = False
+            reload()
+
+    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
+        if self._reload is None:
+            self._asked = True
+        else:
+            self._reload()
+
+    def __enter__(self) -> ReloadRequests:
+        return self.install()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        signal.signal(signal.SIGHUP, self._previous if self._previous is not None else signal.SIG_DFL)
+
+
+def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | None = None) -> int:
     """Serve `settings.listen` from `workers` processes until SIGTERM/SIGINT; returns the
     exit status. Raises what `build_sidecar` raises (BundleError, KeyFileError,
-    StoreUnavailable, ...) and OSError for an unusable address, before any worker starts."""
+    StoreUnavailable, ...) and OSError for an unusable address, before any worker starts.
+    `reloads`: SIGHUP handling the caller installed earlier still (else installed here)."""
     if workers < 1:
         raise ToolAuthzError(f"--workers must be at least 1, not {workers}")
+    if reloads is not None:
+        return _serve(settings, workers, reloads)
+    with ReloadRequests() as reloads:
+        return _serve(settings, workers, reloads)
+
+
+def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     from sidecar.server.build import build_sidecar
 
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
     if workers == 1:
-        return _serve_here(settings, check, version)
+        return _serve_here(settings, check, version, reloads)
     check.close()
     # The keys exist now: a worker that cannot find them must fail, not generate its own.
     worker_settings = settings.model_copy(update={"generate_missing_keys": False})
     host, port = split_listen(settings.listen)
     group = _WorkerGroup(worker_settings, workers)
+    # A reload asked for before the workers start needs nothing: they load the bundle then.
+    reloads.route_to(lambda: group.signal(signal.SIGHUP))
     with _forwarded_signals(group):
         with _reserved_port(host, port) as port:
             status = group.start(f"{host}:{port}")
@@ -82,32 +141,39 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _serve_here(settings: Settings, sidecar, version: str) -> int:
-    """One worker: serve in this process, exactly as `toolauthz serve` does."""
+def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: ReloadRequests) -> int:
+    """One worker: serve in this process, exactly as `toolauthz serve` does. Every
+    handler is in place before the line that says it serves."""
     from sidecar.server.build import create_server
 
-    try:
-        server, port = create_server(sidecar)
-    except BaseException:
-        sidecar.close()
-        raise
-    keep_bundles_frozen(sidecar)
-    host = split_listen(settings.listen)[0]
-    print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
-          f"data in {settings.data_dir}", flush=True)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    reloader = getattr(sidecar, "reloader", None)
-    if reloader is not None:
-        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: reloader.trigger())
     try:
-        stop.wait()
+        try:
+            server, port = create_server(sidecar)
+        except BaseException:
+            sidecar.close()
+            raise
+        reloads.route_to(_reload_of(sidecar))
+        keep_bundles_frozen(sidecar)
+        host = split_listen(settings.listen)[0]
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+              f"data in {settings.data_dir}", flush=True)
+        try:
+            stop.wait()
+        finally:
+            reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
+            server.stop(grace=STOP_GRACE_SECONDS).wait()
+            sidecar.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        server.stop(grace=STOP_GRACE_SECONDS).wait()
-        sidecar.close()
     return 0
+
+
+def _reload_of(sidecar: Sidecar) -> Callable[[], None]:
+    reloader = sidecar.reloader
+    return reloader.trigger if reloader is not None else (lambda: None)
 
 
 # -- the port ----------------------------------------------------------------------------
@@ -153,6 +219,8 @@ class _WorkerGroup:
         self._procs: list = []
         self._stopping = threading.Event()
         self._terminated: set[int] = set()  # pids sent SIGTERM: once is enough
+        self._serving: set[int] = set()  # pids that said they serve, so handle SIGHUP
+        self._reload_owed: set[int] = set()  # pids asked to reload before they served
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -188,6 +256,8 @@ class _WorkerGroup:
                 conn.close()
                 if kind == "error":
                     errors.append(payload)
+                else:
+                    self._now_serving(payload)
         for conn in pending:
             conn.close()
         if not errors and not self._stopping.is_set():
@@ -213,11 +283,22 @@ class _WorkerGroup:
                 return 1
         return 0 if self.stop() else 1
 
+    def _now_serving(self, pid: int) -> None:
+        self._serving.add(pid)
+        if pid in self._reload_owed:
+            self._reload_owed.discard(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
+
     def signal(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
             self._stopping.set()
             signum = signal.SIGTERM
         for proc in self._procs:
+            if signum == signal.SIGHUP and proc.pid not in self._serving:
+                # Before its own code runs, SIGHUP would kill a spawned worker.
+                self._reload_owed.add(proc.pid)
+                continue
             if proc.is_alive() and proc.pid not in self._terminated:
                 if signum == signal.SIGTERM:
                     self._terminated.add(proc.pid)
@@ -245,7 +326,7 @@ class _WorkerGroup:
 
 @contextlib.contextmanager
 def _forwarded_signals(group: _WorkerGroup) -> Iterator[None]:
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    signals = (signal.SIGTERM, signal.SIGINT)  # SIGHUP: ReloadRequests routes it to the group
     previous = {sig: signal.signal(sig, lambda signum, _frame: group.signal(signum)) for sig in signals}
     try:
         yield
@@ -269,10 +350,10 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
             signal.signal(sig, signal.SIG_IGN)
         stop.set()
 
+    reloads = ReloadRequests().install()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_stop)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload asked for before this worker serves
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
+    use_escaping_formatter(logging.INFO, _LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
     from sidecar.server.build import build_sidecar
 
     try:
@@ -289,9 +370,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         sidecar.close()
         conn.send(("error", [f"toolauthz: {exc}"]))
         sys.exit(1)
-    reloader = getattr(sidecar, "reloader", None)
-    if reloader is not None:
-        signal.signal(signal.SIGHUP, lambda *_: reloader.trigger())
+    reloads.route_to(_reload_of(sidecar))
     keep_bundles_frozen(sidecar)
     conn.send(("ready", os.getpid()))
     conn.close()
@@ -315,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     """`toolauthz serve --workers N` without the rest of the CLI (used by the benchmark)."""
     from sidecar.server.config import load_settings
 
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
+    reloads = ReloadRequests().install()  # first: a SIGHUP while starting must not kill the sidecar
+    use_escaping_formatter(logging.INFO, _LOG_FORMAT)
     parser = argparse.ArgumentParser(prog="python -m sidecar.server.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle")
     parser.add_argument("--listen")
@@ -325,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
-        return serve_workers(settings, args.workers)
+        return serve_workers(settings, args.workers, reloads)
     except BundleError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -11,7 +11,7 @@ from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.service.common import status_mapped, status_mapped_async_stream, timestamp, trusted_context
+from sidecar.service.common import status_mapped, timestamp, trusted_context
 from sidecar.store.approvals import ApprovalRecord
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
@@ -64,7 +64,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         record = self._desk.decide(request.approval_id, trusted_context(request.approver), verdict, request.reason)
         return approval_message(self._desk.hide_token(record))
 
-    @status_mapped_async_stream
+    @status_mapped
     async def WatchApproval(self, request: apb.GetApprovalRequest, context):
         # The desk's watch blocks between changes, so it runs on a thread; a coroutine
         # (unlike a plain generator on grpc.aio) is cancelled when the client goes away,

@@ -13,7 +13,7 @@ from sidecar.model import Decision
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
-from sidecar.service.common import proposed_call, status_mapped, status_mapped_async, timestamp, trusted_context
+from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
 from sidecar.service.status import SidecarStatus
 from sidecar.tokens.keyring import KeyRing
 
@@ -45,7 +45,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         self._keyring = keyring
         self._status = status
 
-    @status_mapped_async
+    @status_mapped
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
         ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
         wanted = still_wanted(context, gone)
@@ -66,7 +66,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             response.approval_expires_at.CopyFrom(timestamp(result.approval_expires_at))
         return response
 
-    @status_mapped_async
+    @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
         token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
         result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call))
@@ -79,7 +79,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             pb.PublicKey(kid=k.kid, paserk=k.paserk, jwk_json=json.dumps(k.jwk, sort_keys=True), state=k.state)
             for k in keys])
 
-    @status_mapped_async
+    @status_mapped
     async def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
         status = _OUTCOMES.get(request.status)
         if status is None:

@@ -9,6 +9,7 @@ The service layer is the only place where errors become status codes:
     PreconditionError         -> FAILED_PRECONDITION
     StoreUnavailable          -> UNAVAILABLE (and never a token or `valid`)
     deadline already passed   -> DEADLINE_EXCEEDED, before any work
+    bytes that are no message -> INVALID_ARGUMENT, before any work (see `TolerantRegistration`)
     anything else             -> INTERNAL with a generic message; the detail goes to the log
 A DENY is an answer, not an error: it travels in the response.
 """
@@ -16,11 +17,17 @@ A DENY is an answer, not an error: it travels in the response.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sidecar.display import bounded_message
 from sidecar.errors import (
     ConflictError,
     ForbiddenError,
@@ -35,7 +42,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 log = logging.getLogger("toolauthz.service")
 
-_STATUS = [
+_STATUS: list[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode]] = [
     ((RequestError, InputError), grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (ConflictError, grpc.StatusCode.ALREADY_EXISTS),
@@ -44,7 +51,7 @@ _STATUS = [
 ]
 
 
-def _expired(context) -> bool:
+def _expired(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> bool:
     remaining = context.time_remaining()
     return remaining is not None and remaining <= 0
 
@@ -53,60 +60,118 @@ _EXPIRED = (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the requ
 
 
 def _status_for(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
+    """The status and its detail. A detail may quote the caller's values: it is escaped
+    and bounded, so that it stays one line and fits gRPC's trailer (16 KB)."""
     for kinds, code in _STATUS:
         if isinstance(exc, kinds):
-            return code, exc.message if isinstance(exc, InputError) else str(exc)
+            return code, bounded_message(exc.message if isinstance(exc, InputError) else str(exc))
     if isinstance(exc, StoreUnavailable):
-        log.error("store unavailable in %s: %s", name, exc)
+        log.error("store unavailable in %s: %s", name, bounded_message(str(exc)))
         return grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made"
     log.error("internal error in %s", name, exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal error"
 
 
-def status_mapped(handler):
-    """Runs a unary handler with the error-to-status mapping above."""
+@dataclass(frozen=True)
+class MalformedRequest:
+    """What a handler receives in place of a request whose bytes do not parse."""
+
+    message_name: str
+
+
+def _malformed(request: object) -> tuple[grpc.StatusCode, str] | None:
+    if isinstance(request, MalformedRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid `{request.message_name}` message"
+    return None
+
+
+def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The handler with a deserializer that returns MalformedRequest for bytes that do
+    not parse. grpc itself answers a raising deserializer with UNKNOWN and the
+    exception's class; returning a value lets `status_mapped` answer INVALID_ARGUMENT."""
+    parse = handler.request_deserializer
+    if parse is None:
+        return handler
+    message_name = getattr(getattr(parse, "__self__", None), "DESCRIPTOR", None)
+    shown_name = getattr(message_name, "full_name", "request")
+
+    def tolerant_parse(raw: bytes) -> object:
+        try:
+            return parse(raw)
+        except Exception:  # noqa: BLE001 - any failure to parse caller bytes is the caller's fault
+            return MalformedRequest(shown_name)
+
+    return handler._replace(request_deserializer=tolerant_parse)
+
+
+class _TolerantGenericHandler(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler):
+        self._inner = inner
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        return None if handler is None else _tolerant(handler)
+
+
+class TolerantRegistration:
+    """A view of a grpc server for the generated `add_*Servicer_to_server` functions:
+    the handlers it registers give a MalformedRequest to their `status_mapped` servicer
+    method instead of failing inside grpc."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_TolerantGenericHandler(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_registered_method_handlers(service, {name: _tolerant(h) for name, h in handlers.items()})
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+Request = Message | MalformedRequest
+
+
+def status_mapped(handler: Handler) -> Handler:
+    """Runs a handler with the error-to-status mapping above: a plain method (unary),
+    a coroutine (grpc.aio unary) or an async generator (server streaming). Nothing is
+    done once the deadline has passed."""
+    name = handler.__name__
+    if inspect.isasyncgenfunction(handler):
+        @functools.wraps(handler)
+        async def streaming(self: object, request: Request,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if (refusal := _malformed(request) or (_EXPIRED if _expired(context) else None)) is not None:
+                await context.abort(*refusal)
+            try:
+                async for message in handler(self, request, context):
+                    yield message
+            except Exception as exc:  # noqa: BLE001 - the boundary
+                await context.abort(*_status_for(exc, name))
+
+        return cast(Handler, streaming)
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def unary_async(self: object, request: Request, context: grpc.aio.ServicerContext) -> Any:
+            if (refusal := _malformed(request) or (_EXPIRED if _expired(context) else None)) is not None:
+                await context.abort(*refusal)
+            try:
+                return await handler(self, request, context)
+            except Exception as exc:  # noqa: BLE001 - the boundary
+                await context.abort(*_status_for(exc, name))
+
+        return cast(Handler, unary_async)
 
     @functools.wraps(handler)
-    def wrapper(self, request, context: grpc.ServicerContext):
-        if _expired(context):
-            context.abort(*_EXPIRED)
+    def unary(self: object, request: Request, context: grpc.ServicerContext) -> Any:
+        if (refusal := _malformed(request) or (_EXPIRED if _expired(context) else None)) is not None:
+            context.abort(*refusal)
         try:
             return handler(self, request, context)
         except Exception as exc:  # noqa: BLE001 - the boundary
-            context.abort(*_status_for(exc, handler.__name__))
+            context.abort(*_status_for(exc, name))
 
-    return wrapper
-
-
-def status_mapped_async(handler):
-    """The same mapping for a coroutine handler (grpc.aio)."""
-
-    @functools.wraps(handler)
-    async def wrapper(self, request, context):
-        if _expired(context):
-            await context.abort(*_EXPIRED)
-        try:
-            return await handler(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - the boundary
-            await context.abort(*_status_for(exc, handler.__name__))
-
-    return wrapper
-
-
-def status_mapped_async_stream(handler):
-    """The same mapping for a server-streaming coroutine handler (an async generator)."""
-
-    @functools.wraps(handler)
-    async def wrapper(self, request, context):
-        if _expired(context):
-            await context.abort(*_EXPIRED)
-        try:
-            async for message in handler(self, request, context):
-                yield message
-        except Exception as exc:  # noqa: BLE001 - the boundary
-            await context.abort(*_status_for(exc, handler.__name__))
-
-    return wrapper
+    return cast(Handler, unary)
 
 
 def trusted_context(msg: pb.TrustedContext) -> TrustedContext:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sidecar.display import shown
 from sidecar.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
@@ -242,18 +243,18 @@ class SqliteLedger(SqliteDatabase):
     def _record_outcome(self, db: sqlite3.Connection, op: RecordOutcome) -> CallEntry | ItemFailed:
         entry = self._get(db, op.tenant, op.call_id)
         if entry is None:
-            return ItemFailed(NotFoundError(f"no call `{op.call_id}` in tenant `{op.tenant}`"))
+            return ItemFailed(NotFoundError(f"no call `{shown(op.call_id)}` in tenant `{shown(op.tenant)}`"))
         if op.caller is not None and (entry.principal, entry.request_id) != (op.caller.principal,
                                                                             op.caller.request_id):
             if op.refused is not None:
                 self._append(db, [op.refused(entry)])
             return ItemFailed(ForbiddenError(
-                f"call `{op.call_id}` was decided for another principal or run; only they report its outcome"))
+                f"call `{shown(op.call_id)}` was decided for another principal or run; only they report its outcome"))
         if entry.outcome:
             if (entry.outcome, entry.extra.get("error_code", ""), entry.extra.get("output_digest", "")) == \
                     (op.status, op.error_code, op.output_digest):
                 return entry  # a retry of the report that set it: its answer again, recorded once
-            return ItemFailed(ConflictError(f"call `{op.call_id}` already has the outcome `{entry.outcome}`"))
+            return ItemFailed(ConflictError(f"call `{shown(op.call_id)}` already has the outcome `{entry.outcome}`"))
         extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
         db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
                    (op.status, op.now, json.dumps(extra), op.tenant, op.call_id))

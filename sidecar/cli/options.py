@@ -1,0 +1,44 @@
+"""Command-line options shared by a command and its verbs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from sidecar.display import shown
+from sidecar.model import PRINCIPAL_ID, Principal
+
+
+def add_anywhere(command: argparse.ArgumentParser, verbs: Iterable[argparse.ArgumentParser], flag: str,
+                 **options: Any) -> None:
+    """`flag` on `command` and on each of its `verbs`, so that `toolauthz audit --data-dir X
+    verify` and `toolauthz audit verify --data-dir X` mean the same. The verbs' copy has no
+    default of its own: given after the verb it wins, absent it leaves the command's value."""
+    command.add_argument(flag, **options)
+    verb_options = {key: value for key, value in options.items() if key != "default"}
+    for verb in verbs:
+        verb.add_argument(flag, **verb_options, default=argparse.SUPPRESS)
+
+
+_QUOTED_PRINCIPAL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)::"(.*)"', re.DOTALL)
+_BARE_PRINCIPAL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)::(.*)", re.DOTALL)
+
+
+def parse_principal(text: str) -> Principal:
+    """`User::"alice"` as Cedar writes it, or `User::alice` where that is unambiguous:
+    the bare id is a valid principal id, so it holds no quote, space or control character
+    for a shell or a reader to misread."""
+    quoted = _QUOTED_PRINCIPAL.fullmatch(text)
+    if quoted:
+        return Principal(quoted.group(1), quoted.group(2))
+    bare = _BARE_PRINCIPAL.fullmatch(text)
+    if bare and PRINCIPAL_ID.fullmatch(bare.group(2)):
+        return Principal(bare.group(1), bare.group(2))
+    raise argparse.ArgumentTypeError(f'principal must look like `User::"alice"` or `User::alice`, not `{shown(text)}`')
+
+
+def principal_filter(text: str) -> str:
+    """An audit filter on the principal, in the form the audit trail records it."""
+    return str(parse_principal(text))
