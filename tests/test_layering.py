@@ -22,7 +22,7 @@ PACKAGE = ROOT / "sidecar"
 # so `sidecar.server.pump` sits below the rest of `sidecar.server`.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
-                               "sidecar.digest", "sidecar.display"})),
+                               "sidecar.digest", "sidecar.display", "sidecar.tool_files"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     ("engine", frozenset({"sidecar.engine"})),
     ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit"})),
@@ -53,7 +53,8 @@ FENCES: tuple[Fence, ...] = (
     # storage or the server. It verifies tokens offline, so it may use tokens.
     Fence("sidecar.client",
           may_import=frozenset({"sidecar.client", "sidecar.errors", "sidecar.model", "sidecar.strict_json",
-                                "sidecar.digest", "sidecar.display", "sidecar.tokens", "sidecar.proto"}),
+                                "sidecar.digest", "sidecar.display", "sidecar.tool_files", "sidecar.tokens",
+                                "sidecar.proto"}),
           imported_by=frozenset({"sidecar.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).

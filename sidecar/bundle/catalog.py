@@ -14,11 +14,11 @@ from typing import Any
 import jsonschema
 import jsonschema.protocols
 import jsonschema.validators
-import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from sidecar.errors import Problem
+from sidecar.tool_files import tool_documents
 
 SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
@@ -50,9 +50,6 @@ class Tool:
     validator: jsonschema.protocols.Validator = field(repr=False, compare=False)
 
 
-# libyaml's safe loader when PyYAML has it (its wheels do): the same documents, read in
-# 0.5 s for the 1,000 tool files of the benchmark's largest bundle (pure Python: 3.5 s).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, Tool]:
@@ -60,12 +57,7 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
     if not tools_dir.is_dir():
         problems.append(Problem(str(tools_dir), "the bundle has no `tools/` directory"))
         return tools
-    files = sorted(p for p in tools_dir.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
-    for path in files:
-        rel = f"tools/{path.name}"
-        raw = _read_document(path, rel, problems)
-        if raw is None:
-            continue
+    for rel, raw in tool_documents(tools_dir, problems):
         tool = _parse_tool(raw, rel, problems)
         if tool is None:
             continue
@@ -75,27 +67,6 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
             continue
         tools[tool.name] = tool
     return tools
-
-
-def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(rel, f"cannot read file: {exc}"))
-        return None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        problems.append(Problem(rel, f"cannot parse YAML: {getattr(exc, 'problem', None) or exc}", line, col))
-        return None
-    except json.JSONDecodeError as exc:
-        problems.append(Problem(rel, f"cannot parse JSON: {exc.msg}", exc.lineno, exc.colno))
-        return None
-    if not isinstance(data, dict):
-        problems.append(Problem(rel, "a tool file must hold a mapping"))
-        return None
-    return data
 
 
 @functools.lru_cache(maxsize=4096)

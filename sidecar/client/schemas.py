@@ -11,22 +11,18 @@ loudly, as a BundleError naming the file, never as a tool without its output che
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any
 
 import jsonschema
-import yaml
 from jsonschema import Draft202012Validator
 
 from sidecar.errors import BundleError, Problem
+from sidecar.tool_files import tool_documents
 
 __all__ = ["load_output_schemas"]
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
-_SUFFIXES = (".yaml", ".yml", ".json")
-# libyaml's safe loader when PyYAML has it, as the catalog does: the same documents.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_output_schemas(bundle_dir: str | pathlib.Path) -> dict[str, dict[str, Any]]:
@@ -38,11 +34,7 @@ def load_output_schemas(bundle_dir: str | pathlib.Path) -> dict[str, dict[str, A
     problems: list[Problem] = []
     schemas: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
-    for path in sorted(p for p in tools_dir.iterdir() if p.suffix in _SUFFIXES):
-        rel = f"tools/{path.name}"
-        document = _read_document(path, rel, problems)
-        if document is None:
-            continue
+    for rel, document in tool_documents(tools_dir, problems):
         name = document.get("name")
         if not isinstance(name, str) or not name:
             problems.append(Problem(rel, "a tool file must name its tool (`name`)", pointer="/name"))
@@ -57,27 +49,6 @@ def load_output_schemas(bundle_dir: str | pathlib.Path) -> dict[str, dict[str, A
     if problems:
         raise BundleError(problems)
     return schemas
-
-
-def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(rel, f"cannot read file: {exc}"))
-        return None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        problems.append(Problem(rel, f"cannot parse YAML: {getattr(exc, 'problem', None) or exc}", line, column))
-        return None
-    except json.JSONDecodeError as exc:
-        problems.append(Problem(rel, f"cannot parse JSON: {exc.msg}", exc.lineno, exc.colno))
-        return None
-    if not isinstance(data, dict):
-        problems.append(Problem(rel, "a tool file must hold a mapping"))
-        return None
-    return data
 
 
 def _output_schema(schema: Any, rel: str, problems: list[Problem]) -> dict[str, Any] | None:

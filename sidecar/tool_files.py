@@ -1,0 +1,51 @@
+"""Reading a bundle's tool files (`tools/*.yaml`, `.yml`, `.json`) into mappings: shared by
+the catalog, which checks every field, and the client, which reads only output schemas
+and must not load the policy engine to do so."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from sidecar.errors import Problem
+
+SUFFIXES = (".yaml", ".yml", ".json")
+# libyaml's safe loader when PyYAML has it (its wheels do): the same documents, read in
+# 0.5 s for the 1,000 tool files of the benchmark's largest bundle (pure Python: 3.5 s).
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def tool_documents(tools_dir: pathlib.Path, problems: list[Problem]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`tools/<file>`, its mapping) for each tool file in name order; a file that cannot
+    be read or parsed, or holds no mapping, is a problem instead. The caller checks that
+    `tools_dir` exists."""
+    for path in sorted(p for p in tools_dir.iterdir() if p.suffix in SUFFIXES):
+        rel = f"tools/{path.name}"
+        document = _read_document(path, rel, problems)
+        if document is not None:
+            yield rel, document
+
+
+def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(rel, f"cannot read file: {exc}"))
+        return None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        problems.append(Problem(rel, f"cannot parse YAML: {getattr(exc, 'problem', None) or exc}", line, col))
+        return None
+    except json.JSONDecodeError as exc:
+        problems.append(Problem(rel, f"cannot parse JSON: {exc.msg}", exc.lineno, exc.colno))
+        return None
+    if not isinstance(data, dict):
+        problems.append(Problem(rel, "a tool file must hold a mapping"))
+        return None
+    return data
