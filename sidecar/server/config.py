@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -38,6 +38,30 @@ class ApprovalSettings(_Strict):
     ttl_seconds: float = Field(900.0, gt=0, le=7 * 24 * 3600)
 
 
+SERVICES = ("authorizer", "approvals", "audit")
+
+
+class TlsSettings(_Strict):
+    cert: pathlib.Path
+    key: pathlib.Path
+    # With a CA: clients must present a certificate it signed (mTLS); the caller's
+    # identity is then the certificate's URI SAN, or else its subject CN.
+    client_ca: pathlib.Path | None = None
+
+
+class ListenerSettings(_Strict):
+    """One address the sidecar serves: `HOST:PORT` or `unix:///path`."""
+
+    address: str
+    services: tuple[Literal["authorizer", "approvals", "audit"], ...] = SERVICES
+    tls: TlsSettings | None = None
+    # A TCP listener off loopback without TLS refuses to start unless this says so.
+    insecure: bool = False
+    # Unix sockets: the file's mode, and the caller identity of whoever connects.
+    mode: int = Field(0o660, ge=0, le=0o777)
+    identity: str = ""
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
@@ -46,6 +70,8 @@ class Settings(_Strict):
     listen: str = "127.0.0.1:50051"
     # Serve the Approvals service on its own address instead of `listen` (empty: same server).
     approvals_listen: str = ""
+    # Addresses with their services and TLS; empty: `listen` (and `approvals_listen`).
+    listeners: tuple[ListenerSettings, ...] = ()
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True
