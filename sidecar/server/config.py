@@ -38,7 +38,8 @@ class ApprovalSettings(_Strict):
     ttl_seconds: float = Field(900.0, gt=0, le=7 * 24 * 3600)
 
 
-SERVICES = ("authorizer", "approvals", "audit")
+Service = Literal["authorizer", "approvals", "audit"]
+SERVICES: tuple[Service, ...] = ("authorizer", "approvals", "audit")
 
 
 class TlsSettings(_Strict):
@@ -53,7 +54,7 @@ class ListenerSettings(_Strict):
     """One address the sidecar serves: `HOST:PORT` or `unix:///path`."""
 
     address: str
-    services: tuple[Literal["authorizer", "approvals", "audit"], ...] = SERVICES
+    services: tuple[Service, ...] = SERVICES
     tls: TlsSettings | None = None
     # A TCP listener off loopback without TLS refuses to start unless this says so.
     insecure: bool = False
