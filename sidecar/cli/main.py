@@ -8,6 +8,7 @@ import logging
 import os
 import pathlib
 import sys
+from typing import Any
 
 import grpc
 
@@ -56,7 +57,7 @@ def cmd_authorize(args) -> int:
     ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
     ctx.check()
     verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
-    out = {"decision": verdict.decision.value, "reasons": list(verdict.reasons),
+    out: dict[str, Any] = {"decision": verdict.decision.value, "reasons": list(verdict.reasons),
            "errors": [{"code": e.code, "message": e.message} for e in verdict.errors],
            "policy_version": bundle.version}
     if verdict.approval_group:

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from sidecar.display import use_escaping_formatter
 from sidecar.errors import BundleError, ToolAuthzError
@@ -228,7 +228,7 @@ class _WorkerGroup:
     def start(self, address: str) -> int | None:
         """Start every worker on `address` and wait until each serves: None. On a failure,
         print the first worker's error once, stop the others and return the exit status."""
-        pending = {}
+        pending: dict[multiprocessing.connection.Connection, Any] = {}  # each worker's pipe -> its process
         for index in range(self._count):
             parent, child = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(target=_worker_main, args=(self._settings, address, index, child, os.getpid()),
@@ -245,7 +245,9 @@ class _WorkerGroup:
             if remaining <= 0:
                 errors.append([f"toolauthz: a worker did not start within {START_TIMEOUT_SECONDS:.0f} s"])
                 break
-            for conn in multiprocessing.connection.wait(list(pending), timeout=min(remaining, 0.5)):
+            for ready in multiprocessing.connection.wait(list(pending), timeout=min(remaining, 0.5)):
+                # wait() returns some of the objects it was given: here, pipe ends.
+                conn = cast(multiprocessing.connection.Connection, ready)
                 proc = pending.pop(conn)
                 try:
                     kind, payload = conn.recv()

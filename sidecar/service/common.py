@@ -101,7 +101,8 @@ def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         except Exception:  # noqa: BLE001 - any failure to parse caller bytes is the caller's fault
             return MalformedRequest(shown_name)
 
-    return handler._replace(request_deserializer=tolerant_parse)
+    # grpc's handlers are namedtuples; its type stubs declare only the protocol.
+    return handler._replace(request_deserializer=tolerant_parse)  # type: ignore[attr-defined]
 
 
 class _TolerantGenericHandler(grpc.GenericRpcHandler):

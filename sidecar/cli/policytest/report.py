@@ -4,6 +4,7 @@ the summary line, coverage, and JUnit XML."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 from sidecar.bundle import Bundle
 from sidecar.cli.policytest.suite import Result
@@ -49,6 +50,8 @@ def summary(result: Result) -> str:
 
 def _rows(result: Result) -> list[tuple[str, str, str]]:
     e, v = result.case.expect, result.verdict
+    if v is None:  # the request was refused: there is no verdict to compare
+        return []
     return [
         ("decision", e.decision.value, v.decision.value),
         ("reasons", _ANY if e.reasons is None else _list(sorted(e.reasons)), _list(sorted(v.reasons))),
@@ -80,7 +83,8 @@ def coverage(bundle: Bundle, results: list[Result]) -> list[str]:
     return out
 
 
-def write_junit(path: str, results: list[Result], *, problems: list[str] = (), uncovered: list[str] = ()) -> None:
+def write_junit(path: str, results: list[Result], *, problems: Sequence[str] = (),
+                uncovered: Sequence[str] = ()) -> None:
     """One <testsuite> per suite file, one <testcase> per case. Load problems become a
     `load` suite with an error; uncovered items (with --strict-coverage) a `coverage` suite."""
     root = ET.Element("testsuites", name="toolauthz")

@@ -15,6 +15,7 @@ import difflib
 import json
 import pathlib
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -26,8 +27,8 @@ SUITE_KEYS = ({"cases"}, {"description", "principals", "entities"})
 CASE_KEYS = ({"name", "tenant", "principal", "tool", "expect"},
              {"input", "input_json", "entities", "run", "description"})
 EXPECT_KEYS = ({"decision"}, {"reasons", "error", "approval_group"})
-RUN_KEYS = (set(), {"calls", "tool_calls"})
-PRINCIPAL_KEYS = ({"type", "id"}, set())
+RUN_KEYS: tuple[set[str], set[str]] = (set(), {"calls", "tool_calls"})
+PRINCIPAL_KEYS: tuple[set[str], set[str]] = ({"type", "id"}, set())
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,17 @@ class Case:
 
 # --- YAML that remembers lines ----------------------------------------------------------
 
-class _Map(dict):
-    line, lines = 0, {}  # the mapping's line, and each key's
+class _Map(dict[Any, Any]):
+    line: int = 0  # the mapping's line
+    lines: dict[Any, int] = {}  # each key's line, set per instance by the loader
 
-    def at(self, key) -> int:
+    def at(self, key: Any) -> int:
         return self.lines.get(key, self.line)
 
 
-class _Seq(list):
-    line, lines = 0, []  # the sequence's line, and each item's
+class _Seq(list[Any]):
+    line: int = 0  # the sequence's line
+    lines: list[int] = []  # each item's line, set per instance by the loader
 
     def at(self, index: int) -> int:
         return self.lines[index] if index < len(self.lines) else self.line
@@ -128,8 +131,10 @@ class _File:
         if not isinstance(value, _Map):
             self.error(line, f"{what} must be a mapping")
             return False
-        required, optional = keys or (set(), None)
-        for key in value if optional is not None else ():
+        required, optional = keys if keys is not None else (set(), None)
+        if optional is None:
+            return True
+        for key in value:
             if key not in required | optional:
                 close = difflib.get_close_matches(str(key), sorted(required | optional), n=1)
                 hint = f"did you mean `{close[0]}`?" if close else \
@@ -178,7 +183,7 @@ class _File:
 def load_suites(root: str | pathlib.Path) -> tuple[list[Case], list[str]]:
     """Every case of `root/tests/*.yaml`, and every problem found (nothing may run if any)."""
     root = pathlib.Path(root)
-    tests, problems = root / "tests", []
+    tests, problems = root / "tests", list[tuple[str, int, str]]()
     shared: dict[str, dict] = {"principals": {}, "entities": {}}
     where: dict[tuple[str, str], str] = {}  # ("principals", "alice") -> "tests/testdata/principals.yaml:3"
     for kind, table in shared.items():
@@ -268,7 +273,8 @@ def _case(f: _File, suite: str, raw, line: int, principals: dict, entity_sets: d
                 f.error(run.at(key), f"`run.{key}` of {what} must be a non-negative integer")
 
     expect = _expect(f, raw.get("expect"), raw.at("expect"), what)
-    if len(f.problems) > before or None in (name, tenant, tool, principal, expect):
+    if len(f.problems) > before or name is None or tenant is None or tool is None or principal is None \
+            or expect is None:
         return None
     return Case(suite, name, line, tenant, principal, tool, input_json, tuple(entities),
                 RunCounts(run.get("calls", 0), run.get("tool_calls", 0)), expect)
