@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from ulid import ULID
 
@@ -37,7 +36,9 @@ from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer
 
 APPROVE, REJECT = "APPROVE", "REJECT"
 TERMINAL = (APPROVED, REJECTED, "expired")
-MAX_WATCH_WAIT = 1.0  # seconds between looks at the store, for changes made by other processes
+# Seconds between a watch's looks at the store, for changes made by other processes
+# (worker processes share the database, not their pokes).
+MAX_WATCH_WAIT = 1.0
 POLICY_CHANGED = "policy_changed"
 
 
@@ -58,6 +59,15 @@ def short_code(digest: str) -> str:
     return f"{code[:4]}-{code[4:]}"
 
 
+class ChangeListener(Protocol):
+    """Hears that an approval changed: how watches wait without a thread each."""
+
+    def changed(self, approval_id: str | None) -> None:
+        """Called on the thread that made the change, after it is committed; must return
+        at once (hand the news to wherever the watches wait). None: any approval may
+        have changed."""
+
+
 @dataclass
 class ApprovalDesk:
     bundles: BundleHolder
@@ -68,8 +78,8 @@ class ApprovalDesk:
     ttl_seconds: float = 900.0
 
     def __post_init__(self) -> None:
-        self._changed = threading.Condition()
-        self._generation = 0  # bumped on every poke, so a watcher never misses one
+        self._listeners_lock = threading.Lock()
+        self._listeners: tuple[ChangeListener, ...] = ()
 
     def new_record(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict, *,
                    decision_id: str, policy_version: str, fields: dict, run: RunCounts) -> ApprovalRecord:
@@ -200,7 +210,7 @@ class ApprovalDesk:
             if final.status == APPROVED and verdict == APPROVE:
                 return final
             raise PreconditionError(f"the approval is {final.status}")
-        self.poke()
+        self.poke(approval_id)
         return self.get(approval_id)
 
     def _permitted(self, bundle: Bundle, record: ApprovalRecord, approver: TrustedContext) -> bool:
@@ -232,32 +242,25 @@ class ApprovalDesk:
         won = self.store.decide(record.approval_id, status=REJECTED, approver="", reason=reason, now=now,
                                 audit=record_of)
         if won:
-            self.poke()
+            self.poke(record.approval_id)
             raise PreconditionError(refusal.message, code=refusal.code)
         raise PreconditionError(f"the approval is {self.get(record.approval_id).status}")
 
-    def poke(self) -> None:
-        """Wake every watcher (a decision was made, or the clock moved in a test)."""
-        with self._changed:
-            self._generation += 1
-            self._changed.notify_all()
+    def subscribe(self, listener: ChangeListener) -> None:
+        """`listener` hears of every change this desk makes (see `poke`)."""
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
 
-    def watch(self, approval_id: str, viewer: TrustedContext | None,
-              is_active: Callable[[], bool]) -> Iterator[ApprovalRecord]:
-        last = None
-        while is_active():
-            with self._changed:
-                generation = self._generation
-            record = self.get(approval_id, viewer)
-            if record != last:
-                yield record
-                last = record
-            if record.status in TERMINAL:
-                return
-            until_expiry = max(0.0, record.expires_at - self.clock.now())
-            with self._changed:
-                if self._generation == generation:
-                    self._changed.wait(min(MAX_WATCH_WAIT, until_expiry + 0.001))
+    def unsubscribe(self, listener: ChangeListener) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(kept for kept in self._listeners if kept is not listener)
+
+    def poke(self, approval_id: str | None = None) -> None:
+        """Tells every listener that `approval_id` changed (None: any approval may have,
+        e.g. the clock moved in a test). Called after the change is committed, so a
+        listener that reads the store then sees it."""
+        for listener in self._listeners:  # a tuple replaced whole: safe to read unlocked
+            listener.changed(approval_id)
 
 
 def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run: RunCounts, digest: str) -> Verdict:

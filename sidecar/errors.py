@@ -8,7 +8,8 @@
     ├── StoreUnavailable     the ledger, token store or audit log cannot be used (deny)
     ├── ConflictError / NotFoundError   a state transition that is not allowed
     ├── ForbiddenError       the caller may not do this (self-approval, another tenant)
-    └── PreconditionError    not in a state that allows it (an expired approval)
+    ├── PreconditionError    not in a state that allows it (an expired approval)
+    └── ResourceExhaustedError  a bounded resource is full (open approval watches)
 
 Only the gRPC service layer turns these into status codes. Messages follow Cedar's
 style: lowercase start, no final period, user input in backticks.
@@ -96,3 +97,8 @@ class PreconditionError(ToolAuthzError):
     def __init__(self, message: str, code: str = ""):
         self.code = code
         super().__init__(f"{code}: {message}" if code else message)
+
+
+class ResourceExhaustedError(ToolAuthzError):
+    """A bounded resource (such as the open approval watches of a caller) is full; the
+    caller may try again once some of its own uses have ended."""

@@ -36,6 +36,7 @@ from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
+from sidecar.service.watching import WatchLimits
 from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.tokens import TokenIssuer, TokenVerifier
@@ -60,6 +61,7 @@ class Sidecar:
     approval_store: SqliteApprovals
     pump: DecisionPump
     reloader: BundleReloader
+    watches: WatchLimits
     closed: bool = False
     started_at: float = field(default_factory=time.time)
 
@@ -119,8 +121,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
+    watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader)
+                   desk, approval_store, DecisionPump(authorizer), reloader, watches)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
@@ -164,17 +167,18 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
             sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
         aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
         if with_approvals:
-            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), ours)
+            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches), ours)
 
     return _start(settings, build, names, address or settings.listen, reuse_port)
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
     """The Approvals service alone, for deployments that expose it to an approval tool."""
-    return _start(sidecar.settings,
-                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals),
-                                                                          TolerantRegistration(server)),
-                  [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
+    def build(server: grpc.aio.Server) -> None:
+        apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches),
+                                                 TolerantRegistration(server))
+
+    return _start(sidecar.settings, build, [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
                   address or sidecar.settings.approvals_listen)
 
 

@@ -12,7 +12,7 @@ import pathlib
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sidecar.errors import ToolAuthzError
 
@@ -36,6 +36,12 @@ class AuditSettings(_Strict):
 
 class ApprovalSettings(_Strict):
     ttl_seconds: float = Field(900.0, gt=0, le=7 * 24 * 3600)
+    # Open WatchApproval streams, per caller identity and in the whole process; one over
+    # either limit is RESOURCE_EXHAUSTED. Every unauthenticated caller counts as one.
+    # A watch takes one of the `max_concurrent_rpcs` places while open, so `max_watches`
+    # must leave some of those to the other calls.
+    max_watches_per_caller: int = Field(64, ge=1)
+    max_watches: int = Field(128, ge=1)
 
 
 Service = Literal["authorizer", "approvals", "audit"]
@@ -84,6 +90,14 @@ class Settings(_Strict):
     audit: AuditSettings = AuditSettings()
     approvals: ApprovalSettings = ApprovalSettings()
 
+    @model_validator(mode="after")
+    def _watches_leave_room(self) -> Settings:
+        if self.approvals.max_watches >= self.max_concurrent_rpcs:
+            raise ValueError(f"approvals.max_watches ({self.approvals.max_watches}) must be below "
+                             f"max_concurrent_rpcs ({self.max_concurrent_rpcs}): open watches take places of "
+                             "max_concurrent_rpcs, and Authorize needs some")
+        return self
+
     @property
     def keys_dir(self) -> pathlib.Path:
         return self.data_dir / "keys"
@@ -124,5 +138,6 @@ def load_settings(config_file: str | os.PathLike | None = None, **overrides: Any
     try:
         return Settings(**data)
     except ValidationError as exc:
-        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg'].lower()}" for e in exc.errors())
+        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg'].lower()}" if e["loc"] else
+                             e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise ToolAuthzError(f"invalid config: {problems}") from None

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import threading
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
 from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.service.callers import caller_of
 from sidecar.service.common import status_mapped, timestamp, trusted_context
+from sidecar.service.watching import LoopNotifier, WatchLimits, watch_records
 from sidecar.store.approvals import ApprovalRecord
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
@@ -42,8 +44,10 @@ def _viewer(request: apb.GetApprovalRequest):
 
 
 class ApprovalsService(apb_grpc.ApprovalsServicer):
-    def __init__(self, desk: ApprovalDesk):
+    def __init__(self, desk: ApprovalDesk, watches: WatchLimits):
         self._desk = desk
+        self._watches = watches
+        self._loop_notifier: LoopNotifier | None = None
 
     @status_mapped
     def ListApprovals(self, request: apb.ListApprovalsRequest, context) -> apb.ListApprovalsResponse:
@@ -66,15 +70,22 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
 
     @status_mapped
     async def WatchApproval(self, request: apb.GetApprovalRequest, context):
-        # The desk's watch blocks between changes, so it runs on a thread; a coroutine
-        # (unlike a plain generator on grpc.aio) is cancelled when the client goes away,
-        # and then ends that thread's watch too.
-        ended = threading.Event()
-        records = self._desk.watch(request.approval_id, _viewer(request), lambda: not ended.is_set())
-        loop = asyncio.get_running_loop()
+        # A coroutine, cancelled when the client goes away; its waiting holds no thread
+        # (sidecar/service/watching.py). The slot is given back when the call ends, for
+        # whatever reason, even if grpc never resumes this generator to close it.
+        slot = self._watches.admit(caller_of(context).id)
+        context.add_done_callback(lambda _context: slot.release())
+        records = watch_records(self._desk, self._notifier(), request.approval_id, _viewer(request))
         try:
-            while (record := await loop.run_in_executor(None, next, records, None)) is not None:
-                yield approval_message(record)
+            async with contextlib.aclosing(records):
+                async for record in records:
+                    yield approval_message(record)
         finally:
-            ended.set()
-            self._desk.poke()
+            slot.release()
+
+    def _notifier(self) -> LoopNotifier:
+        """The notifier of the running loop: a server's handlers all run on its one loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop_notifier is None or self._loop_notifier.loop is not loop:
+            self._loop_notifier = LoopNotifier(self._desk, loop)
+        return self._loop_notifier

@@ -7,6 +7,7 @@ The service layer is the only place where errors become status codes:
     ConflictError             -> ALREADY_EXISTS
     ForbiddenError            -> PERMISSION_DENIED
     PreconditionError         -> FAILED_PRECONDITION
+    ResourceExhaustedError    -> RESOURCE_EXHAUSTED (e.g. too many open approval watches)
     StoreUnavailable          -> UNAVAILABLE (and never a token or `valid`)
     deadline already passed   -> DEADLINE_EXCEEDED, before any work
     bytes that are no message -> INVALID_ARGUMENT, before any work (see `TolerantRegistration`)
@@ -35,6 +36,7 @@ from sidecar.errors import (
     NotFoundError,
     PreconditionError,
     RequestError,
+    ResourceExhaustedError,
     StoreUnavailable,
 )
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -48,6 +50,7 @@ _STATUS: list[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCo
     (ConflictError, grpc.StatusCode.ALREADY_EXISTS),
     (ForbiddenError, grpc.StatusCode.PERMISSION_DENIED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

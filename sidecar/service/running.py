@@ -4,7 +4,8 @@ grpc.Server that the CLI, the workers and the tests use (`stop(grace).wait()`,
 
 Why aio: its event loop moves every message on one thread, and the coroutine handlers
 hand decisions to the decision pump, so no thread per call wakes and takes the
-interpreter lock in turn (sidecar/server/pump.py). Plain handlers (the approval calls
+interpreter lock in turn (sidecar/server/pump.py), and an approval watch waits on the
+loop, not on a thread (sidecar/service/watching.py). Plain handlers (the approval calls
 but the watch, GetKeys, GetStatus) run on a thread pool.
 """
 
@@ -24,7 +25,8 @@ T = TypeVar("T")
 class _LoopThread:
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
-        # For the blocking work coroutines hand off (an approval watch waits on a thread).
+        # For the short blocking work coroutines hand off (an approval watch's store
+        # reads, an audit query's page); nothing waits on these threads.
         self._executor = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"{name}-blocking")
         self.loop.set_default_executor(self._executor)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
