@@ -13,6 +13,7 @@ from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.service.common import status_mapped, timestamp, trusted_context
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.telemetry import metrics
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
 _STATUS_NAMES = {v: k for k, v in _STATUS.items()}
@@ -62,6 +63,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         if verdict is None:
             raise RequestError("verdict must be APPROVE or REJECT")
         record = self._desk.decide(request.approval_id, trusted_context(request.approver), verdict, request.reason)
+        metrics.APPROVALS_DECIDED.labels(verdict=record.status).inc()
         return approval_message(self._desk.hide_token(record))
 
     @status_mapped
