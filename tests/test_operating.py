@@ -206,10 +206,12 @@ def _provider_of(exporter):
     return provider
 
 
-def test_no_spans_when_tracing_is_off(stub):
-    assert not tracing.enabled()
+def test_no_spans_once_tracing_is_off(spans, stub):
+    tracing.use_tracer_provider(None)
+    assert not tracing.enabled() and tracing.current() is None
     assert stub.Authorize(make_request(), timeout=10,
                           metadata=[("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN}-01")]).decision == pb.ALLOW
+    assert spans.get_finished_spans() == ()
 
 
 # -- JSON logs ---------------------------------------------------------------------------------
