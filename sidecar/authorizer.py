@@ -7,10 +7,11 @@ and a verification's record commit in the same transaction as their ledger write
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -42,6 +43,7 @@ from sidecar.store.ledger import (
     ReserveCall,
     only_result,
 )
+from sidecar.telemetry import metrics, tracing
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
 T = TypeVar("T")
@@ -100,6 +102,8 @@ class Authorizer:
             ids = [pid for pid in shadow["reasons"] if pid in bundle.policies and bundle.policies[pid].shadow]
             with self._shadow_lock:
                 self._shadow.update(ids or ["(unattributed)"])
+            for pid in ids or ["(unattributed)"]:
+                metrics.SHADOW_DISAGREEMENTS.labels(policy=pid).inc()
 
     def new_id(self) -> str:
         return str(ULID.from_timestamp(self.clock.now()))
@@ -116,8 +120,10 @@ class Authorizer:
         fails the others."""
         ops = [plan.op for plan in plans if plan.op is not None]
         try:
-            results = iter(self.ledger.apply(ops) if ops else [])
+            with _store_spans(plans), metrics.timed(metrics.AUDIT_WRITE_SECONDS):
+                results = iter(self.ledger.apply(ops) if ops else [])
         except StoreUnavailable as exc:
+            metrics.AUDIT_WRITE_FAILURES.inc()
             results = iter([StoreUnavailable.caused_by(exc) for _ in ops])
         answers: list = []
         for plan in plans:
@@ -144,16 +150,18 @@ class Authorizer:
         decision's inputs. The decision itself is made by the ledger's `decide` call."""
         ctx.check()
         call.check()
+        trace = tracing.current()
         bundle = self.bundles.current
         record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name),
                          decision_id=self.new_id(), policy_version=bundle.version)
         try:
-            prepared = prepare(bundle, ctx, call)
+            with tracing.step("validate", trace):
+                prepared = prepare(bundle, ctx, call)
         except InputError as exc:
             verdict = deny(exc.code, exc.message)
             return Plan(AppendAudit(self._event(record, verdict)),
                         lambda _: AuthorizeResult(Decision.DENY, record.decision_id, bundle.version,
-                                                  errors=verdict.errors))
+                                                  errors=verdict.errors), trace)
 
         record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         try:
@@ -161,14 +169,17 @@ class Authorizer:
         except RequestError as exc:  # refused before anything but its audit record is stored
             refusal = record.event(self.clock.now(), "refused", error_codes=("invalid_entities",),
                                    detail={"error": str(exc)[:500]})
-            return Plan(AppendAudit(refusal), functools.partial(_refuse, exc))
+            return Plan(AppendAudit(refusal), functools.partial(_refuse, exc), trace)
         tool = prepared.slice.tool.name
 
         def draft(counts: tuple[int, int]) -> _Draft:
-            verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
+            with tracing.step("evaluate", trace, {"toolauthz.tool": tool}):
+                verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
             wanted = verdict.decision is not Decision.ALLOW or still_wanted()
-            token = self._issue(ctx, call.call_id, prepared, record.decision_id, bundle.version) \
-                if verdict.decision is Decision.ALLOW and wanted else None
+            token = None
+            if verdict.decision is Decision.ALLOW and wanted:
+                with tracing.step("sign", trace):
+                    token = self._issue(ctx, call.call_id, prepared, record.decision_id, bundle.version)
             return _Draft(counts, verdict, token, gone=not wanted)
 
         state = _DecisionState()
@@ -202,7 +213,7 @@ class Authorizer:
 
         entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
                           self.clock.now())
-        return Plan(ReserveCall(entry, decide), finish)
+        return Plan(ReserveCall(entry, decide), finish, trace)
 
     def _recorded(self, ctx: TrustedContext, prepared: PreparedCall, draft: _Draft, record: CallRecord,
                   state: _DecisionState) -> RecordedDecision:
@@ -284,13 +295,16 @@ class Authorizer:
     def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> Plan[VerifyResult]:
         ctx.check()
         call.check()
+        trace = tracing.current()
         try:
-            digest = digest_call(ctx, call, self._verify_limits(call.name)).digest
+            with tracing.step("validate", trace):
+                digest = digest_call(ctx, call, self._verify_limits(call.name)).digest
         except InputError:
             digest = ""  # Authorize refuses such input: no token was ever issued for it
         expected = CallClaims(ctx.tenant, ctx.principal.type, ctx.principal.id, call.name, call.call_id)
         if digest:
-            checked = self.verifier.verify(token, digest, expected)
+            with tracing.step("check_token", trace):
+                checked = self.verifier.verify(token, digest, expected)
             code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
         else:
             code, jti, decision_id = "bad_signature", "", ""
@@ -302,8 +316,8 @@ class Authorizer:
 
         if code == "ok":  # single use and its record: one transaction
             return Plan(ConsumeToken(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event),
-                        lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id))
-        return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id))
+                        lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id), trace)
+        return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id), trace)
 
     def _verify_limits(self, tool_name: str) -> InputLimits:
         """The limits Authorize parses a call of `tool_name` with. A tool the loaded
@@ -351,7 +365,8 @@ class Authorizer:
         op = RecordOutcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now(),
                            caller=OutcomeCaller(caller.principal, caller.request_id), audit=accepted,
                            refused=refused)
-        return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti))
+        return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti),
+                    tracing.current())
 
     # -- audit helpers -----------------------------------------------------------------
 
@@ -385,6 +400,7 @@ class Plan(Generic[T]):
 
     op: LedgerOp | None
     finish: Callable[[Any], T]
+    trace: Any = None  # the request's tracing context (sidecar/telemetry/tracing.py), None when off
 
 
 @dataclass(frozen=True)
@@ -411,6 +427,20 @@ class _DecisionState:
         if self.draft is None:
             raise RuntimeError("the ledger recorded a new call without asking for its decision")
         return self.draft
+
+
+@contextlib.contextmanager
+def _store_spans(plans: Sequence[Plan]) -> Iterator[None]:
+    """A `store` span for each traced request of a batch: their writes share one
+    transaction, so each span covers that whole commit."""
+    traced = [plan.trace for plan in plans if plan.trace is not None and plan.op is not None]
+    if not traced:
+        yield
+        return
+    with contextlib.ExitStack() as spans:
+        for parent in traced:
+            spans.enter_context(tracing.step("store", parent, {"toolauthz.batch_size": len(plans)}))
+        yield
 
 
 def _refuse(exc: Exception, _written: object) -> NoReturn:

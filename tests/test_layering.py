@@ -23,6 +23,9 @@ PACKAGE = ROOT / "sidecar"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
                                "sidecar.digest", "sidecar.display", "sidecar.tool_files"})),
+    # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
+    # above the values; it imports no other sidecar module (the engine never records).
+    ("telemetry", frozenset({"sidecar.telemetry"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     ("engine", frozenset({"sidecar.engine"})),
     ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit"})),

@@ -18,6 +18,7 @@ from sidecar.audit.store import AuditLog
 from sidecar.clock import Clock
 from sidecar.errors import StoreUnavailable
 from sidecar.store.group_commit import GroupCommit
+from sidecar.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,12 @@ class AuditWriter:
         never a decision without one."""
         if not isinstance(event, AuditEvent):  # one bad item must not fail a batch
             raise TypeError("audit writer takes an AuditEvent")
-        return self._group.submit(event, timeout)
+        try:
+            with metrics.timed(metrics.AUDIT_WRITE_SECONDS):
+                return self._group.submit(event, timeout)
+        except StoreUnavailable:
+            metrics.AUDIT_WRITE_FAILURES.inc()
+            raise
 
     def close(self) -> None:
         """Refuse new writes; return once everything queued is committed."""

@@ -28,7 +28,8 @@ def cmd_serve(args) -> int:
     from sidecar.server.workers import ReloadRequests, serve_workers
 
     with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
-        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
+        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
+                                 log_format=args.log_format)
         return serve_workers(settings, args.workers, reloads)
 
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config")
     serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes sharing the address (default: one per core)")
+    serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON objects")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="load and validate a bundle")

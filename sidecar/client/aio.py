@@ -17,6 +17,7 @@ import grpc.aio
 from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
 from sidecar.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
+from sidecar.client.tracing import trace_metadata
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -75,7 +76,7 @@ class AsyncAuthzClient:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return await method(request, timeout=max(remaining, _MIN_ATTEMPT)), attempt
+                return await method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=trace_metadata()), attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise
@@ -103,9 +104,9 @@ class AsyncAuthzClient:
         request = cv.outcome_request(context, call_id, status, error_code, output_digest)
         attempts = {"n": 0}
 
-        async def method(req, timeout):
+        async def method(req, timeout, metadata=None):
             attempts["n"] += 1
-            return await self._authz.ReportOutcome(req, timeout=timeout)
+            return await self._authz.ReportOutcome(req, timeout=timeout, metadata=metadata)
 
         try:
             response, _ = await self._unary("ReportOutcome", method, request, timeout)
@@ -139,7 +140,7 @@ class AsyncAuthzClient:
                        timeout: float = DEFAULT_WATCH_TIMEOUT) -> AsyncApprovalStream:
         """An async iterator of `Approval` (a grpc.aio stream call: `.cancel()` ends it)."""
         request = cv.get_approval_request(approval_id, context)
-        return self._approvals.WatchApproval(request, timeout=timeout)
+        return self._approvals.WatchApproval(request, timeout=timeout, metadata=trace_metadata())
 
     # -- Audit -------------------------------------------------------------------------
 
@@ -148,7 +149,7 @@ class AsyncAuthzClient:
         wanted = request.limit or 100
         records: list[aupb.AuditRecord] = []
 
-        async def method(req, timeout):
+        async def method(req, timeout, metadata=None):
             if records:
                 req = aupb.QueryDecisionsRequest()
                 req.CopyFrom(request)
@@ -156,7 +157,7 @@ class AsyncAuthzClient:
                 req.limit = wanted - len(records)
                 if req.limit <= 0:
                     return records
-            async for record in self._audit.QueryDecisions(req, timeout=timeout):
+            async for record in self._audit.QueryDecisions(req, timeout=timeout, metadata=metadata):
                 records.append(record)
             return records
 

@@ -17,6 +17,7 @@ import grpc
 
 from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
+from sidecar.client.tracing import trace_metadata
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -97,7 +98,7 @@ class AuthzClient:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return method(request, timeout=max(remaining, _MIN_ATTEMPT)), attempt
+                return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=trace_metadata()), attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise
@@ -131,9 +132,9 @@ class AuthzClient:
         request = cv.outcome_request(context, call_id, status, error_code, output_digest)
         attempts = {"n": 0}
 
-        def method(req, timeout):
+        def method(req, timeout, metadata=None):
             attempts["n"] += 1
-            return self._authz.ReportOutcome(req, timeout=timeout)
+            return self._authz.ReportOutcome(req, timeout=timeout, metadata=metadata)
 
         try:
             response, _ = self._unary("ReportOutcome", method, request, timeout)
@@ -171,7 +172,7 @@ class AuthzClient:
         stream is an iterator of `Approval` with `.cancel()`; it ends with
         DEADLINE_EXCEEDED after `timeout` seconds. Not retried."""
         request = cv.get_approval_request(approval_id, context)
-        return self._approvals.WatchApproval(request, timeout=timeout)
+        return self._approvals.WatchApproval(request, timeout=timeout, metadata=trace_metadata())
 
     # -- Audit -------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class AuthzClient:
         wanted = request.limit or 100
         records: list[aupb.AuditRecord] = []
 
-        def method(req, timeout):
+        def method(req, timeout, metadata=None):
             if records:  # resume after what we already have
                 req = aupb.QueryDecisionsRequest()
                 req.CopyFrom(request)
@@ -191,7 +192,7 @@ class AuthzClient:
                 req.limit = wanted - len(records)
                 if req.limit <= 0:
                     return records
-            for record in self._audit.QueryDecisions(req, timeout=timeout):
+            for record in self._audit.QueryDecisions(req, timeout=timeout, metadata=metadata):
                 records.append(record)
             return records
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,15 +31,17 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import Settings
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader
+from sidecar.server.worker_status import StatusBoard
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
-from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
+from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
 from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
+from sidecar.telemetry import metrics
 from sidecar.tokens import TokenIssuer, TokenVerifier
 from sidecar.tokens.keyring import KeyRing, load_keyring
 from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
@@ -64,14 +67,45 @@ class Sidecar:
     watches: WatchLimits
     closed: bool = False
     started_at: float = field(default_factory=time.time)
+    worker_index: int = 0
+    # With several workers: every worker's status, through the run directory.
+    board: StatusBoard | None = None
+    _sampler: threading.Thread | None = None
+    _sampling_stop: threading.Event = field(default_factory=threading.Event)
 
-    def status(self) -> SidecarStatus:
+    def worker_status(self) -> WorkerStatus:
         bundle = self.bundles.current
         policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
                               reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
                               shadow_effects=self.authorizer.shadow_effects())
         pump = PumpStatus(answered=self.pump.answered, batches=self.pump.batches, waiting=self.pump.waiting)
-        return SidecarStatus(policy, pump)
+        return WorkerStatus(self.worker_index, os.getpid(), policy, pump)
+
+    def status(self) -> SidecarStatus:
+        workers = self.board.read_all() if self.board is not None else [self.worker_status()]
+        return aggregate(workers, answered_by=os.getpid())
+
+    def share_status(self, directory: pathlib.Path, index: int) -> None:
+        """Publish this worker's status in `directory` and answer GetStatus for every
+        worker that does (sidecar/server/worker_status.py)."""
+        self.worker_index = index
+        self.board = StatusBoard(directory, self.worker_status).start()
+        self.pump.after_batch = self.board.changed
+        self.reloader.after_attempt = self.board.changed
+
+    def sample_metrics(self, interval: float = 5.0) -> None:
+        """Keep the gauges the store knows (approvals pending) current for the scrapes."""
+        def run() -> None:
+            while True:
+                try:
+                    metrics.APPROVALS_PENDING.set(self.approval_store.count_pending(time.time()))
+                except StoreUnavailable as exc:
+                    log.warning("cannot count pending approvals: %s", exc)
+                if self._sampling_stop.wait(interval):
+                    return
+
+        self._sampler = threading.Thread(target=run, name="metrics-sampler", daemon=True)
+        self._sampler.start()
 
     def close(self) -> None:
         """Drains the audit writer, signs a final checkpoint and closes the stores; a
@@ -79,8 +113,13 @@ class Sidecar:
         if self.closed:
             return
         self.closed = True
+        self._sampling_stop.set()
+        if self._sampler is not None:
+            self._sampler.join()
         self.reloader.close()
         self.pump.close()
+        if self.board is not None:
+            self.board.close()
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.audit_log.close()
@@ -122,6 +161,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
+    metrics.serving_version(bundle.version)
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, DecisionPump(authorizer), reloader, watches)
 
@@ -196,7 +236,9 @@ def _start(settings: Settings, build, names: list[str], address: str,
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     server = AioServer(build_all, options=options, max_concurrent_rpcs=settings.max_concurrent_rpcs,
-                       thread_pool_size=min(32, settings.max_concurrent_rpcs))
+                       thread_pool_size=min(32, settings.max_concurrent_rpcs),
+                       # Draining: health watchers and probes hear NOT_SERVING first.
+                       before_stop=health_servicer.enter_graceful_shutdown)
     try:
         port = server.add_insecure_port(address)
         server.start()

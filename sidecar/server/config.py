@@ -69,6 +69,13 @@ class ListenerSettings(_Strict):
     identity: str = ""
 
 
+class TracingSettings(_Strict):
+    # `otlp` exports spans over OTLP/gRPC when opentelemetry-exporter-otlp is installed
+    # (its OTEL_EXPORTER_OTLP_* variables apply); `none` records no spans.
+    exporter: Literal["none", "otlp"] = "none"
+    endpoint: str = ""  # empty: the exporter's default (or OTEL_EXPORTER_OTLP_ENDPOINT)
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
@@ -89,6 +96,13 @@ class Settings(_Strict):
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
     approvals: ApprovalSettings = ApprovalSettings()
+    # HOST:PORT serving Prometheus text at /metrics (summed over the workers); empty: off.
+    metrics_listen: str = ""
+    tracing: TracingSettings = TracingSettings()
+    # `json`: one JSON object per log line (sidecar/server/logs.py).
+    log_format: Literal["text", "json"] = "text"
+    # On SIGTERM: calls in flight get this long to finish before they are cancelled.
+    drain_grace_seconds: float = Field(10.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:

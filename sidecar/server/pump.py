@@ -45,6 +45,7 @@ class DecisionPump:
         self._closed = False
         self._batches = 0
         self._answered = 0
+        self.after_batch: Callable[[], None] | None = None  # the worker's status board (worker_status.py)
         self._thread = threading.Thread(target=self._run, name="decision-pump", daemon=True)
         self._thread.start()
 
@@ -97,6 +98,8 @@ class DecisionPump:
             self._batches += 1
             self._answered += len(batch)
             self._deliver(batch, answers)
+            if self.after_batch is not None:
+                self.after_batch()
 
     def _answers(self, batch: list[_Job]) -> list[Any]:
         answers: list[Any] = [None] * len(batch)

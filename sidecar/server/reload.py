@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from sidecar.bundle import BundleHolder, load_bundle
 from sidecar.errors import BundleError
+from sidecar.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")
 
@@ -46,6 +47,7 @@ class BundleReloader:
         self._attempted = threading.Condition()
         self._thread: threading.Thread | None = None
         self.after_swap: Callable[[], None] | None = None  # serving processes: heap.py
+        self.after_attempt: Callable[[], None] | None = None  # the worker's status board
 
     def wait_for_attempt(self, after: int, timeout: float) -> bool:
         """Block until more than `after` reload attempts have finished (for tests and
@@ -58,6 +60,8 @@ class BundleReloader:
         try:
             return self._reload()
         finally:
+            if self.after_attempt is not None:
+                self.after_attempt()
             with self._attempted:
                 self.attempts += 1
                 self._attempted.notify_all()
@@ -69,6 +73,7 @@ class BundleReloader:
                 bundle = load_bundle(self._directory)
             except BundleError as exc:
                 self.last_error = str(exc)
+                metrics.RELOAD_ERRORS.inc()
                 log.error("bundle reload refused; version %s keeps serving:\n%s", self._holder.current.version, exc)
                 return False
             finally:
@@ -76,7 +81,10 @@ class BundleReloader:
             self.last_error = ""
             if bundle.version == self._holder.current.version:
                 return False
+            previous = self._holder.current.version
             self._holder.swap(bundle)
+            metrics.RELOADS.inc()
+            metrics.serving_version(bundle.version, previous)
             if self.after_swap is not None:
                 self.after_swap()
             self.reloads += 1

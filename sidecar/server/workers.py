@@ -42,10 +42,11 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
-from sidecar.display import use_escaping_formatter
 from sidecar.errors import BundleError, ToolAuthzError
 from sidecar.server.config import Settings
 from sidecar.server.heap import keep_bundles_frozen
+from sidecar.server.logs import use_log_format
+from sidecar.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
 
 if TYPE_CHECKING:
     from sidecar.server.build import Sidecar
@@ -53,8 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolauthz.workers")
 
 START_TIMEOUT_SECONDS = 600.0  # a worker loads the bundle; 10,000 policies take ~30 s
-STOP_GRACE_SECONDS = 5.0  # in-flight calls get this long (as in `toolauthz serve`)
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Beyond the drain grace, what a worker may take to sign its final checkpoint and close.
+CLOSE_SECONDS = 25.0
 
 
 class ReloadRequests:
@@ -110,6 +111,7 @@ def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | No
 def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     from sidecar.server.build import build_sidecar
 
+    use_log_format(settings.log_format)
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
     if workers == 1:
@@ -118,19 +120,36 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     # The keys exist now: a worker that cannot find them must fail, not generate its own.
     worker_settings = settings.model_copy(update={"generate_missing_keys": False})
     host, port = split_listen(settings.listen)
-    group = _WorkerGroup(worker_settings, workers)
-    # A reload asked for before the workers start needs nothing: they load the bundle then.
-    reloads.route_to(lambda: group.signal(signal.SIGHUP))
-    with _forwarded_signals(group):
-        with _reserved_port(host, port) as port:
-            status = group.start(f"{host}:{port}")
-        if status is not None:
-            return status
-        # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
-              f"data in {settings.data_dir}, {workers} workers (pids {', '.join(str(p) for p in group.pids())})",
-              flush=True)
-        return group.supervise()
+    run = RunDirectory.create()  # before the workers are spawned: they inherit its variable
+    try:
+        metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), run.metrics) \
+            if settings.metrics_listen else None
+        try:
+            group = _WorkerGroup(worker_settings, workers, run)
+            # A reload asked for before the workers start needs nothing: they load the bundle then.
+            reloads.route_to(lambda: group.signal(signal.SIGHUP))
+            with _forwarded_signals(group):
+                with _reserved_port(host, port) as port:
+                    status = group.start(f"{host}:{port}")
+                if status is not None:
+                    return status
+                # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
+                print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+                      f"data in {settings.data_dir}, {workers} workers "
+                      f"(pids {', '.join(str(p) for p in group.pids())})", flush=True)
+                _announce_metrics(settings, metrics_server)
+                return group.supervise()
+        finally:
+            if metrics_server is not None:
+                metrics_server.close()
+    finally:
+        run.close()
+
+
+def _announce_metrics(settings: Settings, server: MetricsServer | None) -> None:
+    if server is not None:
+        host = split_listen(settings.metrics_listen)[0]
+        print(f"toolauthz metrics on http://{host}:{server.port}/metrics", flush=True)
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -148,27 +167,49 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    metrics_server = None
     try:
         try:
+            configure_tracing(settings.tracing)
+            if settings.metrics_listen:
+                metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), None)
+                sidecar.sample_metrics()
             server, port = create_server(sidecar)
         except BaseException:
             sidecar.close()
+            if metrics_server is not None:
+                metrics_server.close()
             raise
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
         host = split_listen(settings.listen)[0]
         print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
               f"data in {settings.data_dir}", flush=True)
+        _announce_metrics(settings, metrics_server)
         try:
             stop.wait()
         finally:
             reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
-            server.stop(grace=STOP_GRACE_SECONDS).wait()
-            sidecar.close()
+            drain(server, sidecar)
+            if metrics_server is not None:
+                metrics_server.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def drain(server, sidecar: Sidecar) -> None:
+    """SIGTERM's stop: refuse new calls at once, let the calls in flight finish within
+    `drain_grace_seconds` (then cancel them), answer what the decision pump still holds,
+    and close the stores after a final signed audit checkpoint."""
+    grace = sidecar.settings.drain_grace_seconds
+    log.info("draining: new calls are refused; calls in flight have %.1f s to finish", grace)
+    try:
+        server.stop(grace=grace).wait()
+    finally:
+        sidecar.close()
+    log.info("drained: final audit checkpoint signed")
 
 
 def _reload_of(sidecar: Sidecar) -> Callable[[], None]:
@@ -213,8 +254,12 @@ def _reserved_port(host: str, port: int) -> Iterator[int]:
 # -- the parent ----------------------------------------------------------------------------
 
 class _WorkerGroup:
-    def __init__(self, settings: Settings, count: int):
+    def __init__(self, settings: Settings, count: int, run: RunDirectory | None = None):
+        """`run`: the run directory the caller made and removes (else the group makes
+        one, removed once the workers stopped)."""
         self._settings, self._count = settings, count
+        self._owns_run = run is None
+        self._run = run if run is not None else RunDirectory.create()
         self._ctx = multiprocessing.get_context("spawn")
         self._procs: list = []
         self._stopping = threading.Event()
@@ -231,7 +276,8 @@ class _WorkerGroup:
         pending: dict[multiprocessing.connection.Connection, Any] = {}  # each worker's pipe -> its process
         for index in range(self._count):
             parent, child = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_worker_main, args=(self._settings, address, index, child, os.getpid()),
+            proc = self._ctx.Process(target=_worker_main,
+                                     args=(self._settings, address, index, child, os.getpid(), self._run.status),
                                      name=f"toolauthz-worker-{index}",
                                      daemon=True)  # should the parent fail, its exit stops them
             proc.start()
@@ -312,7 +358,7 @@ class _WorkerGroup:
         every worker stopped cleanly (exit code 0)."""
         self._stopping.set()
         self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS + 25
+        deadline = time.monotonic() + self._settings.drain_grace_seconds + CLOSE_SECONDS
         clean = True
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -320,9 +366,13 @@ class _WorkerGroup:
                 log.error("worker %s (pid %s) did not stop; killing it", proc.name, proc.pid)
                 proc.kill()
                 proc.join()
+            if proc.pid is not None:
+                self._run.worker_gone(proc.pid)
             if proc.exitcode != 0:
                 log.error("worker %s (pid %s) stopped with exit code %s", proc.name, proc.pid, proc.exitcode)
                 clean = False
+        if self._owns_run:
+            self._run.close()
         return clean
 
 
@@ -339,9 +389,10 @@ def _forwarded_signals(group: _WorkerGroup) -> Iterator[None]:
 
 # -- a worker ------------------------------------------------------------------------------
 
-def _worker_main(settings: Settings, address: str, index: int, conn, parent: int) -> None:
+def _worker_main(settings: Settings, address: str, index: int, conn, parent: int, status_dir) -> None:
     """Process target: build a sidecar with its own SQLite connections, serve `address`
-    with SO_REUSEPORT, report ("ready", pid) or ("error", lines), serve until SIGTERM."""
+    with SO_REUSEPORT, report ("ready", pid) or ("error", lines), serve until SIGTERM,
+    then drain. Its status goes to `status_dir`, its metrics to PROMETHEUS_MULTIPROC_DIR."""
     stop = threading.Event()
 
     def on_stop(*_) -> None:
@@ -355,10 +406,11 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
     reloads = ReloadRequests().install()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_stop)
-    use_escaping_formatter(logging.INFO, _LOG_FORMAT.replace("%(name)s", f"%(name)s[{index}]"))
+    use_log_format(settings.log_format, index)
     from sidecar.server.build import build_sidecar
 
     try:
+        configure_tracing(settings.tracing)
         sidecar = build_sidecar(settings)
     except BundleError as exc:
         conn.send(("error", [str(p) for p in exc.problems]))
@@ -367,6 +419,9 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         conn.send(("error", [f"toolauthz: {exc}"]))
         sys.exit(1)
     try:
+        sidecar.share_status(status_dir, index)
+        if settings.metrics_listen:
+            sidecar.sample_metrics()
         server, _port = _create_shared_server(sidecar, address)
     except Exception as exc:  # noqa: BLE001 - reported once by the parent
         sidecar.close()
@@ -380,8 +435,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         if os.getppid() != parent:  # the parent was killed (maybe before we started): stop
             log.error("the parent process is gone; stopping")
             break
-    server.stop(grace=STOP_GRACE_SECONDS).wait()
-    sidecar.close()
+    drain(server, sidecar)
 
 
 def _create_shared_server(sidecar, address: str):
@@ -397,16 +451,18 @@ def main(argv: list[str] | None = None) -> int:
     from sidecar.server.config import load_settings
 
     reloads = ReloadRequests().install()  # first: a SIGHUP while starting must not kill the sidecar
-    use_escaping_formatter(logging.INFO, _LOG_FORMAT)
+    use_log_format("text")
     parser = argparse.ArgumentParser(prog="python -m sidecar.server.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle")
     parser.add_argument("--listen")
     parser.add_argument("--data-dir")
     parser.add_argument("--config")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--log-format", choices=["text", "json"])
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir)
+        settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
+                                 log_format=args.log_format)
         return serve_workers(settings, args.workers, reloads)
     except BundleError as exc:
         for problem in exc.problems:

@@ -15,6 +15,7 @@ from sidecar.service.callers import caller_of
 from sidecar.service.common import status_mapped, timestamp, trusted_context
 from sidecar.service.watching import LoopNotifier, WatchLimits, watch_records
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.telemetry import metrics
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
 _STATUS_NAMES = {v: k for k, v in _STATUS.items()}
@@ -66,6 +67,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         if verdict is None:
             raise RequestError("verdict must be APPROVE or REJECT")
         record = self._desk.decide(request.approval_id, trusted_context(request.approver), verdict, request.reason)
+        metrics.APPROVALS_DECIDED.labels(verdict=record.status).inc()
         return approval_message(self._desk.hide_token(record))
 
     @status_mapped

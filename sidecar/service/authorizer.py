@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+import time
 from collections.abc import Callable
 
 from sidecar.authorizer import Authorizer
@@ -14,10 +16,14 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
 from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
-from sidecar.service.status import SidecarStatus
+from sidecar.service.status import SidecarStatus, WorkerStatus
+from sidecar.telemetry import metrics, tracing
 from sidecar.tokens.keyring import KeyRing
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
+# One line per answer at DEBUG, its fields as `extra` for the JSON log format
+# (sidecar/server/logs.py): ids and the result, never an argument value.
+decision_log = logging.getLogger("toolauthz.decision")
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
 
@@ -45,15 +51,36 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         self._keyring = keyring
         self._status = status
 
+    def _tool_label(self, name: str) -> str:
+        return metrics.tool_label(name, self._authorizer.bundles.current.tools)
+
     @status_mapped
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
-        ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
-        wanted = still_wanted(context, gone)
-        try:
-            result = await self._pump.answer(lambda: self._authorizer.plan_authorize(ctx, call, wanted))
-        except asyncio.CancelledError:
-            gone.set()  # the client cancelled: if the decision is still to be made, no token
-            raise
+        started = time.perf_counter()
+        with tracing.rpc_span("Authorize", lambda: context.invocation_metadata()) as span:
+            ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
+            wanted = still_wanted(context, gone)
+            trace = tracing.current()
+
+            def plan():
+                with tracing.attached(trace):
+                    return self._authorizer.plan_authorize(ctx, call, wanted)
+
+            try:
+                result = await self._pump.answer(plan)
+            except asyncio.CancelledError:
+                gone.set()  # the client cancelled: if the decision is still to be made, no token
+                raise
+            tool = self._tool_label(call.name)
+            outcome = result.decision.value.lower()
+            metrics.DECISIONS.labels(tool=tool, result=outcome).inc()
+            metrics.RPC_SECONDS.labels(rpc="Authorize").observe(time.perf_counter() - started)
+            tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=outcome,
+                             replayed=result.replayed)
+            if decision_log.isEnabledFor(logging.DEBUG):
+                decision_log.debug("authorize %s", outcome, extra={
+                    "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
+                    "tool": tool, "result": outcome})
         response = pb.AuthorizeResponse(
             decision=_DECISIONS[result.decision], decision_id=result.decision_id, reasons=list(result.reasons),
             errors=[pb.DecisionError(code=e.code, message=e.message) for e in result.errors],
@@ -68,8 +95,24 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
-        token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
-        result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call))
+        started = time.perf_counter()
+        with tracing.rpc_span("Verify", lambda: context.invocation_metadata()) as span:
+            token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
+            trace = tracing.current()
+
+            def plan():
+                with tracing.attached(trace):
+                    return self._authorizer.plan_verify(token, ctx, call)
+
+            result = await self._pump.answer(plan)
+            tool = self._tool_label(call.name)
+            metrics.VERIFICATIONS.labels(code=result.code).inc()
+            metrics.RPC_SECONDS.labels(rpc="Verify").observe(time.perf_counter() - started)
+            tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=result.code)
+            if decision_log.isEnabledFor(logging.DEBUG):
+                decision_log.debug("verify %s", result.code, extra={
+                    "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
+                    "tool": tool, "result": result.code})
         return pb.VerifyResponse(valid=result.valid, code=result.code, decision_id=result.decision_id)
 
     @status_mapped
@@ -84,10 +127,19 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         status = _OUTCOMES.get(request.status)
         if status is None:
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
-        ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
-                                            request.output_digest)
-        result = await self._pump.answer(
-            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest))
+        started = time.perf_counter()
+        with tracing.rpc_span("ReportOutcome", lambda: context.invocation_metadata()) as span:
+            ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id,
+                                                request.error_code, request.output_digest)
+            trace = tracing.current()
+
+            def plan():
+                with tracing.attached(trace):
+                    return self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest)
+
+            result = await self._pump.answer(plan)
+            metrics.RPC_SECONDS.labels(rpc="ReportOutcome").observe(time.perf_counter() - started)
+            tracing.annotate(span, decision_id=result.decision_id, result=status)
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
 
     @status_mapped
@@ -98,4 +150,13 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             policy_version=policy.version, loaded_at=timestamp(policy.loaded_at),
             last_reload_error=policy.last_reload_error, bundle_dir=policy.bundle_dir,
             shadow_effects=dict(policy.shadow_effects), reloads=policy.reloads, decisions=pump.answered,
-            decision_batches=pump.batches, decisions_waiting=pump.waiting)
+            decision_batches=pump.batches, decisions_waiting=pump.waiting,
+            workers=[_worker_message(w) for w in status.workers], answered_by_pid=status.answered_by)
+
+
+def _worker_message(worker: WorkerStatus) -> pb.WorkerStatus:
+    policy, pump = worker.policy, worker.pump
+    return pb.WorkerStatus(
+        index=worker.index, pid=worker.pid, policy_version=policy.version, loaded_at=timestamp(policy.loaded_at),
+        reloads=policy.reloads, last_reload_error=policy.last_reload_error, decisions=pump.answered,
+        decision_batches=pump.batches, decisions_waiting=pump.waiting, shadow_effects=dict(policy.shadow_effects))

@@ -41,6 +41,7 @@ from sidecar.errors import (
 )
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.telemetry import metrics
 
 log = logging.getLogger("toolauthz.service")
 
@@ -69,6 +70,7 @@ def _status_for(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
         if isinstance(exc, kinds):
             return code, bounded_message(exc.message if isinstance(exc, InputError) else str(exc))
     if isinstance(exc, StoreUnavailable):
+        metrics.STORE_ERRORS.inc()
         log.error("store unavailable in %s: %s", name, bounded_message(str(exc)))
         return grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made"
     log.error("internal error in %s", name, exc_info=exc)

@@ -63,8 +63,10 @@ class AioServer:
     loop's thread (an aio server belongs to the loop it was made on)."""
 
     def __init__(self, build: Callable[[grpc.aio.Server], None], *, options: list, max_concurrent_rpcs: int,
-                 thread_pool_size: int, name: str = "grpc-loop"):
+                 thread_pool_size: int, name: str = "grpc-loop",
+                 before_stop: Callable[[], Awaitable[None]] | None = None):
         self._loop = _LoopThread(name)
+        self._before_stop = before_stop
         self._pool = futures.ThreadPoolExecutor(max_workers=thread_pool_size, thread_name_prefix="grpc-handler")
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -102,11 +104,14 @@ class AioServer:
         self._loop.run(self._server.start)
 
     def stop(self, grace: float | None) -> threading.Event:
-        """Stops taking calls, lets those in flight finish for up to `grace` seconds (None:
-        cancel them now), then closes the loop; returns an event set once all is done."""
+        """Stops taking calls (new ones are refused at once), lets those in flight finish
+        for up to `grace` seconds (None: cancel them now), then closes the loop; returns
+        an event set once all is done."""
         with self._stop_lock:
             if not self._stopped.is_set():
                 try:
+                    if self._before_stop is not None:
+                        self._loop.run(self._before_stop)
                     self._loop.run(lambda: self._server.stop(grace))
                 finally:
                     self._close_loop()

@@ -124,6 +124,12 @@ class SqliteApprovals(SqliteDatabase):
         rows = self.read(lambda db: db.execute(sql, (*args, limit)).fetchall())
         return [_record(r).as_of(now) for r in rows]
 
+    def count_pending(self, now: float) -> int:
+        """Approvals waiting for a decision and not yet expired (for the metrics)."""
+        row = self.read(lambda db: db.execute(
+            "SELECT count(*) FROM approvals WHERE status = 'pending' AND expires_at >= ?", (now,)).fetchone())
+        return int(row[0])
+
     def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float, token: str = "",
                token_jti: str = "", token_expires_at: float | None = None, approved_version: str = "",
                audit: Callable[[bool], AuditEvent] | None = None) -> bool:

@@ -175,7 +175,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads", "decisions", "decision_batches", "decisions_waiting")
+    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads", "decisions", "decision_batches", "decisions_waiting", "workers", "answered_by_pid")
     class ShadowEffectsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,8 @@ class GetStatusResponse(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     DECISION_BATCHES_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_PID_FIELD_NUMBER: _ClassVar[int]
     policy_version: str
     loaded_at: _timestamp_pb2.Timestamp
     last_reload_error: str
@@ -201,4 +203,37 @@ class GetStatusResponse(_message.Message):
     decisions: int
     decision_batches: int
     decisions_waiting: int
-    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    answered_by_pid: int
+    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., answered_by_pid: _Optional[int] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("index", "pid", "policy_version", "loaded_at", "reloads", "last_reload_error", "decisions", "decision_batches", "decisions_waiting", "shadow_effects")
+    class ShadowEffectsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_FIELD_NUMBER: _ClassVar[int]
+    RELOADS_FIELD_NUMBER: _ClassVar[int]
+    LAST_RELOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    pid: int
+    policy_version: str
+    loaded_at: _timestamp_pb2.Timestamp
+    reloads: int
+    last_reload_error: str
+    decisions: int
+    decision_batches: int
+    decisions_waiting: int
+    shadow_effects: _containers.ScalarMap[str, int]
+    def __init__(self, index: _Optional[int] = ..., pid: _Optional[int] = ..., policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reloads: _Optional[int] = ..., last_reload_error: _Optional[str] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ...) -> None: ...
