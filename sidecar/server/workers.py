@@ -44,8 +44,15 @@ from typing import TYPE_CHECKING
 
 from sidecar.display import use_escaping_formatter
 from sidecar.errors import BundleError, ToolAuthzError
-from sidecar.server.config import Settings
+from sidecar.server.config import ListenerSettings, Settings
 from sidecar.server.heap import keep_bundles_frozen
+from sidecar.server.listeners import (
+    UNIX_PREFIX,
+    parse_address,
+    planned_listeners,
+    split_listen,
+    unauthenticated_notice,
+)
 
 if TYPE_CHECKING:
     from sidecar.server.build import Sidecar
@@ -110,60 +117,75 @@ def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | No
 def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     from sidecar.server.build import build_sidecar
 
+    listeners = planned_listeners(settings)  # a wrong address or TLS file is reported before anything starts
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if workers == 1:
-        return _serve_here(settings, check, version, reloads)
+    if (notice := unauthenticated_notice(listeners)) is not None:
+        log.warning("%s", notice)
+    shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
+    if workers == 1 or not shared:
+        if workers > 1:
+            log.info("only Unix socket listeners, which one process binds: serving them from one process")
+        return _serve_here(settings, check, version, reloads, listeners)
+    if len(shared) < len(listeners):
+        log.info("the Unix socket listeners are served by worker 0 only (one process binds a socket path)")
     check.close()
     # The keys exist now: a worker that cannot find them must fail, not generate its own.
     worker_settings = settings.model_copy(update={"generate_missing_keys": False})
-    host, port = split_listen(settings.listen)
     group = _WorkerGroup(worker_settings, workers)
     # A reload asked for before the workers start needs nothing: they load the bundle then.
     reloads.route_to(lambda: group.signal(signal.SIGHUP))
     with _forwarded_signals(group):
-        with _reserved_port(host, port) as port:
-            status = group.start(f"{host}:{port}")
+        with contextlib.ExitStack() as reserved:
+            resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
+            status = group.start(resolved)
         if status is not None:
             return status
         # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
+              f"{', '.join(_shown(listener.address) for listener in resolved)}, "
               f"data in {settings.data_dir}, {workers} workers (pids {', '.join(str(p) for p in group.pids())})",
               flush=True)
         return group.supervise()
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """`host:port` (IPv6 hosts in brackets) -> (host, port)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ToolAuthzError(f"listen address must be HOST:PORT, not `{listen}`")
-    return host, int(port)
+def _with_reserved_port(reserved: contextlib.ExitStack, listener: ListenerSettings) -> ListenerSettings:
+    """The listener with its port held for the workers (port 0 resolved); a Unix socket
+    listener as it is."""
+    if listener.address.startswith(UNIX_PREFIX):
+        return listener
+    host, port = split_listen(listener.address)
+    port = reserved.enter_context(_reserved_port(host, port))
+    return listener.model_copy(update={"address": f"{host}:{port}"})
 
 
-def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: ReloadRequests) -> int:
+def _shown(address: str) -> str:
+    return str(parse_address(address))
+
+
+def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: ReloadRequests,
+                listeners: tuple[ListenerSettings, ...]) -> int:
     """One worker: serve in this process, exactly as `toolauthz serve` does. Every
     handler is in place before the line that says it serves."""
-    from sidecar.server.build import create_server
+    from sidecar.server.serving import start_listeners
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            server, port = create_server(sidecar)
+            serving = start_listeners(sidecar, listeners)
         except BaseException:
             sidecar.close()
             raise
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
-        host = split_listen(settings.listen)[0]
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {', '.join(serving.addresses)}, "
               f"data in {settings.data_dir}", flush=True)
         try:
             stop.wait()
         finally:
             reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
-            server.stop(grace=STOP_GRACE_SECONDS).wait()
+            serving.stop(grace=STOP_GRACE_SECONDS)
             sidecar.close()
     finally:
         for sig, handler in previous.items():
@@ -225,13 +247,16 @@ class _WorkerGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
-    def start(self, address: str) -> int | None:
-        """Start every worker on `address` and wait until each serves: None. On a failure,
-        print the first worker's error once, stop the others and return the exit status."""
+    def start(self, listeners: tuple[ListenerSettings, ...]) -> int | None:
+        """Start every worker on the TCP `listeners` (worker 0 on the Unix socket ones
+        too) and wait until each serves: None. On a failure, print the first worker's
+        error once, stop the others and return the exit status."""
         pending = {}
+        shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
         for index in range(self._count):
             parent, child = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_worker_main, args=(self._settings, address, index, child, os.getpid()),
+            mine = listeners if index == 0 else shared
+            proc = self._ctx.Process(target=_worker_main, args=(self._settings, mine, index, child, os.getpid()),
                                      name=f"toolauthz-worker-{index}",
                                      daemon=True)  # should the parent fail, its exit stops them
             proc.start()
@@ -337,9 +362,10 @@ def _forwarded_signals(group: _WorkerGroup) -> Iterator[None]:
 
 # -- a worker ------------------------------------------------------------------------------
 
-def _worker_main(settings: Settings, address: str, index: int, conn, parent: int) -> None:
-    """Process target: build a sidecar with its own SQLite connections, serve `address`
-    with SO_REUSEPORT, report ("ready", pid) or ("error", lines), serve until SIGTERM."""
+def _worker_main(settings: Settings, listeners: tuple[ListenerSettings, ...], index: int, conn,
+                 parent: int) -> None:
+    """Process target: build a sidecar with its own SQLite connections, serve `listeners`
+    (TCP ones with SO_REUSEPORT), report ("ready", pid) or ("error", lines), serve until SIGTERM."""
     stop = threading.Event()
 
     def on_stop(*_) -> None:
@@ -365,7 +391,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         conn.send(("error", [f"toolauthz: {exc}"]))
         sys.exit(1)
     try:
-        server, _port = _create_shared_server(sidecar, address)
+        serving = _start_shared_listeners(sidecar, listeners)
     except Exception as exc:  # noqa: BLE001 - reported once by the parent
         sidecar.close()
         conn.send(("error", [f"toolauthz: {exc}"]))
@@ -378,14 +404,14 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         if os.getppid() != parent:  # the parent was killed (maybe before we started): stop
             log.error("the parent process is gone; stopping")
             break
-    server.stop(grace=STOP_GRACE_SECONDS).wait()
+    serving.stop(grace=STOP_GRACE_SECONDS)
     sidecar.close()
 
 
-def _create_shared_server(sidecar, address: str):
-    from sidecar.server.build import create_server
+def _start_shared_listeners(sidecar, listeners: tuple[ListenerSettings, ...]):
+    from sidecar.server.serving import start_listeners
 
-    return create_server(sidecar, address, reuse_port=True)
+    return start_listeners(sidecar, listeners, reuse_port=True)
 
 
 # -- `python -m sidecar.server.workers` -----------------------------------------------------------
