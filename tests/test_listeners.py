@@ -410,3 +410,26 @@ def test_stopping_listeners_waits_for_every_one(sidecar, sock_dir):
     threading.Thread(target=lambda: (serving.stop(None), done.set()), daemon=True).start()
     assert done.wait(30)
     assert os.listdir(sock_dir) == []
+
+
+# -- the approvals CLI over mTLS ------------------------------------------------------------
+
+def test_the_approvals_cli_takes_tls_files_from_flags_or_the_environment(serve, pki, ca, tmp_path, monkeypatch,
+                                                                       capsys):
+    from sidecar.cli.main import main
+
+    address = serve(mtls_listener(pki, services=("approvals",)))
+    cert, key = ca.issue(uris=("spiffe://acme.example/approval-console",)).write(tmp_path, "console")
+    assert main(["approvals", "--server", address, "list"]) == 1  # plaintext to a TLS listener
+    assert "unavailable" in capsys.readouterr().err
+    assert main(["approvals", "--server", address, "--ca", str(pki["ca"]), "list"]) == 1  # no client certificate
+    assert "unavailable" in capsys.readouterr().err
+    assert main(["approvals", "--server", address, "--ca", str(pki["ca"]), "--cert", str(cert), "--key", str(key),
+                 "list"]) == 0
+    monkeypatch.setenv("TOOLAUTHZ_SERVER", address)
+    monkeypatch.setenv("TOOLAUTHZ_CA", str(pki["ca"]))
+    monkeypatch.setenv("TOOLAUTHZ_CERT", str(cert))
+    monkeypatch.setenv("TOOLAUTHZ_KEY", str(key))
+    assert main(["approvals", "list"]) == 0
+    assert main(["approvals", "list", "--key", str(tmp_path / "missing.key")]) == 1
+    assert "missing.key" in capsys.readouterr().err
