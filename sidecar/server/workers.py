@@ -5,7 +5,9 @@ use every core runs one process per core. The workers share the listening port w
 SO_REUSEPORT (the kernel spreads incoming connections over them) and share the ledger
 and audit files, whose stores take SQLite's write lock with BEGIN IMMEDIATE and are safe
 across processes: the audit chain stays one chain, and a token is consumed once whichever
-worker the Verify reaches.
+worker the Verify reaches. A Unix socket path is bound by one process: worker 0 serves
+the Unix socket listeners, every worker the TCP ones (with only Unix sockets, one process
+serves).
 
 The parent:
   * checks everything once before any worker starts: it builds (and closes) a complete
@@ -102,8 +104,8 @@ class ReloadRequests:
 
 
 def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | None = None) -> int:
-    """Serve `settings.listen` from `workers` processes until SIGTERM/SIGINT; returns the
-    exit status. Raises what `build_sidecar` raises (BundleError, KeyFileError,
+    """Serve the planned listeners (sidecar/server/listeners.py) from `workers` processes
+    until SIGTERM/SIGINT; returns the exit status. Raises what `build_sidecar` raises (BundleError, KeyFileError,
     StoreUnavailable, ...) and OSError for an unusable address, before any worker starts.
     `reloads`: SIGHUP handling the caller installed earlier still (else installed here)."""
     if workers < 1:
