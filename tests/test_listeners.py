@@ -433,3 +433,23 @@ def test_the_approvals_cli_takes_tls_files_from_flags_or_the_environment(serve, 
     assert main(["approvals", "list"]) == 0
     assert main(["approvals", "list", "--key", str(tmp_path / "missing.key")]) == 1
     assert "missing.key" in capsys.readouterr().err
+
+
+def test_approvals_listen_is_served_by_toolauthz_serve(sidecar, settings):
+    """`approvals_listen` moves the Approvals service to its own listener, which `serve`
+    starts beside the main one."""
+    from sidecar.server.serving import start_listeners
+
+    planned = planned_listeners(settings.model_copy(update={"approvals_listen": "127.0.0.1:0"}))
+    serving = start_listeners(sidecar, planned)
+    try:
+        main, approvals = serving.addresses
+        with grpc.insecure_channel(approvals) as channel:
+            apb_grpc.ApprovalsStub(channel).ListApprovals(apb.ListApprovalsRequest(), timeout=10)
+        with grpc.insecure_channel(main) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                apb_grpc.ApprovalsStub(channel).ListApprovals(apb.ListApprovalsRequest(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert status_of(channel) is None
+    finally:
+        serving.stop(None)
