@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import multiprocessing
 import os
+import pathlib
 import queue
 import threading
 import time
@@ -65,12 +66,19 @@ def exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="bench-exit-with-parent", daemon=True).start()
 
 
-def _channel(address: str):
+def _channel(address: str, tls: dict | None = None):
+    """`tls`: PEM file paths `ca`, `cert`, `key` (mTLS), or None for plaintext."""
     import grpc
 
     # A private subchannel pool: without it, channels with equal arguments in one
     # process share a single connection.
-    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    files = {role: pathlib.Path(tls[role]).read_bytes() for role in ("ca", "cert", "key")}
+    credentials = grpc.ssl_channel_credentials(root_certificates=files["ca"], private_key=files["key"],
+                                               certificate_chain=files["cert"])
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 def _request_maker(spec: dict):
@@ -110,7 +118,7 @@ def closed_loop_main(spec: dict, sync, out_q) -> None:
     lock = threading.Lock()
     verify = spec["rpc"] == "verify"
     threads = spec["threads"]
-    channels = [_channel(spec["address"]) for _ in range(threads)]
+    channels = [_channel(spec["address"], spec.get("tls")) for _ in range(threads)]
     prepared: list[list[bytes]] = [[] for _ in range(threads)]
     ready = threading.Barrier(threads + 1)
     go = threading.Event()
@@ -357,15 +365,15 @@ def _check_alive(procs, deadline: float, what: str, waiting_for: int = 0) -> Non
 
 
 def closed_loop(address: str, *, rpc: str, concurrency: int, procs: int, duration: float, tools: int,
-                prefix: str, max_calls: int, warmup: int = 3, cpu=None) -> RunResult:
+                prefix: str, max_calls: int, warmup: int = 3, cpu=None, tls: dict | None = None) -> RunResult:
     """`concurrency` calls in flight from `procs` client processes (threads spread evenly),
     until `duration` seconds have passed or `max_calls` calls were made (for Verify: the
-    number of tokens minted before the timed phase)."""
+    number of tokens minted before the timed phase). `tls`: see `_channel`."""
     procs = max(1, min(procs, concurrency))
     per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     per_thread = max(1, -(-max_calls // concurrency))
     specs = [{"address": address, "rpc": rpc, "threads": threads, "duration": duration, "max_calls": per_thread,
-              "warmup": warmup, "tools": tools, "prefix": f"{prefix}p{i}"}
+              "warmup": warmup, "tools": tools, "prefix": f"{prefix}p{i}", "tls": tls}
              for i, threads in enumerate(per_proc)]
     return _run(closed_loop_main, specs, timeout=duration + 600, cpu=cpu)
 

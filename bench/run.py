@@ -8,6 +8,8 @@ the full decision path, on this machine, in one run.
 Measured (closed loop: N calls in flight from separate client processes):
   noop        a ToolAuthorizer servicer returning canned responses of realistic size
   sidecar     build_sidecar + create_server: validation, Cedar, ledger, token, audit commit
+  mtls        the same sidecar behind an mTLS listener (client certificate verified, caller from
+              its URI SAN), Authorize at the highest concurrency: what TLS costs
   Verify      tokens minted by Authorize before the timed phase, each verified once
   workers     `python -m sidecar.server.workers --workers N` (SO_REUSEPORT), against N no-op servers
   in-process  Authorizer.authorize called directly, and engine.decide alone
@@ -32,10 +34,10 @@ from dataclasses import asdict, dataclass, field, replace
 if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import bundles, inproc, load, servers, stats
+from bench import bundles, inproc, load, pki, servers, stats
 from sidecar.server.config import DATABASE_FILE
 
-PHASES = frozenset({"noop", "sidecar", "workers", "inproc"})
+PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc"})
 TARGET_THROUGHPUT_RATIO = 0.5
 TARGET_COST_RATIO = 1.3
 TARGET_OPEN_P99_MS = 5.0
@@ -104,7 +106,7 @@ class Bench:
         return 1 if concurrency == 1 else min(self.plan.client_procs, concurrency)
 
     def _closed(self, server: servers.RunningServer, *, label: str, rpc: str, concurrency: int, policies,
-                workers: int, responses: dict | None = None, cpu=None) -> dict:
+                workers: int, responses: dict | None = None, cpu=None, tls: dict | None = None) -> dict:
         tools = bundles.tool_count(policies or self.default_size)
         max_calls = self.plan.verify_tokens.get(concurrency, self.plan.max_calls) if rpc == "verify" \
             else self.plan.max_calls
@@ -114,7 +116,7 @@ class Bench:
         result = load.closed_loop(server.address, rpc=rpc, concurrency=concurrency,
                                   procs=self._procs_for(concurrency), duration=self.plan.duration, tools=tools,
                                   prefix=f"{label.replace(' ', '')}{concurrency}{rpc[0]}{time.monotonic_ns() % 10**6}",
-                                  max_calls=max_calls, cpu=cpu or server.cpu_seconds)
+                                  max_calls=max_calls, cpu=cpu or server.cpu_seconds, tls=tls)
         if responses is not None:
             for kind, ids in result.decision_ids.items():
                 responses.setdefault(kind, []).extend(ids)
@@ -209,6 +211,26 @@ class Bench:
         finally:
             server.stop()
         self._audit(f"sidecar, {size} policies, 1 worker", settings, responses)
+
+    def mtls(self) -> None:
+        """The one-process sidecar behind an mTLS listener, beside the plaintext row of
+        the same size and concurrency."""
+        size, concurrency = self.default_size, max(self.plan.concurrency)
+        files = pki.make_pki(self.root / "pki")
+        settings = self._settings(size, "mtls")
+        del settings["listen"]  # `listeners` replaces it
+        settings["listeners"] = [{"address": f"{servers.HOST}:0", "services": ["authorizer"],
+                                  "tls": {"cert": files["server_cert"], "key": files["server_key"],
+                                          "client_ca": files["ca"]}}]
+        server = servers.start_sidecar(settings)
+        responses: dict = {}
+        try:
+            self._closed(server, label="mtls", rpc="authorize", concurrency=concurrency, policies=size, workers=1,
+                         responses=responses,
+                         tls={"ca": files["ca"], "cert": files["client_cert"], "key": files["client_key"]})
+        finally:
+            server.stop()
+        self._audit(f"mtls, {size} policies, 1 worker", settings, responses)
 
     def workers(self) -> None:
         n, size = self.plan.workers, self.default_size
@@ -317,6 +339,8 @@ class Bench:
         if "sidecar" in phases:
             for size in self.plan.sizes:
                 self.sidecar(size)
+        if "mtls" in phases:
+            self.mtls()
         if "workers" in phases and self.plan.workers > 1:
             self.workers()
         if "inproc" in phases:

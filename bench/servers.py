@@ -2,7 +2,8 @@
 
 * `noop`: a servicer for the same ToolAuthorizer service that returns canned responses
   of realistic size (a real PASETO token, a ULID, a digest): the transport floor.
-* `sidecar`: the real thing, `build_sidecar` + `create_server` on a temporary data dir.
+* `sidecar`: the real thing, `build_sidecar` + `create_server` on a temporary data dir
+  (or its one configured listener: the mTLS run).
 * `workers`: `python -m sidecar.server.workers` (N processes sharing one port).
 
 Every server stops when told to, when its parent dies, and after `max_seconds` at most.
@@ -128,15 +129,20 @@ def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, pare
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    from sidecar.server.build import build_sidecar, create_server
+    from sidecar.server.build import build_sidecar, create_listener_server, create_server
     from sidecar.server.config import Settings
     from sidecar.server.heap import keep_bundles_frozen
+    from sidecar.server.listeners import port_of
 
     stop = threading.Event()
     _watchdog(stop, max_seconds, parent)
     try:
         car = build_sidecar(Settings(**settings))
-        server, port = create_server(car, f"{HOST}:0")
+        if car.settings.listeners:  # the mTLS run: its one listener, as `toolauthz serve` serves it
+            server, bound = create_listener_server(car, car.settings.listeners[0])
+            port = port_of(bound)
+        else:
+            server, port = create_server(car, f"{HOST}:0")
         keep_bundles_frozen(car)
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
         conn.send({"error": f"{type(exc).__name__}: {exc}"})

@@ -33,7 +33,7 @@ def test_every_measurement_is_reported(quick_run):
     runs = {(r["server"], r["rpc"], r["workers"], r["concurrency"]) for r in results["runs"]}
     assert {("noop", "authorize", 1, 1), ("noop", "authorize", 1, 4), ("noop", "verify", 1, 4),
             ("sidecar", "authorize", 1, 1), ("sidecar", "authorize", 1, 4), ("sidecar", "verify", 1, 4),
-            ("noop", "authorize", 2, 4), ("sidecar", "authorize", 2, 4)} <= runs
+            ("noop", "authorize", 2, 4), ("sidecar", "authorize", 2, 4), ("mtls", "authorize", 1, 4)} <= runs
     assert {r["policies"] for r in results["runs"] if r["server"] == "sidecar"} == {10, 40}
     for row in results["runs"]:
         assert LATENCY_FIELDS | {"throughput_per_s", "calls", "errors", "client_procs", "server_cpu_ms_per_call"} \
@@ -57,7 +57,9 @@ def test_every_measurement_is_reported(quick_run):
 
 def test_every_audit_record_is_accounted_for(quick_run):
     results, _table = quick_run
-    assert len(results["audit"]) == 3
+    assert [check["server"] for check in results["audit"]] == [
+        "sidecar, 10 policies, 1 worker", "sidecar, 40 policies, 1 worker", "mtls, 40 policies, 1 worker",
+        "sidecar, 40 policies, 2 workers"]
     for check in results["audit"]:
         assert check["ok"], check
         assert check["authorize"]["responses"] > 0

@@ -245,17 +245,19 @@ def test_each_decision_logs_its_ids_never_its_arguments(stub, caplog):
 def test_drain_finishes_the_call_in_flight_refuses_new_ones_and_signs_a_final_checkpoint(
         sidecar, monkeypatch, tmp_path):
     from sidecar.server.build import create_server
+    from sidecar.server.serving import Serving
     from sidecar.server.workers import drain
 
     sidecar.settings = sidecar.settings.model_copy(update={"drain_grace_seconds": 30})
     server, port = create_server(sidecar, "127.0.0.1:0")
+    serving = Serving((server,), (f"127.0.0.1:{port}",))
     entered, release = hold_ledger_writes(monkeypatch, sidecar)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ToolAuthorizerStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         in_flight = stub.Authorize.future(make_request(call_id="toolu_held"), timeout=60)
         assert entered.wait(30)
-        drained = threading.Thread(target=drain, args=(server, sidecar))
+        drained = threading.Thread(target=drain, args=(serving, sidecar))
         drained.start()
 
         def refused():

@@ -19,7 +19,7 @@ from conftest import ROOT, make_request, verify_request
 from sidecar.audit import SqliteAuditLog, verify_chain
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import DATABASE_FILE, Settings
+from sidecar.server.config import DATABASE_FILE, ListenerSettings, Settings
 from sidecar.tokens.keys import load_private_key_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc are Linux")
@@ -198,7 +198,7 @@ def test_a_worker_that_fails_to_start_stops_the_group_with_one_report(bundle_dir
     (bundle_dir / "orders.cedar").write_text("permit (principal, action, resource")
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0")
     group = _WorkerGroup(settings, 2)
-    assert group.start(f"127.0.0.1:{free_port()}") == 1
+    assert group.start((ListenerSettings(address=f"127.0.0.1:{free_port()}"),)) == 1
     reported = [line for line in capsys.readouterr().err.splitlines() if line.startswith("orders.cedar")]
     assert len(reported) == 1, reported
     assert not any(alive(pid) for pid in group.pids())

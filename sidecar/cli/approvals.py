@@ -15,12 +15,16 @@ import os
 import sys
 from collections.abc import Callable
 
-from sidecar.client import AuthzClient, Principal, TrustedContext
+from sidecar.client import AuthzClient, ClientTls, Principal, TrustedContext
 from sidecar.display import display, display_uid
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 SERVER_ENV = "TOOLAUTHZ_SERVER"
+# TLS to the sidecar: the CA of its certificate, and this client's certificate and key.
+TLS_ENV = {"ca": "TOOLAUTHZ_CA", "cert": "TOOLAUTHZ_CERT", "key": "TOOLAUTHZ_KEY"}
+_TLS_HELP = {"ca": "PEM file of the CA that signed the sidecar's certificate (TLS)",
+             "cert": "PEM file of this client's certificate (mTLS)", "key": "PEM file of this client's key (mTLS)"}
 DEFAULT_SERVER = "127.0.0.1:50051"
 RPC_TIMEOUT = 10.0
 # The proto enum is the one list of statuses: PENDING -> `pending`, ...
@@ -46,6 +50,8 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
     server_help = f"the sidecar's Approvals address (default: ${SERVER_ENV}, else {DEFAULT_SERVER})"
     approvals = sub.add_parser("approvals", help="list, show, approve or reject pending approvals")
     approvals.add_argument("--server", default=None, help=server_help)
+    for name, env in TLS_ENV.items():
+        approvals.add_argument(f"--{name}", default=None, help=f"{_TLS_HELP[name]}; default ${env}")
     verbs = approvals.add_subparsers(dest="approvals_command", required=True)
     listing = verbs.add_parser("list")
     verb_parsers = [listing]
@@ -65,6 +71,8 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
     for verb_parser in verb_parsers:
         # Also after the verb; SUPPRESS keeps a value given before it when this one is absent.
         verb_parser.add_argument("--server", default=argparse.SUPPRESS, help=server_help)
+        for name, env in TLS_ENV.items():
+            verb_parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=f"{_TLS_HELP[name]}; default ${env}")
     approvals.set_defaults(func=run)
 
 
@@ -101,8 +109,23 @@ def server_address(args: argparse.Namespace) -> str:
     return args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
 
 
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """`--ca`, `--cert`, `--key` (before or after the verb), else $TOOLAUTHZ_CA, ...;
+    None (plaintext) when none is given."""
+    files = {name: getattr(args, name, None) or os.environ.get(env) or None for name, env in TLS_ENV.items()}
+    if not any(files.values()):
+        return None
+    return ClientTls(ca=files["ca"], cert=files["cert"], key=files["key"])
+
+
 def run(args: argparse.Namespace) -> int:
-    with AuthzClient(server_address(args), timeout=RPC_TIMEOUT) as client:
+    try:
+        tls = client_tls(args)
+        client = AuthzClient(server_address(args), timeout=RPC_TIMEOUT, tls=tls)
+    except (ValueError, OSError) as exc:
+        print(f"toolauthz: {display(str(exc))}", file=sys.stderr)
+        return 1
+    with client:
         if args.approvals_command == "list":
             for approval in client.list_approvals(tenant=args.tenant, status=args.status, group=args.group):
                 print(summary(approval))

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the sidecar")
     serve.add_argument("--bundle")
-    serve.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
+    serve.add_argument("--listen", help="HOST:PORT or unix:///PATH, plaintext (default 127.0.0.1:50051)")
     serve.add_argument("--data-dir")
     serve.add_argument("--config")
     serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,

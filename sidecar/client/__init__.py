@@ -14,9 +14,10 @@ from sidecar.client.retry import NO_RETRY, RetryPolicy
 from sidecar.client.schemas import load_output_schemas
 from sidecar.client.sync import AuthzClient, OutcomeReport
 from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet
+from sidecar.client.transport import ClientTls
 
 __all__ = [
-    "AuthzClient", "AsyncAuthzClient", "OutcomeReport", "RetryPolicy", "NO_RETRY",
+    "AuthzClient", "AsyncAuthzClient", "ClientTls", "OutcomeReport", "RetryPolicy", "NO_RETRY",
     "Guard", "AsyncGuard", "GuardEvent", "GuardStateError", "UnknownCallError",
     "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
     "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",

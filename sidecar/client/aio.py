@@ -18,6 +18,7 @@ from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
 from sidecar.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
 from sidecar.client.tracing import trace_metadata
+from sidecar.client.transport import ClientTls, open_aio_channel
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -39,11 +40,12 @@ class AsyncApprovalStream(Protocol):
 class AsyncAuthzClient:
     def __init__(self, target: str | grpc.aio.Channel, *, approvals_target: str | grpc.aio.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
-                 options: list[tuple[str, object]] | None = None):
+                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
+        self._tls = tls
         self._owned: list[grpc.aio.Channel] = []
         channel = self._channel(target, options)
         approvals_channel = channel if approvals_target is None else self._channel(approvals_target, options)
@@ -53,7 +55,7 @@ class AsyncAuthzClient:
 
     def _channel(self, target, options) -> grpc.aio.Channel:
         if isinstance(target, str):
-            channel = grpc.aio.insecure_channel(target, options=options or [])
+            channel = open_aio_channel(target, self._tls, options)
             self._owned.append(channel)
             return channel
         return target

@@ -18,6 +18,7 @@ import grpc
 from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
 from sidecar.client.tracing import trace_metadata
+from sidecar.client.transport import ClientTls, open_channel
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -46,7 +47,8 @@ class ApprovalStream(Iterator[apb.Approval], Protocol):
 
 
 class AuthzClient:
-    """`AuthzClient("127.0.0.1:50051")` or `AuthzClient(channel)`.
+    """`AuthzClient("127.0.0.1:50051")`, `AuthzClient("unix:///run/toolauthz.sock")` or
+    `AuthzClient(channel)`; `tls=ClientTls(ca=..., cert=..., key=...)` for a TLS listener.
 
     `approvals_target` is the Approvals service's address when it listens on its own
     (default: the same channel). A client given an address owns its channel(s) and
@@ -55,11 +57,12 @@ class AuthzClient:
 
     def __init__(self, target: str | grpc.Channel, *, approvals_target: str | grpc.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
-                 options: list[tuple[str, object]] | None = None):
+                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
+        self._tls = tls
         self._owned: list[grpc.Channel] = []
         channel = self._channel(target, options)
         approvals_channel = channel if approvals_target is None else self._channel(approvals_target, options)
@@ -69,7 +72,7 @@ class AuthzClient:
 
     def _channel(self, target, options) -> grpc.Channel:
         if isinstance(target, str):
-            channel = grpc.insecure_channel(target, options=options or [])
+            channel = open_channel(target, self._tls, options)
             self._owned.append(channel)
             return channel
         return target

@@ -28,13 +28,15 @@ from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import Settings
+from sidecar.server.config import SERVICES, ListenerSettings, Settings
+from sidecar.server.listeners import check_listener, open_listener, port_of, transport_of
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader
 from sidecar.server.worker_status import StatusBoard
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.service.callers import TransportRegistration
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
@@ -189,41 +191,59 @@ def _audit_key(settings: Settings) -> SigningKey:
 
 def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_address: str | None = None,
                   reuse_port: bool = False) -> tuple[AioServer, int]:
-    """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests).
+    """Builds and starts a gRPC server; returns it with the bound port (use port 0 in tests;
+    0 for a Unix socket).
 
     With `approvals_address` (or `approvals_listen` in the settings) the Approvals service
     listens there instead, on a server of its own (see `create_approvals_server`).
     `reuse_port` lets worker processes share the address (see sidecar/server/workers.py)."""
     settings = sidecar.settings
-    names = [pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name,
-             aupb.DESCRIPTOR.services_by_name["Audit"].full_name]
-    with_approvals = not (approvals_address or settings.approvals_listen)
-    if with_approvals:
-        names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
-
-    def build(server: grpc.aio.Server) -> None:
-        ours = TolerantRegistration(server)
-        pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
-            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
-        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
-        if with_approvals:
-            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches), ours)
-
-    return _start(settings, build, names, address or settings.listen, reuse_port)
+    approvals_apart = bool(approvals_address or settings.approvals_listen)
+    services = tuple(s for s in SERVICES if s != "approvals" or not approvals_apart)
+    server, bound = create_listener_server(sidecar, ListenerSettings(address=address or settings.listen,
+                                                                     services=services), reuse_port=reuse_port)
+    return server, port_of(bound)
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
     """The Approvals service alone, for deployments that expose it to an approval tool."""
+    server, bound = create_listener_server(sidecar, ListenerSettings(
+        address=address or sidecar.settings.approvals_listen, services=("approvals",)))
+    return server, port_of(bound)
+
+
+def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
+                           reuse_port: bool = False) -> tuple[AioServer, str]:
+    """A started server for one listener, with its services only (health and reflection
+    on every listener); returns it with the address it serves (port 0 resolved). Its
+    handlers learn the listener's Transport through `caller_of` (sidecar/service/callers.py)."""
+    check_listener(listener)
+    transport = transport_of(listener)
+    names: list[str] = []
+    if "authorizer" in listener.services:
+        names.append(pb.DESCRIPTOR.services_by_name["ToolAuthorizer"].full_name)
+    if "audit" in listener.services:
+        names.append(aupb.DESCRIPTOR.services_by_name["Audit"].full_name)
+    if "approvals" in listener.services:
+        names.append(apb.DESCRIPTOR.services_by_name["Approvals"].full_name)
+
     def build(server: grpc.aio.Server) -> None:
-        apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches),
-                                                 TolerantRegistration(server))
+        ours = TransportRegistration(TolerantRegistration(server), transport)
+        if "authorizer" in listener.services:
+            pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
+                sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
+        if "audit" in listener.services:
+            aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
+        if "approvals" in listener.services:
+            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches), ours)
 
-    return _start(sidecar.settings, build, [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
-                  address or sidecar.settings.approvals_listen)
+    # SO_REUSEPORT means nothing to a Unix socket, whose path one process binds.
+    tcp = not listener.address.startswith("unix:")
+    return _start(sidecar.settings, build, names, listener, reuse_port and tcp)
 
 
-def _start(settings: Settings, build, names: list[str], address: str,
-           reuse_port: bool = False) -> tuple[AioServer, int]:
+def _start(settings: Settings, build, names: list[str], listener: ListenerSettings,
+           reuse_port: bool = False) -> tuple[AioServer, str]:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
@@ -240,13 +260,13 @@ def _start(settings: Settings, build, names: list[str], address: str,
                        # Draining: health watchers and probes hear NOT_SERVING first.
                        before_stop=health_servicer.enter_graceful_shutdown)
     try:
-        port = server.add_insecure_port(address)
+        bound = open_listener(server, listener)
         server.start()
         server.run(lambda: _serving(health_servicer, names))
     except BaseException:
         server.stop(None)
         raise
-    return server, port
+    return server, bound
 
 
 async def _serving(health_servicer, names: list[str]) -> None:

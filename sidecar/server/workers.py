@@ -5,7 +5,9 @@ use every core runs one process per core. The workers share the listening port w
 SO_REUSEPORT (the kernel spreads incoming connections over them) and share the ledger
 and audit files, whose stores take SQLite's write lock with BEGIN IMMEDIATE and are safe
 across processes: the audit chain stays one chain, and a token is consumed once whichever
-worker the Verify reaches.
+worker the Verify reaches. A Unix socket path is bound by one process: worker 0 serves
+the Unix socket listeners, every worker the TCP ones (with only Unix sockets, one process
+serves).
 
 The parent:
   * checks everything once before any worker starts: it builds (and closes) a complete
@@ -43,13 +45,21 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 from sidecar.errors import BundleError, ToolAuthzError
-from sidecar.server.config import Settings
+from sidecar.server.config import ListenerSettings, Settings
 from sidecar.server.heap import keep_bundles_frozen
+from sidecar.server.listeners import (
+    UNIX_PREFIX,
+    parse_address,
+    planned_listeners,
+    split_listen,
+    unauthenticated_notice,
+)
 from sidecar.server.logs import use_log_format
 from sidecar.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
 
 if TYPE_CHECKING:
     from sidecar.server.build import Sidecar
+    from sidecar.server.serving import Serving
 
 log = logging.getLogger("toolauthz.workers")
 
@@ -96,8 +106,8 @@ class ReloadRequests:
 
 
 def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | None = None) -> int:
-    """Serve `settings.listen` from `workers` processes until SIGTERM/SIGINT; returns the
-    exit status. Raises what `build_sidecar` raises (BundleError, KeyFileError,
+    """Serve the planned listeners (sidecar/server/listeners.py) from `workers` processes
+    until SIGTERM/SIGINT; returns the exit status. Raises what `build_sidecar` raises (BundleError, KeyFileError,
     StoreUnavailable, ...) and OSError for an unusable address, before any worker starts.
     `reloads`: SIGHUP handling the caller installed earlier still (else installed here)."""
     if workers < 1:
@@ -112,14 +122,21 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     from sidecar.server.build import build_sidecar
 
     use_log_format(settings.log_format)
+    listeners = planned_listeners(settings)  # a wrong address or TLS file is reported before anything starts
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if workers == 1:
-        return _serve_here(settings, check, version, reloads)
+    if (notice := unauthenticated_notice(listeners)) is not None:
+        log.warning("%s", notice)
+    shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
+    if workers == 1 or not shared:
+        if workers > 1:
+            log.info("only Unix socket listeners, which one process binds: serving them from one process")
+        return _serve_here(settings, check, version, reloads, listeners)
+    if len(shared) < len(listeners):
+        log.info("the Unix socket listeners are served by worker 0 only (one process binds a socket path)")
     check.close()
     # The keys exist now: a worker that cannot find them must fail, not generate its own.
     worker_settings = settings.model_copy(update={"generate_missing_keys": False})
-    host, port = split_listen(settings.listen)
     run = RunDirectory.create()  # before the workers are spawned: they inherit its variable
     try:
         metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), run.metrics) \
@@ -129,12 +146,14 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
             # A reload asked for before the workers start needs nothing: they load the bundle then.
             reloads.route_to(lambda: group.signal(signal.SIGHUP))
             with _forwarded_signals(group):
-                with _reserved_port(host, port) as port:
-                    status = group.start(f"{host}:{port}")
+                with contextlib.ExitStack() as reserved:
+                    resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
+                    status = group.start(resolved)
                 if status is not None:
                     return status
                 # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-                print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+                print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
+                      f"{', '.join(_shown(listener.address) for listener in resolved)}, "
                       f"data in {settings.data_dir}, {workers} workers "
                       f"(pids {', '.join(str(p) for p in group.pids())})", flush=True)
                 _announce_metrics(settings, metrics_server)
@@ -152,18 +171,25 @@ def _announce_metrics(settings: Settings, server: MetricsServer | None) -> None:
         print(f"toolauthz metrics on http://{host}:{server.port}/metrics", flush=True)
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """`host:port` (IPv6 hosts in brackets) -> (host, port)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ToolAuthzError(f"listen address must be HOST:PORT, not `{listen}`")
-    return host, int(port)
+def _with_reserved_port(reserved: contextlib.ExitStack, listener: ListenerSettings) -> ListenerSettings:
+    """The listener with its port held for the workers (port 0 resolved); a Unix socket
+    listener as it is."""
+    if listener.address.startswith(UNIX_PREFIX):
+        return listener
+    host, port = split_listen(listener.address)
+    port = reserved.enter_context(_reserved_port(host, port))
+    return listener.model_copy(update={"address": f"{host}:{port}"})
 
 
-def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: ReloadRequests) -> int:
+def _shown(address: str) -> str:
+    return str(parse_address(address))
+
+
+def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: ReloadRequests,
+                listeners: tuple[ListenerSettings, ...]) -> int:
     """One worker: serve in this process, exactly as `toolauthz serve` does. Every
     handler is in place before the line that says it serves."""
-    from sidecar.server.build import create_server
+    from sidecar.server.serving import start_listeners
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -174,7 +200,7 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
             if settings.metrics_listen:
                 metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), None)
                 sidecar.sample_metrics()
-            server, port = create_server(sidecar)
+            serving = start_listeners(sidecar, listeners)
         except BaseException:
             sidecar.close()
             if metrics_server is not None:
@@ -182,15 +208,14 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
             raise
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
-        host = split_listen(settings.listen)[0]
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {', '.join(serving.addresses)}, "
               f"data in {settings.data_dir}", flush=True)
         _announce_metrics(settings, metrics_server)
         try:
             stop.wait()
         finally:
             reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
-            drain(server, sidecar)
+            drain(serving, sidecar)
             if metrics_server is not None:
                 metrics_server.close()
     finally:
@@ -199,14 +224,14 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
     return 0
 
 
-def drain(server, sidecar: Sidecar) -> None:
+def drain(serving: Serving, sidecar: Sidecar) -> None:
     """SIGTERM's stop: refuse new calls at once, let the calls in flight finish within
     `drain_grace_seconds` (then cancel them), answer what the decision pump still holds,
     and close the stores after a final signed audit checkpoint."""
     grace = sidecar.settings.drain_grace_seconds
     log.info("draining: new calls are refused; calls in flight have %.1f s to finish", grace)
     try:
-        server.stop(grace=grace).wait()
+        serving.stop(grace=grace)
     finally:
         sidecar.close()
     log.info("drained: final audit checkpoint signed")
@@ -270,14 +295,17 @@ class _WorkerGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
-    def start(self, address: str) -> int | None:
-        """Start every worker on `address` and wait until each serves: None. On a failure,
-        print the first worker's error once, stop the others and return the exit status."""
+    def start(self, listeners: tuple[ListenerSettings, ...]) -> int | None:
+        """Start every worker on the TCP `listeners` (worker 0 on the Unix socket ones
+        too) and wait until each serves: None. On a failure, print the first worker's
+        error once, stop the others and return the exit status."""
         pending: dict[multiprocessing.connection.Connection, Any] = {}  # each worker's pipe -> its process
+        shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
         for index in range(self._count):
             parent, child = self._ctx.Pipe(duplex=False)
+            mine = listeners if index == 0 else shared
             proc = self._ctx.Process(target=_worker_main,
-                                     args=(self._settings, address, index, child, os.getpid(), self._run.status),
+                                     args=(self._settings, mine, index, child, os.getpid(), self._run.status),
                                      name=f"toolauthz-worker-{index}",
                                      daemon=True)  # should the parent fail, its exit stops them
             proc.start()
@@ -389,10 +417,11 @@ def _forwarded_signals(group: _WorkerGroup) -> Iterator[None]:
 
 # -- a worker ------------------------------------------------------------------------------
 
-def _worker_main(settings: Settings, address: str, index: int, conn, parent: int, status_dir) -> None:
-    """Process target: build a sidecar with its own SQLite connections, serve `address`
-    with SO_REUSEPORT, report ("ready", pid) or ("error", lines), serve until SIGTERM,
-    then drain. Its status goes to `status_dir`, its metrics to PROMETHEUS_MULTIPROC_DIR."""
+def _worker_main(settings: Settings, listeners: tuple[ListenerSettings, ...], index: int, conn: Any,
+                 parent: int, status_dir: Any) -> None:
+    """Process target: build a sidecar with its own SQLite connections, serve `listeners`
+    (TCP ones with SO_REUSEPORT), report ("ready", pid) or ("error", lines), serve until
+    SIGTERM, then drain. Its status goes to `status_dir`, its metrics to PROMETHEUS_MULTIPROC_DIR."""
     stop = threading.Event()
 
     def on_stop(*_) -> None:
@@ -422,7 +451,7 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         sidecar.share_status(status_dir, index)
         if settings.metrics_listen:
             sidecar.sample_metrics()
-        server, _port = _create_shared_server(sidecar, address)
+        serving = _start_shared_listeners(sidecar, listeners)
     except Exception as exc:  # noqa: BLE001 - reported once by the parent
         sidecar.close()
         conn.send(("error", [f"toolauthz: {exc}"]))
@@ -435,13 +464,13 @@ def _worker_main(settings: Settings, address: str, index: int, conn, parent: int
         if os.getppid() != parent:  # the parent was killed (maybe before we started): stop
             log.error("the parent process is gone; stopping")
             break
-    drain(server, sidecar)
+    drain(serving, sidecar)
 
 
-def _create_shared_server(sidecar, address: str):
-    from sidecar.server.build import create_server
+def _start_shared_listeners(sidecar, listeners: tuple[ListenerSettings, ...]):
+    from sidecar.server.serving import start_listeners
 
-    return create_server(sidecar, address, reuse_port=True)
+    return start_listeners(sidecar, listeners, reuse_port=True)
 
 
 # -- `python -m sidecar.server.workers` -----------------------------------------------------------

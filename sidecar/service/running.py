@@ -70,6 +70,7 @@ class AioServer:
         self._pool = futures.ThreadPoolExecutor(max_workers=thread_pool_size, thread_name_prefix="grpc-handler")
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self._after_stop: list[Callable[[], None]] = []
 
         async def create() -> grpc.aio.Server:
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
@@ -96,6 +97,22 @@ class AioServer:
             raise OSError(f"cannot listen on {address}")
         return port
 
+    def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
+        """As `add_insecure_port`, with TLS."""
+        async def add() -> int:
+            return self._server.add_secure_port(address, credentials)
+        try:
+            port = self._loop.run(add)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen on {address}")
+        return port
+
+    def after_stop(self, cleanup: Callable[[], None]) -> None:
+        """`cleanup()` runs once the server has stopped (e.g. to remove its socket file)."""
+        self._after_stop.append(cleanup)
+
     def run(self, make: Callable[[], Awaitable[T]]) -> T:
         """Runs the coroutine `make()` on the server's loop and waits for its result."""
         return self._loop.run(make)
@@ -115,6 +132,8 @@ class AioServer:
                     self._loop.run(lambda: self._server.stop(grace))
                 finally:
                     self._close_loop()
+                    for cleanup in self._after_stop:
+                        cleanup()
                     self._stopped.set()
         return self._stopped
 
