@@ -30,9 +30,12 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import Settings
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader
+from sidecar.server.roles import id_token_verifier, role_policy
+from sidecar.service.access import CallerResolver, Gate
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
+from sidecar.service.callers import caller_of
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
@@ -60,6 +63,7 @@ class Sidecar:
     approval_store: SqliteApprovals
     pump: DecisionPump
     reloader: BundleReloader
+    gate: Gate  # every handler's check of its caller's roles and tenants
     closed: bool = False
     started_at: float = field(default_factory=time.time)
 
@@ -86,9 +90,10 @@ class Sidecar:
         self.ledger.close()
 
 
-def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
+def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: CallerResolver = caller_of) -> Sidecar:
     """Loads everything or raises (BundleError, KeyFileError, StoreUnavailable): a
-    sidecar that cannot do its job refuses to start."""
+    sidecar that cannot do its job refuses to start. `callers` resolves who is calling
+    from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
     bundle = load_bundle(settings.bundle)
     data = pathlib.Path(settings.data_dir)
@@ -112,15 +117,17 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     bundles = BundleHolder(bundle)
     issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
                          clock=clock)
-    desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
+    desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds,
+                        id_tokens=id_token_verifier(settings, clock))
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
+    gate = Gate(role_policy(settings), writer, clock, callers)
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader)
+                   desk, approval_store, DecisionPump(authorizer), reloader, gate)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
@@ -161,10 +168,10 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
     def build(server: grpc.aio.Server) -> None:
         ours = TolerantRegistration(server)
         pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
-            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
-        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
+            sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status, gate=sidecar.gate), ours)
+        aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log, gate=sidecar.gate), ours)
         if with_approvals:
-            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), ours)
+            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, gate=sidecar.gate), ours)
 
     return _start(settings, build, names, address or settings.listen, reuse_port)
 
@@ -172,8 +179,8 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
     """The Approvals service alone, for deployments that expose it to an approval tool."""
     return _start(sidecar.settings,
-                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals),
-                                                                          TolerantRegistration(server)),
+                  lambda server: apb_grpc.add_ApprovalsServicer_to_server(
+                      ApprovalsService(sidecar.approvals, gate=sidecar.gate), TolerantRegistration(server)),
                   [apb.DESCRIPTOR.services_by_name["Approvals"].full_name],
                   address or sidecar.settings.approvals_listen)
 

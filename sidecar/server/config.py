@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sidecar.errors import ToolAuthzError
 
@@ -63,6 +63,37 @@ class ListenerSettings(_Strict):
     identity: str = ""
 
 
+Role = Literal["runtime", "approver", "auditor"]
+_TENANT = r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
+
+
+class CallerSettings(_Strict):
+    """A caller identity (as its listener proves it) and what it may do: its roles, in
+    its tenants ("*": every tenant). See README "Callers and roles"."""
+
+    id: str = Field(min_length=1, max_length=1024)
+    roles: tuple[Role, ...] = Field(min_length=1)
+    tenants: tuple[Annotated[str, Field(pattern=_TENANT)], ...] = Field(min_length=1)
+
+
+class OidcApproverSettings(_Strict):
+    """The identity provider whose ID tokens prove who decides an approval."""
+
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    jwks_file: pathlib.Path
+    principal_claim: str = Field("sub", min_length=1)
+    groups_claim: str = Field("groups", min_length=1)
+    principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    algorithms: tuple[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+                              "EdDSA"], ...] = Field(("RS256", "ES256", "EdDSA"), min_length=1)
+    leeway_seconds: int = Field(30, ge=0, le=60)
+
+
+class ApproverSettings(_Strict):
+    oidc: OidcApproverSettings | None = None
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
@@ -83,6 +114,16 @@ class Settings(_Strict):
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
     approvals: ApprovalSettings = ApprovalSettings()
+    # Who may call which RPC, for which tenants; empty: roles are not enforced.
+    callers: tuple[CallerSettings, ...] = ()
+    approvers: ApproverSettings = ApproverSettings()
+
+    @model_validator(mode="after")
+    def _one_entry_per_caller(self) -> Settings:
+        ids = [caller.id for caller in self.callers]
+        if len(ids) != len(set(ids)):
+            raise ValueError("each caller id may be listed once in `callers`")
+        return self
 
     @property
     def keys_dir(self) -> pathlib.Path:

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
-from sidecar.model import Decision
+from sidecar.model import Decision, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
+from sidecar.service.access import About, Gate
 from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
 from sidecar.service.status import SidecarStatus
 from sidecar.tokens.keyring import KeyRing
@@ -33,24 +34,30 @@ def still_wanted(context, gone: threading.Event):
     return wanted
 
 
+def _about(ctx: TrustedContext, call_id: str) -> About:
+    return About(ctx.tenant, str(ctx.principal), call_id, ctx.request_id)
+
+
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     """Authorize, Verify and ReportOutcome are coroutines on the server's event loop that
     hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing,
-                 status: Callable[[], SidecarStatus]):
+                 status: Callable[[], SidecarStatus], *, gate: Gate):
         self._authorizer = authorizer
         self._pump = pump
         self._keyring = keyring
         self._status = status
+        self._gate = gate
 
     @status_mapped
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
         ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
-        wanted = still_wanted(context, gone)
+        access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
+        wanted, caller = still_wanted(context, gone), access.caller.id
         try:
-            result = await self._pump.answer(lambda: self._authorizer.plan_authorize(ctx, call, wanted))
+            result = await self._pump.answer(lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller))
         except asyncio.CancelledError:
             gone.set()  # the client cancelled: if the decision is still to be made, no token
             raise
@@ -69,11 +76,13 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
         token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
-        result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call))
+        caller = (await self._gate.admit_async(context, "Verify", _about(ctx, call.call_id))).caller.id
+        result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller))
         return pb.VerifyResponse(valid=result.valid, code=result.code, decision_id=result.decision_id)
 
     @status_mapped
     def GetKeys(self, request, context) -> pb.GetKeysResponse:
+        self._gate.admit(context, "GetKeys")
         keys = self._keyring.public_keys(self._authorizer.clock.now())
         return pb.GetKeysResponse(keys=[
             pb.PublicKey(kid=k.kid, paserk=k.paserk, jwk_json=json.dumps(k.jwk, sort_keys=True), state=k.state)
@@ -81,17 +90,19 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
+        ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
+                                            request.output_digest)
+        caller = (await self._gate.admit_async(context, "ReportOutcome", _about(ctx, call_id))).caller.id
         status = _OUTCOMES.get(request.status)
         if status is None:
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
-        ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
-                                            request.output_digest)
         result = await self._pump.answer(
-            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest))
+            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller))
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
 
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:
+        self._gate.admit(context, "GetStatus")
         status = self._status()
         policy, pump = status.policy, status.pump
         return pb.GetStatusResponse(
