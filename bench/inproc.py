@@ -215,7 +215,8 @@ def _profile(car, tools: int, count: int) -> dict:
 def _service(car):
     from sidecar.service.authorizer import ToolAuthorizerService
 
-    return ToolAuthorizerService(car.authorizer, _InlinePump(car.authorizer), car.keyring, car.status)
+    return ToolAuthorizerService(car.authorizer, _InlinePump(car.authorizer), car.keyring, car.status,
+                                 gate=car.gate)
 
 
 # Stages of the path, by the functions that implement them (matched on file suffix and

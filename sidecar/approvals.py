@@ -31,6 +31,7 @@ from sidecar.display import shown
 from sidecar.engine import ApprovalSubject, PreparedCall, RunCounts, evaluate, may_approve, prepare, request_entities
 from sidecar.errors import ForbiddenError, InputError, NotFoundError, PreconditionError, RequestError
 from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
+from sidecar.oidc import IdTokenRefused, IdTokenVerifier, ProvenPerson
 from sidecar.store.approvals import APPROVED, PENDING, REJECTED, ApprovalRecord, ApprovalStore
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer
 
@@ -76,6 +77,8 @@ class ApprovalDesk:
     audit: AuditSink
     clock: Clock
     ttl_seconds: float = 900.0
+    # With an identity provider, the person deciding is the one their ID token proves.
+    id_tokens: IdTokenVerifier | None = None
 
     def __post_init__(self) -> None:
         self._listeners_lock = threading.Lock()
@@ -154,22 +157,42 @@ class ApprovalDesk:
         return self.issuer.issue(claims, record.digest, decision_id=record.decision_id,
                                  policy_version=policy_version, approval_id=record.approval_id, approver=approver)
 
-    def decide(self, approval_id: str, approver: TrustedContext, verdict: str, reason: str = "") -> ApprovalRecord:
-        approver.check(require_request_id=False)  # a person approving is in no model run
+    def decide(self, approval_id: str, approver: TrustedContext, verdict: str, reason: str = "", *,
+               caller: str = "", id_token: str = "") -> ApprovalRecord:
+        """`approver`: the deciding person as the approval tool names them; with an
+        identity provider configured (`id_tokens`), the person is the one `id_token`
+        proves, with the groups it carries, and the tool's principal may only repeat it.
+        `caller`: who asked, as the transport proved it (audited)."""
+        self._check_envelope(approver)
         if verdict not in (APPROVE, REJECT):
             raise RequestError("verdict must be APPROVE or REJECT")
         now = self.clock.now()
         record = self.store.get(approval_id)
         if record is None:
             raise NotFoundError(f"no approval `{shown(approval_id)}`")
-        who = str(approver.principal)
+        who = str(approver.principal) if approver.principal.id else ""
         base = CallRecord("approval", record.tenant, who, record.request_id, record.call_id, record.tool,
                           decision_id=record.decision_id, policy_version=record.policy_version,
-                          resource=record.resource, digest=record.digest, approval_id=approval_id, approver=who)
+                          resource=record.resource, digest=record.digest, approval_id=approval_id, approver=who,
+                          caller=caller)
 
-        def refuse(exc: Exception, code: str) -> NoReturn:
-            self.audit.write(base.event(now, "refused", error_codes=(code,)))
+        def refuse(exc: Exception, code: str, detail: dict[str, str] | None = None) -> NoReturn:
+            self.audit.write(base.event(now, "refused", error_codes=(code,), detail=detail))
             raise exc
+
+        person = None
+        if self.id_tokens is not None:
+            try:
+                person = _proven(self.id_tokens, approver, id_token)
+            except IdTokenRefused as exc:
+                refuse(exc, "invalid_id_token", {"reason": exc.reason})
+            except ForbiddenError as exc:
+                refuse(exc, "approver_mismatch")
+            except RequestError as exc:
+                refuse(exc, "invalid_entities")
+            approver = replace(approver, principal=person.principal)
+            who = str(person.principal)
+            base = replace(base, principal=who, approver=who)
 
         if approver.tenant != record.tenant:
             refuse(ForbiddenError("the approver is not in the tenant of the call"), "cross_tenant")
@@ -182,7 +205,7 @@ class ApprovalDesk:
             refuse(PreconditionError(f"the approval is {current.status}"), f"approval_{current.status}")
         bundle = self.bundles.current  # one bundle for the approver's check, the call's and the token
         try:
-            permitted = self._permitted(bundle, record, approver)
+            permitted = self._permitted(bundle, record, approver, person)
         except RequestError as exc:  # the approver's entities break a rule: refused, and audited as such
             refuse(exc, "invalid_entities")
         if not permitted:
@@ -198,7 +221,10 @@ class ApprovalDesk:
             # Committed with the approval's change, before the token can leave the process;
             # a click that lost the race is recorded as such, its token never handed out.
             if won:
-                return base.event(now, verdict, jti=token.jti if token else "", detail={"reason": reason[:500]})
+                detail: dict[str, object] = {"reason": reason[:500]}
+                if person is not None:
+                    detail["id_token_groups"] = list(person.groups)
+                return base.event(now, verdict, jti=token.jti if token else "", detail=detail)
             return base.event(now, "superseded", jti=token.jti if token else "")
 
         won = self.store.decide(approval_id, status=APPROVED if token else REJECTED, approver=who, reason=reason[:500],
@@ -213,9 +239,21 @@ class ApprovalDesk:
         self.poke(approval_id)
         return self.get(approval_id)
 
-    def _permitted(self, bundle: Bundle, record: ApprovalRecord, approver: TrustedContext) -> bool:
+    def _check_envelope(self, approver: TrustedContext) -> None:
+        """A person approving is in no model run: the request id is optional. With an
+        identity provider the principal comes from the ID token, so the request may leave
+        it out; what it does say must still be well formed."""
+        if self.id_tokens is None or approver.principal.type or approver.principal.id:
+            approver.check(require_request_id=False)
+        else:
+            stand_in = Principal(self.id_tokens.settings.principal_type, "id-token")
+            replace(approver, principal=stand_in).check(require_request_id=False)
+
+    def _permitted(self, bundle: Bundle, record: ApprovalRecord, approver: TrustedContext,
+                   person: ProvenPerson | None) -> bool:
         subject = ApprovalSubject(record.approval_id, record.tenant, record.tool, record.group, record.requester)
-        return may_approve(bundle, approver, subject).decision is Decision.ALLOW
+        groups = person.groups if person is not None else None
+        return may_approve(bundle, approver, subject, groups).decision is Decision.ALLOW
 
     @staticmethod
     def _still_allowed(bundle: Bundle, record: ApprovalRecord) -> ErrorDetail | None:
@@ -261,6 +299,20 @@ class ApprovalDesk:
         listener that reads the store then sees it."""
         for listener in self._listeners:  # a tuple replaced whole: safe to read unlocked
             listener.changed(approval_id)
+
+
+def _proven(id_tokens: IdTokenVerifier, approver: TrustedContext, id_token: str) -> ProvenPerson:
+    """The person the ID token proves. The approval tool's own view of the approver is
+    never trusted over it: a principal it names must be the token's, and it supplies no
+    entities (the groups are the token's)."""
+    person = id_tokens.verify(id_token)
+    claimed = approver.principal
+    if (claimed.type or claimed.id) and claimed != person.principal:
+        raise ForbiddenError("the approver named in the request is not the person the ID token proves")
+    if approver.entities_json:
+        raise RequestError("with approvers proven by ID tokens, the approver's entities come from the token: "
+                           "entities_json must be empty")
+    return person
 
 
 def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run: RunCounts, digest: str) -> Verdict:

@@ -139,20 +139,21 @@ class Authorizer:
     # -- Authorize ---------------------------------------------------------------------
 
     def authorize(self, ctx: TrustedContext, call: ProposedCall,
-                  still_wanted: Callable[[], bool] = lambda: True) -> AuthorizeResult:
+                  still_wanted: Callable[[], bool] = lambda: True, *, caller: str = "") -> AuthorizeResult:
         """`still_wanted` is asked right before a token would be minted: a client that
         cancelled or whose deadline passed gets none (a retry replays the decision)."""
-        return self.run(self.plan_authorize(ctx, call, still_wanted))
+        return self.run(self.plan_authorize(ctx, call, still_wanted, caller=caller))
 
     def plan_authorize(self, ctx: TrustedContext, call: ProposedCall,
-                       still_wanted: Callable[[], bool] = lambda: True) -> Plan[AuthorizeResult]:
+                       still_wanted: Callable[[], bool] = lambda: True, *, caller: str = "") -> Plan[AuthorizeResult]:
         """Everything of `authorize` up to its ledger write: checks, validation and the
-        decision's inputs. The decision itself is made by the ledger's `decide` call."""
+        decision's inputs. The decision itself is made by the ledger's `decide` call.
+        `caller`: who asked, as the transport proved it; only its audit records read it."""
         ctx.check()
         call.check()
         trace = tracing.current()
         bundle = self.bundles.current
-        record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name),
+        record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name, caller),
                          decision_id=self.new_id(), policy_version=bundle.version)
         try:
             with tracing.step("validate", trace):
@@ -289,10 +290,11 @@ class Authorizer:
 
     # -- Verify ------------------------------------------------------------------------
 
-    def verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> VerifyResult:
-        return self.run(self.plan_verify(token, ctx, call))
+    def verify(self, token: str, ctx: TrustedContext, call: ProposedCall, *, caller: str = "") -> VerifyResult:
+        return self.run(self.plan_verify(token, ctx, call, caller=caller))
 
-    def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall) -> Plan[VerifyResult]:
+    def plan_verify(self, token: str, ctx: TrustedContext, call: ProposedCall, *,
+                    caller: str = "") -> Plan[VerifyResult]:
         ctx.check()
         call.check()
         trace = tracing.current()
@@ -308,7 +310,7 @@ class Authorizer:
             code, jti, decision_id = checked.code, checked.jti or "", checked.decision_id or ""
         else:
             code, jti, decision_id = "bad_signature", "", ""
-        record = replace(CallRecord.of("verify", ctx, call.call_id, call.name), decision_id=decision_id,
+        record = replace(CallRecord.of("verify", ctx, call.call_id, call.name, caller), decision_id=decision_id,
                          digest=digest)
 
         def event(result: str) -> AuditEvent:
@@ -330,11 +332,11 @@ class Authorizer:
     # -- ReportOutcome -----------------------------------------------------------------
 
     def report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
-                       output_digest: str = "") -> OutcomeResult:
-        return self.run(self.plan_report_outcome(ctx, call_id, status, error_code, output_digest))
+                       output_digest: str = "", *, caller: str = "") -> OutcomeResult:
+        return self.run(self.plan_report_outcome(ctx, call_id, status, error_code, output_digest, caller=caller))
 
     def plan_report_outcome(self, ctx: TrustedContext, call_id: str, status: str, error_code: str = "",
-                            output_digest: str = "") -> Plan[OutcomeResult]:
+                            output_digest: str = "", *, caller: str = "") -> Plan[OutcomeResult]:
         """The outcome and its audit record commit together: a call never shows an outcome
         the audit trail lacks. Only the principal and run (request id) the call was decided
         for may report it: anyone else gets ForbiddenError, recorded in the audit trail,
@@ -344,26 +346,26 @@ class Authorizer:
         ProposedCall(call_id, "-", b"").check()
         if status not in OUTCOMES:
             raise InputError("invalid_outcome", f"outcome must be one of {', '.join(OUTCOMES)}")
-        caller = CallRecord.of("outcome", ctx, call_id, "")
+        claimant = CallRecord.of("outcome", ctx, call_id, "", caller)
 
         def accepted(entry: CallEntry) -> AuditEvent:
             detail: dict[str, Any] = {"error_code": error_code, "output_digest": output_digest}
             if not entry.verified_jti:
                 detail["flags"] = ["unverified_outcome"]
-            return CallRecord.of_entry("outcome", entry).event(self.clock.now(), status, jti=entry.verified_jti,
-                                                              detail=detail)
+            return CallRecord.of_entry("outcome", entry, caller).event(self.clock.now(), status,
+                                                                      jti=entry.verified_jti, detail=detail)
 
         def refused(entry: CallEntry) -> AuditEvent:
             # Named as the caller claimed to be, with the call it tried to close.
-            mismatch = [name for name, theirs, ours in (("principal", entry.principal, caller.principal),
-                                                          ("request_id", entry.request_id, caller.request_id))
+            mismatch = [name for name, theirs, ours in (("principal", entry.principal, claimant.principal),
+                                                          ("request_id", entry.request_id, claimant.request_id))
                         if theirs != ours]
-            shown = replace(caller, tool=entry.tool, decision_id=entry.decision_id)
+            shown = replace(claimant, tool=entry.tool, decision_id=entry.decision_id)
             return shown.event(self.clock.now(), "refused", error_codes=("not_call_owner",),
                                detail={"outcome": status, "mismatch": mismatch})
 
         op = RecordOutcome(ctx.tenant, call_id, status, error_code, output_digest, self.clock.now(),
-                           caller=OutcomeCaller(caller.principal, caller.request_id), audit=accepted,
+                           caller=OutcomeCaller(claimant.principal, claimant.request_id), audit=accepted,
                            refused=refused)
         return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti),
                     tracing.current())

@@ -31,17 +31,18 @@ class CallRecord:
     approval_id: str = ""
     approver: str = ""
     fields: Mapping[str, Any] = field(default_factory=dict)
+    caller: str = ""  # who asked, as the transport proved it (AuditEvent.caller)
 
     @classmethod
-    def of(cls, kind: str, ctx: TrustedContext, call_id: str, tool: str) -> CallRecord:
+    def of(cls, kind: str, ctx: TrustedContext, call_id: str, tool: str, caller: str = "") -> CallRecord:
         # The tool as the caller named it, cut short: it may be no tool at all.
-        return cls(kind, ctx.tenant, str(ctx.principal), ctx.request_id, call_id, tool[:64])
+        return cls(kind, ctx.tenant, str(ctx.principal), ctx.request_id, call_id, tool[:64], caller=caller)
 
     @classmethod
-    def of_entry(cls, kind: str, entry: CallEntry) -> CallRecord:
+    def of_entry(cls, kind: str, entry: CallEntry, caller: str = "") -> CallRecord:
         return cls(kind, entry.tenant, entry.principal, entry.request_id, entry.call_id, entry.tool,
                    decision_id=entry.decision_id, policy_version=entry.policy_version, digest=entry.digest,
-                   approval_id=entry.approval_id)
+                   approval_id=entry.approval_id, caller=caller)
 
     def event(self, time: float, result: str, *, reasons: tuple[str, ...] = (), error_codes: tuple[str, ...] = (),
               jti: str = "", detail: Mapping[str, Any] | None = None) -> AuditEvent:
@@ -50,4 +51,4 @@ class CallRecord:
                           resource=self.resource, result=result, reasons=reasons, error_codes=error_codes,
                           digest=self.digest, policy_version=self.policy_version, jti=jti,
                           approval_id=self.approval_id, approver=self.approver,
-                          fields=dict(self.fields), detail=dict(detail or {}))
+                          fields=dict(self.fields), detail=dict(detail or {}), caller=self.caller)

@@ -173,7 +173,8 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     seeds = {*anchors, ("Tenant", tenant_id)}
     for entity in (*by_uid.values(), *extra):
         seeds.update(entity_references(entity))
-    reach = graph.reach(reach, seeds, tenant_id)
+    # An entity the sidecar builds (`extra`) stands instead of a static one of its uid.
+    reach = graph.reach(reach, seeds, tenant_id) - built
     try:
         entities = _anchored(bundle, tenant_id, tuple(anchored), reach)
         if extra:
@@ -274,19 +275,46 @@ class ApprovalSubject:
     requester: str  # the requester's Cedar uid, e.g. User::"alice"
 
 
-def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubject) -> Verdict:
+GROUP_TYPE = "Group"
+
+
+def proven_approver(bundle: Bundle, approver: TrustedContext, groups: Sequence[str]) -> dict[str, Any]:
+    """The approver as an identity provider proved them (a verified ID token): the
+    principal inside the approver's tenant, a member of `Group::"<g>"` for each group the
+    token names, except a group the bundle gives to another tenant (policies name groups
+    without a tenant, so a token of one tenant never joins another tenant's group). Built
+    by the sidecar, it replaces any static entity of the same uid: with an identity
+    provider, who a person is and which groups they are in is the provider's word."""
+    graph = bundle.static_graph
+    honoured = [g for g in groups if graph.tenant_of((GROUP_TYPE, g)) in (None, approver.tenant)]
+    return {"uid": {"type": approver.principal.type, "id": approver.principal.id}, "attrs": {},
+            "parents": [{"type": "Tenant", "id": approver.tenant},
+                        *({"type": GROUP_TYPE, "id": g} for g in honoured)]}
+
+
+def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubject,
+                proven_groups: Sequence[str] | None = None) -> Verdict:
     """Whether `approver` may decide on `subject`: `Action::"approve"`, read as every
     evaluation is (`_interpret`: an erroring forbid or an answer that is neither Allow nor
-    Deny denies). ALLOW, or a DENY with its reasons and errors; never APPROVAL_REQUIRED."""
+    Deny denies). ALLOW, or a DENY with its reasons and errors; never APPROVAL_REQUIRED.
+    With `proven_groups` (from a verified ID token) the approver entity is built from
+    them alone (`proven_approver`); the approver's `entities_json` must then be empty."""
     if bundle.approve is None:
         return Verdict(Decision.DENY, errors=(ErrorDetail("policy_denied", "no policy permits approving this call"),))
     approval = {"uid": {"type": "Approval", "id": subject.approval_id},
                 "attrs": {"tool": subject.tool, "group": subject.group, "tenant": subject.tenant,
                           "requester": subject.requester},
                 "parents": [{"type": "Tenant", "id": subject.tenant}]}
-    entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
-                                [(approver.principal.type, approver.principal.id)], [approval],
-                                reach=bundle.approve_reach)
+    if proven_groups is None:
+        entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
+                                    [(approver.principal.type, approver.principal.id)], [approval],
+                                    reach=bundle.approve_reach)
+    else:
+        if approver.entities_json:
+            raise RequestError("an approver proven by an ID token supplies no entities")
+        entities = trusted_entities(bundle, approver.tenant, b"", [],
+                                    [approval, proven_approver(bundle, approver, proven_groups)],
+                                    reach=bundle.approve_reach)
     request = {"principal": {"type": approver.principal.type, "id": approver.principal.id},
                "action": {"type": "Action", "id": APPROVE_ACTION},
                "resource": {"type": "Approval", "id": subject.approval_id}, "context": {}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from dataclasses import replace
 
 import pyseto
 import pytest
@@ -75,10 +76,22 @@ def test_record_hash_is_domain_separated_sha256_over_prev_and_body():
 
 
 def test_canonical_body_covers_every_field_but_the_hashes():
-    body = rfc8785.dumps({**{k: v for k, v in vars(event(1)).items()},
+    with_caller = replace(event(1), caller="spiffe://acme.example/agent")
+    body = rfc8785.dumps({**{k: v for k, v in vars(with_caller).items()},
                           "reasons": ["policy0"], "error_codes": [], "seq": 7})
-    assert canonical_body(7, event(1)) == body
+    assert canonical_body(7, with_caller) == body
     assert b"prev_hash" not in body and b'"hash"' not in body and b'"time":1800000001' in body
+
+
+def test_an_empty_caller_is_left_out_of_the_body_as_records_older_than_the_field_were_hashed():
+    # The body every record was hashed with before `caller` existed: all the other fields.
+    old_body = rfc8785.dumps({**{k: v for k, v in vars(event(1)).items() if k != "caller"},
+                              "reasons": ["policy0"], "error_codes": [], "seq": 7})
+    assert canonical_body(7, event(1)) == old_body
+    assert canonical_body(7, replace(event(1), caller="x")) != old_body
+    # The hash the version before `caller` existed gave this record (computed with it).
+    assert record_hash(GENESIS_HASH, canonical_body(1, event(1))) == \
+        "1f7f022e5bd070e7fe6ed75610d655ca8089b151d5ce681e2f453a97a54e5907"
 
 
 def test_untouched_store_has_no_findings(store):

@@ -33,7 +33,8 @@ class FakeContext:
 
 
 def service(sidecar) -> ToolAuthorizerService:
-    return ToolAuthorizerService(sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status)
+    return ToolAuthorizerService(sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status,
+                                 gate=sidecar.gate)
 
 
 def authorize(sidecar, request, ctx):

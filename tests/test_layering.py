@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("telemetry", frozenset({"sidecar.telemetry"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     ("engine", frozenset({"sidecar.engine"})),
-    ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit"})),
+    # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
+    ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit", "sidecar.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the
     # audit log; the audit log never knows the ledger (see EXCEPTIONS for the debt).
     ("store", frozenset({"sidecar.store"})),

@@ -61,6 +61,10 @@ class AuditEvent:
     approver: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
+    # Who called the sidecar, as its transport proved it (a certificate's URI SAN, a
+    # socket's configured identity) or "unauthenticated" in development mode: the
+    # principal is whom the call is for, the caller is who asked.
+    caller: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -88,11 +92,17 @@ class AuditEvent:
         so that verification can name it; the chain says whether the values are genuine."""
         event = object.__new__(cls)
         for f in dataclass_fields(cls):
-            object.__setattr__(event, f.name, values[f.name])
+            # A row written before a field existed holds none: it reads as that field's
+            # default, which `canonical_body` leaves out, so the row still verifies.
+            object.__setattr__(event, f.name, values[f.name] if f.name in values else _DEFAULTS[f.name])
         return event
 
 
 _FIELDS = tuple(f.name for f in dataclass_fields(AuditEvent))
+# Fields added after the first records were chained: left out of the canonical body while
+# empty, so that every record hashed before they existed hashes the same today.
+_LATER_FIELDS = ("caller",)
+_DEFAULTS: dict[str, Any] = {name: "" for name in _LATER_FIELDS}
 _TEXT_FIELDS = tuple(f.name for f in dataclass_fields(AuditEvent) if f.type == "str")
 
 
@@ -110,8 +120,10 @@ class AuditRecord:
 
 
 def canonical_body(seq: int, event: AuditEvent) -> bytes:
-    """RFC 8785 JSON of every event field plus seq (the hashes are not part of it)."""
-    body: dict[str, Any] = {name: getattr(event, name) for name in _FIELDS}
+    """RFC 8785 JSON of every event field plus seq (the hashes are not part of it); a
+    field of `_LATER_FIELDS` only when it is set."""
+    body: dict[str, Any] = {name: getattr(event, name) for name in _FIELDS
+                            if name not in _LATER_FIELDS or getattr(event, name) != ""}
     body["reasons"] = list(event.reasons)
     body["error_codes"] = list(event.error_codes)
     body["seq"] = seq

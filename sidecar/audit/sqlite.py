@@ -154,6 +154,22 @@ class SqliteAuditLog:
             raise sqlite3.DatabaseError(f"schema version {version} is newer than this code")
         # Under the write lock, so replicas starting together create it once.
         conn.executescript(f"BEGIN IMMEDIATE;\n{_schema()}\nCOMMIT;")
+        SqliteAuditLog._add_later_columns(conn)
+
+    @staticmethod
+    def _add_later_columns(conn: sqlite3.Connection) -> None:
+        """A log created before `caller` existed gets the column, empty for its rows (an
+        empty `caller` is left out of a record's hash, so those rows still verify)."""
+        conn.execute("BEGIN IMMEDIATE")  # replicas starting together: one adds it
+        try:
+            present = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
+            if "caller" not in present:
+                conn.execute("ALTER TABLE audit_record ADD COLUMN caller TEXT NOT NULL DEFAULT ''")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:

@@ -25,6 +25,7 @@ SERVER_ENV = "TOOLAUTHZ_SERVER"
 TLS_ENV = {"ca": "TOOLAUTHZ_CA", "cert": "TOOLAUTHZ_CERT", "key": "TOOLAUTHZ_KEY"}
 _TLS_HELP = {"ca": "PEM file of the CA that signed the sidecar's certificate (TLS)",
              "cert": "PEM file of this client's certificate (mTLS)", "key": "PEM file of this client's key (mTLS)"}
+ID_TOKEN_ENV = "TOOLAUTHZ_ID_TOKEN"
 DEFAULT_SERVER = "127.0.0.1:50051"
 RPC_TIMEOUT = 10.0
 # The proto enum is the one list of statuses: PENDING -> `pending`, ...
@@ -67,6 +68,9 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
         decide.add_argument("--as", dest="approver", required=True, type=parse_principal, help='e.g. User::"bob"')
         decide.add_argument("--tenant", required=True)
         decide.add_argument("--reason", default="", required=verb == "reject")
+        decide.add_argument("--id-token-file", default=None,
+                            help=f"the deciding person's ID token, when the sidecar proves approvers by their "
+                                 f"identity provider (default: ${ID_TOKEN_ENV})")
         verb_parsers.append(decide)
     for verb_parser in verb_parsers:
         # Also after the verb; SUPPRESS keeps a value given before it when this one is absent.
@@ -135,8 +139,22 @@ def run(args: argparse.Namespace) -> int:
             return 0
         try:
             approver = TrustedContext(args.tenant, Principal(args.approver.type, args.approver.id), "cli")
+            id_token = read_id_token(args.id_token_file)
         except ValueError as exc:
             print(f"toolauthz: invalid_argument: {display(str(exc))}", file=sys.stderr)
             return 1
-        print(describe(client.decide_approval(args.approval_id, approver, args.approvals_command, args.reason)))
+        print(describe(client.decide_approval(args.approval_id, approver, args.approvals_command, args.reason,
+                                              id_token=id_token)))
         return 0
+
+
+def read_id_token(path: str | None) -> str:
+    """The ID token from `--id-token-file`, else $TOOLAUTHZ_ID_TOKEN, else none; a file
+    is read whole, without its surrounding whitespace."""
+    if path is None:
+        return os.environ.get(ID_TOKEN_ENV, "").strip()
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read(64 * 1024).strip()
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"cannot read the ID token file: {exc}") from None

@@ -61,9 +61,10 @@ def get_approval_request(approval_id: str, context) -> apb.GetApprovalRequest:
     return request
 
 
-def decide_request(approval_id: str, approver, verdict, reason: str) -> apb.DecideApprovalRequest:
+def decide_request(approval_id: str, approver, verdict, reason: str, id_token: str = "") -> apb.DecideApprovalRequest:
     return apb.DecideApprovalRequest(approval_id=approval_id, approver=context_msg(approver),
-                                     verdict=enum_value(verdict, VERDICTS, "verdict"), reason=reason)
+                                     verdict=enum_value(verdict, VERDICTS, "verdict"), reason=reason,
+                                     id_token=id_token)
 
 
 def list_request(tenant: str, status, group: str, limit: int) -> apb.ListApprovalsRequest:

@@ -133,9 +133,9 @@ class AsyncAuthzClient:
         request = cv.get_approval_request(approval_id, context)
         return (await self._unary("GetApproval", self._approvals.GetApproval, request, timeout))[0]
 
-    async def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *,
+    async def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *, id_token: str = "",
                               timeout: float | None = None) -> apb.Approval:
-        request = cv.decide_request(approval_id, approver, verdict, reason)
+        request = cv.decide_request(approval_id, approver, verdict, reason, id_token)
         return (await self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout))[0]
 
     def watch_approval(self, approval_id: str, context=None, *,

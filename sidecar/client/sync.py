@@ -162,11 +162,13 @@ class AuthzClient:
         request = cv.get_approval_request(approval_id, context)
         return self._unary("GetApproval", self._approvals.GetApproval, request, timeout)[0]
 
-    def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *,
+    def decide_approval(self, approval_id: str, approver, verdict, reason: str = "", *, id_token: str = "",
                         timeout: float | None = None) -> apb.Approval:
         """`approver` is the approving person's trusted context (from the approval
-        tool's own session); `verdict` "approve"/"reject". Never retried."""
-        request = cv.decide_request(approval_id, approver, verdict, reason)
+        tool's own session); `verdict` "approve"/"reject"; `id_token`: the person's ID
+        token, required when the sidecar proves approvers by their identity provider.
+        Never retried."""
+        request = cv.decide_request(approval_id, approver, verdict, reason, id_token)
         return self._unary("DecideApproval", self._approvals.DecideApproval, request, timeout)[0]
 
     def watch_approval(self, approval_id: str, context=None, *,

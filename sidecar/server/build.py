@@ -32,11 +32,13 @@ from sidecar.server.config import SERVICES, ListenerSettings, Settings
 from sidecar.server.listeners import check_listener, open_listener, port_of, transport_of
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader
+from sidecar.server.roles import id_token_verifier, role_policy
 from sidecar.server.worker_status import StatusBoard
+from sidecar.service.access import CallerResolver, Gate
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
-from sidecar.service.callers import TransportRegistration
+from sidecar.service.callers import TransportRegistration, caller_of
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
@@ -67,6 +69,7 @@ class Sidecar:
     pump: DecisionPump
     reloader: BundleReloader
     watches: WatchLimits
+    gate: Gate  # every handler's check of its caller's roles and tenants
     closed: bool = False
     started_at: float = field(default_factory=time.time)
     worker_index: int = 0
@@ -129,9 +132,10 @@ class Sidecar:
         self.ledger.close()
 
 
-def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
+def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: CallerResolver = caller_of) -> Sidecar:
     """Loads everything or raises (BundleError, KeyFileError, StoreUnavailable): a
-    sidecar that cannot do its job refuses to start."""
+    sidecar that cannot do its job refuses to start. `callers` resolves who is calling
+    from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
     bundle = load_bundle(settings.bundle)
     data = pathlib.Path(settings.data_dir)
@@ -155,7 +159,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     bundles = BundleHolder(bundle)
     issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
                          clock=clock)
-    desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
+    desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds,
+                        id_tokens=id_token_verifier(settings, clock))
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
@@ -164,8 +169,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
+    gate = Gate(role_policy(settings), writer, clock, callers)
     return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader, watches)
+                   desk, approval_store, DecisionPump(authorizer), reloader, watches, gate)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
@@ -231,11 +237,12 @@ def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
         ours = TransportRegistration(TolerantRegistration(server), transport)
         if "authorizer" in listener.services:
             pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
-                sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status), ours)
+                sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status, gate=sidecar.gate), ours)
         if "audit" in listener.services:
-            aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log), ours)
+            aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log, gate=sidecar.gate), ours)
         if "approvals" in listener.services:
-            apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals, sidecar.watches), ours)
+            apb_grpc.add_ApprovalsServicer_to_server(
+                ApprovalsService(sidecar.approvals, sidecar.watches, gate=sidecar.gate), ours)
 
     # SO_REUSEPORT means nothing to a Unix socket, whose path one process binds.
     tcp = not listener.address.startswith("unix:")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -74,6 +74,35 @@ class TracingSettings(_Strict):
     # (its OTEL_EXPORTER_OTLP_* variables apply); `none` records no spans.
     exporter: Literal["none", "otlp"] = "none"
     endpoint: str = ""  # empty: the exporter's default (or OTEL_EXPORTER_OTLP_ENDPOINT)
+Role = Literal["runtime", "approver", "auditor"]
+_TENANT = r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
+
+
+class CallerSettings(_Strict):
+    """A caller identity (as its listener proves it) and what it may do: its roles, in
+    its tenants ("*": every tenant). See README "Callers and roles"."""
+
+    id: str = Field(min_length=1, max_length=1024)
+    roles: tuple[Role, ...] = Field(min_length=1)
+    tenants: tuple[Annotated[str, Field(pattern=_TENANT)], ...] = Field(min_length=1)
+
+
+class OidcApproverSettings(_Strict):
+    """The identity provider whose ID tokens prove who decides an approval."""
+
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    jwks_file: pathlib.Path
+    principal_claim: str = Field("sub", min_length=1)
+    groups_claim: str = Field("groups", min_length=1)
+    principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    algorithms: tuple[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+                              "EdDSA"], ...] = Field(("RS256", "ES256", "EdDSA"), min_length=1)
+    leeway_seconds: int = Field(30, ge=0, le=60)
+
+
+class ApproverSettings(_Strict):
+    oidc: OidcApproverSettings | None = None
 
 
 DATABASE_FILE = "toolauthz.db"
@@ -103,6 +132,9 @@ class Settings(_Strict):
     log_format: Literal["text", "json"] = "text"
     # On SIGTERM: calls in flight get this long to finish before they are cancelled.
     drain_grace_seconds: float = Field(10.0, ge=0, le=3600)
+    # Who may call which RPC, for which tenants; empty: roles are not enforced.
+    callers: tuple[CallerSettings, ...] = ()
+    approvers: ApproverSettings = ApproverSettings()
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
@@ -110,6 +142,13 @@ class Settings(_Strict):
             raise ValueError(f"approvals.max_watches ({self.approvals.max_watches}) must be below "
                              f"max_concurrent_rpcs ({self.max_concurrent_rpcs}): open watches take places of "
                              "max_concurrent_rpcs, and Authorize needs some")
+        return self
+
+    @model_validator(mode="after")
+    def _one_entry_per_caller(self) -> Settings:
+        ids = [caller.id for caller in self.callers]
+        if len(ids) != len(set(ids)):
+            raise ValueError("each caller id may be listed once in `callers`")
         return self
 
     @property

@@ -8,11 +8,14 @@ import json
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
 from sidecar.errors import RequestError
+from sidecar.model import TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.service.access import About, Gate
 from sidecar.service.callers import caller_of
 from sidecar.service.common import status_mapped, timestamp, trusted_context
+from sidecar.service.roles import Access, Rpc
 from sidecar.service.watching import LoopNotifier, WatchLimits, watch_records
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.telemetry import metrics
@@ -40,44 +43,74 @@ def approval_message(r: ApprovalRecord) -> apb.Approval:
     return msg
 
 
-def _viewer(request: apb.GetApprovalRequest):
+def _viewer(request: apb.GetApprovalRequest) -> TrustedContext | None:
     return trusted_context(request.context) if request.HasField("context") and request.context.tenant else None
 
 
 class ApprovalsService(apb_grpc.ApprovalsServicer):
-    def __init__(self, desk: ApprovalDesk, watches: WatchLimits):
+    def __init__(self, desk: ApprovalDesk, watches: WatchLimits, *, gate: Gate):
         self._desk = desk
         self._watches = watches
+        self._gate = gate
         self._loop_notifier: LoopNotifier | None = None
 
     @status_mapped
     def ListApprovals(self, request: apb.ListApprovalsRequest, context) -> apb.ListApprovalsResponse:
+        access = self._gate.admit(context, "ListApprovals", About(tenant=request.tenant))
         status = _STATUS_NAMES.get(request.status, "")
         limit = min(request.limit or 100, MAX_LIST)
-        records = self._desk.list(tenant=request.tenant, status=status, group=request.group, limit=limit)
-        return apb.ListApprovalsResponse(approvals=[approval_message(r) for r in records])
+        # No tenant asked: the caller's tenants only, newest first as the store lists them.
+        tenants = [request.tenant] if request.tenant or access.tenants is None else sorted(access.tenants)
+        records = [r for tenant in tenants
+                   for r in self._desk.list(tenant=tenant, status=status, group=request.group, limit=limit)]
+        records.sort(key=lambda r: r.approval_id, reverse=True)
+        return apb.ListApprovalsResponse(approvals=[approval_message(r) for r in records[:limit]])
 
     @status_mapped
     def GetApproval(self, request: apb.GetApprovalRequest, context) -> apb.Approval:
-        return approval_message(self._desk.get(request.approval_id, _viewer(request)))
+        return approval_message(self._get(request, context, "GetApproval"))
+
+    def _get(self, request: apb.GetApprovalRequest, context, rpc: Rpc) -> ApprovalRecord:
+        viewer = _viewer(request)
+        access = self._gate.admit(context, rpc, _about_viewer(request, viewer))
+        self._admit_tenant(access, request, rpc)
+        return self._desk.get(request.approval_id, _token_viewer(access, viewer))
 
     @status_mapped
     def DecideApproval(self, request: apb.DecideApprovalRequest, context) -> apb.Approval:
+        approver = trusted_context(request.approver)
+        access = self._gate.admit(context, "DecideApproval", About(
+            approver.tenant, str(approver.principal) if approver.principal.id else "",
+            approval_id=request.approval_id))
         verdict = _VERDICTS.get(request.verdict)
         if verdict is None:
             raise RequestError("verdict must be APPROVE or REJECT")
-        record = self._desk.decide(request.approval_id, trusted_context(request.approver), verdict, request.reason)
+        record = self._desk.decide(request.approval_id, approver, verdict, request.reason,
+                                   caller=access.caller.id, id_token=request.id_token)
         metrics.APPROVALS_DECIDED.labels(verdict=record.status).inc()
         return approval_message(self._desk.hide_token(record))
+
+    async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> TrustedContext | None:
+        """WatchApproval's role and tenant checks (the approval is read, and a refusal
+        waits for its audit record, off the event loop): the viewer the token may go to."""
+        viewer = _viewer(request)
+        access = await self._gate.admit_async(context, "WatchApproval", _about_viewer(request, viewer))
+        await asyncio.get_running_loop().run_in_executor(None, self._admit_tenant, access, request, "WatchApproval")
+        return _token_viewer(access, viewer)
+
+    def _admit_tenant(self, access: Access, request: apb.GetApprovalRequest, rpc: Rpc) -> None:
+        tenant = self._desk.get(request.approval_id).tenant
+        self._gate.admit_tenant(access, rpc, About(tenant, approval_id=request.approval_id))
 
     @status_mapped
     async def WatchApproval(self, request: apb.GetApprovalRequest, context):
         # A coroutine, cancelled when the client goes away; its waiting holds no thread
         # (sidecar/service/watching.py). The slot is given back when the call ends, for
         # whatever reason, even if grpc never resumes this generator to close it.
+        viewer = await self._admit_watch(request, context)
         slot = self._watches.admit(caller_of(context).id)
         context.add_done_callback(lambda _context: slot.release())
-        records = watch_records(self._desk, self._notifier(), request.approval_id, _viewer(request))
+        records = watch_records(self._desk, self._notifier(), request.approval_id, viewer)
         try:
             async with contextlib.aclosing(records):
                 async for record in records:
@@ -91,3 +124,15 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         if self._loop_notifier is None or self._loop_notifier.loop is not loop:
             self._loop_notifier = LoopNotifier(self._desk, loop)
         return self._loop_notifier
+
+
+def _about_viewer(request: apb.GetApprovalRequest, viewer: TrustedContext | None) -> About:
+    if viewer is None:
+        return About(approval_id=request.approval_id)
+    return About(viewer.tenant, str(viewer.principal), request_id=viewer.request_id, approval_id=request.approval_id)
+
+
+def _token_viewer(access: Access, viewer: TrustedContext | None) -> TrustedContext | None:
+    """The context the token may go to: the requester's, and only through a caller with
+    the runtime role in its tenant (an approver never receives a token)."""
+    return viewer if viewer is not None and access.has("runtime", viewer.tenant) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import re
@@ -12,6 +13,7 @@ from sidecar.audit.store import MAX_PAGE, AuditLog, AuditQuery
 from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from sidecar.service.access import About, Gate
 from sidecar.service.common import status_mapped, timestamp
 
 
@@ -53,16 +55,32 @@ def after_seq_of(page_token: str) -> int:
     return int(page_token)
 
 
+def visible_page(log: AuditLog, query: AuditQuery, tenants: frozenset[str] | None, *, limit: int,
+                 after_seq: int) -> list[AuditRecord]:
+    """A page of the records `query` matches among `tenants` (None: every tenant): one
+    query per tenant when several are visible, merged in seq order. Each query reads at
+    most `limit` records after `after_seq`, so the merge's first `limit` are the page."""
+    if query.tenant is not None or tenants is None:
+        return log.query(query, limit=limit, after_seq=after_seq)
+    merged = [r for tenant in sorted(tenants)
+              for r in log.query(dataclasses.replace(query, tenant=tenant), limit=limit, after_seq=after_seq)]
+    return sorted(merged, key=lambda r: r.seq)[:limit]
+
+
 class AuditService(aupb_grpc.AuditServicer):
-    def __init__(self, log: AuditLog):
+    def __init__(self, log: AuditLog, *, gate: Gate):
         self._log = log
+        self._gate = gate
 
     @status_mapped
     async def QueryDecisions(self, request: aupb.QueryDecisionsRequest, context):
         # A coroutine, not a plain generator: grpc.aio never closes a plain generator
         # whose client went away, and its thread would wait forever.
+        access = await self._gate.admit_async(context, "QueryDecisions", About(tenant=request.tenant))
         limit = min(request.limit or 100, MAX_PAGE)
         after = after_seq_of(request.page_token)
-        query = functools.partial(self._log.query, query_of(request), limit=limit, after_seq=after)
+        # No tenant asked: only the caller's tenants are searched.
+        query = functools.partial(visible_page, self._log, query_of(request), access.tenants, limit=limit,
+                                  after_seq=after)
         for record in await asyncio.get_running_loop().run_in_executor(None, query):
             yield record_message(record)

@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 from sidecar.authorizer import Authorizer
 from sidecar.errors import RequestError
-from sidecar.model import Decision
+from sidecar.model import Decision, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
+from sidecar.service.access import About, Gate
 from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
 from sidecar.service.status import SidecarStatus, WorkerStatus
 from sidecar.telemetry import metrics, tracing
@@ -39,17 +40,22 @@ def still_wanted(context, gone: threading.Event):
     return wanted
 
 
+def _about(ctx: TrustedContext, call_id: str) -> About:
+    return About(ctx.tenant, str(ctx.principal), call_id, ctx.request_id)
+
+
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     """Authorize, Verify and ReportOutcome are coroutines on the server's event loop that
     hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing,
-                 status: Callable[[], SidecarStatus]):
+                 status: Callable[[], SidecarStatus], *, gate: Gate):
         self._authorizer = authorizer
         self._pump = pump
         self._keyring = keyring
         self._status = status
+        self._gate = gate
 
     def _tool_label(self, name: str) -> str:
         return metrics.tool_label(name, self._authorizer.bundles.current.tools)
@@ -59,12 +65,13 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         started = time.perf_counter()
         with tracing.rpc_span("Authorize", lambda: context.invocation_metadata()) as span:
             ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
-            wanted = still_wanted(context, gone)
+            access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
+            wanted, caller = still_wanted(context, gone), access.caller.id
             trace = tracing.current()
 
             def plan():
                 with tracing.attached(trace):
-                    return self._authorizer.plan_authorize(ctx, call, wanted)
+                    return self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)
 
             try:
                 result = await self._pump.answer(plan)
@@ -98,11 +105,12 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         started = time.perf_counter()
         with tracing.rpc_span("Verify", lambda: context.invocation_metadata()) as span:
             token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
+            caller = (await self._gate.admit_async(context, "Verify", _about(ctx, call.call_id))).caller.id
             trace = tracing.current()
 
             def plan():
                 with tracing.attached(trace):
-                    return self._authorizer.plan_verify(token, ctx, call)
+                    return self._authorizer.plan_verify(token, ctx, call, caller=caller)
 
             result = await self._pump.answer(plan)
             tool = self._tool_label(call.name)
@@ -117,6 +125,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     def GetKeys(self, request, context) -> pb.GetKeysResponse:
+        self._gate.admit(context, "GetKeys")
         keys = self._keyring.public_keys(self._authorizer.clock.now())
         return pb.GetKeysResponse(keys=[
             pb.PublicKey(kid=k.kid, paserk=k.paserk, jwk_json=json.dumps(k.jwk, sort_keys=True), state=k.state)
@@ -124,18 +133,20 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
+        ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
+                                            request.output_digest)
+        caller = (await self._gate.admit_async(context, "ReportOutcome", _about(ctx, call_id))).caller.id
         status = _OUTCOMES.get(request.status)
         if status is None:
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
         started = time.perf_counter()
         with tracing.rpc_span("ReportOutcome", lambda: context.invocation_metadata()) as span:
-            ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id,
-                                                request.error_code, request.output_digest)
             trace = tracing.current()
 
             def plan():
                 with tracing.attached(trace):
-                    return self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest)
+                    return self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest,
+                                                                caller=caller)
 
             result = await self._pump.answer(plan)
             metrics.RPC_SECONDS.labels(rpc="ReportOutcome").observe(time.perf_counter() - started)
@@ -144,6 +155,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:
+        self._gate.admit(context, "GetStatus")
         status = self._status()
         policy, pump = status.policy, status.pump
         return pb.GetStatusResponse(

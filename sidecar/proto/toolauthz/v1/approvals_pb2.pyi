@@ -104,13 +104,15 @@ class GetApprovalRequest(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ..., context: _Optional[_Union[_authorizer_pb2.TrustedContext, _Mapping]] = ...) -> None: ...
 
 class DecideApprovalRequest(_message.Message):
-    __slots__ = ("approval_id", "approver", "verdict", "reason")
+    __slots__ = ("approval_id", "approver", "verdict", "reason", "id_token")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     APPROVER_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ID_TOKEN_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     approver: _authorizer_pb2.TrustedContext
     verdict: Verdict
     reason: str
-    def __init__(self, approval_id: _Optional[str] = ..., approver: _Optional[_Union[_authorizer_pb2.TrustedContext, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    id_token: str
+    def __init__(self, approval_id: _Optional[str] = ..., approver: _Optional[_Union[_authorizer_pb2.TrustedContext, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., id_token: _Optional[str] = ...) -> None: ...
