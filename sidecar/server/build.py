@@ -34,6 +34,7 @@ from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.common import TolerantRegistration
+from sidecar.service.http_api import HttpApi, HttpListener
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
 from sidecar.store import SqliteLedger
@@ -166,7 +167,25 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
         if with_approvals:
             apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), ours)
 
-    return _start(settings, build, names, address or settings.listen, reuse_port)
+    server, port = _start(settings, build, names, address or settings.listen, reuse_port)
+    if settings.http_listen:
+        try:
+            _start_http(sidecar, server, settings.http_listen, reuse_port)
+        except BaseException:
+            server.stop(None)
+            raise
+    return server, port
+
+
+def _start_http(sidecar: Sidecar, server: AioServer, address: str, reuse_port: bool) -> None:
+    """The HTTP/JSON API on the gRPC server's loop, handing its work to the same pump;
+    it stops with the gRPC server. Its port is `server.http_port`."""
+    settings = sidecar.settings
+    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, max_body_bytes=settings.max_message_bytes,
+                  max_concurrent=settings.max_concurrent_rpcs)
+    listener = server.run(lambda: HttpListener.start(api, address, reuse_port=reuse_port))
+    server.add_companion(listener.stop)
+    server.http_port = listener.port
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:

@@ -122,15 +122,30 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     # A reload asked for before the workers start needs nothing: they load the bundle then.
     reloads.route_to(lambda: group.signal(signal.SIGHUP))
     with _forwarded_signals(group):
-        with _reserved_port(host, port) as port:
+        with _reserved_port(host, port) as port, _reserved_http_port(settings.http_listen) as http_listen:
+            group.settings = worker_settings.model_copy(update={"http_listen": http_listen})
             status = group.start(f"{host}:{port}")
         if status is not None:
             return status
         # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+        http = f", HTTP on {group.settings.http_listen}" if group.settings.http_listen else ""
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}{http}, "
               f"data in {settings.data_dir}, {workers} workers (pids {', '.join(str(p) for p in group.pids())})",
               flush=True)
         return group.supervise()
+
+
+@contextlib.contextmanager
+def _reserved_http_port(http_listen: str) -> Iterator[str]:
+    """The HTTP API's address for every worker: each one binds it with SO_REUSEPORT, as
+    it binds the gRPC address, so the kernel spreads HTTP connections over the workers
+    too and any worker answers (they share the ledger)."""
+    if not http_listen:
+        yield ""
+        return
+    host, port = split_listen(http_listen)
+    with _reserved_port(host, port) as port:
+        yield f"{host}:{port}"
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -157,7 +172,8 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
         host = split_listen(settings.listen)[0]
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}, "
+        http = f", HTTP on {split_listen(settings.http_listen)[0]}:{server.http_port}" if server.http_port else ""
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {host}:{port}{http}, "
               f"data in {settings.data_dir}", flush=True)
         try:
             stop.wait()
@@ -214,7 +230,7 @@ def _reserved_port(host: str, port: int) -> Iterator[int]:
 
 class _WorkerGroup:
     def __init__(self, settings: Settings, count: int):
-        self._settings, self._count = settings, count
+        self.settings, self._count = settings, count
         self._ctx = multiprocessing.get_context("spawn")
         self._procs: list = []
         self._stopping = threading.Event()
@@ -231,7 +247,7 @@ class _WorkerGroup:
         pending = {}
         for index in range(self._count):
             parent, child = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_worker_main, args=(self._settings, address, index, child, os.getpid()),
+            proc = self._ctx.Process(target=_worker_main, args=(self.settings, address, index, child, os.getpid()),
                                      name=f"toolauthz-worker-{index}",
                                      daemon=True)  # should the parent fail, its exit stops them
             proc.start()

@@ -66,6 +66,9 @@ class AioServer:
         self._pool = futures.ThreadPoolExecutor(max_workers=thread_pool_size, thread_name_prefix="grpc-handler")
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        # Servers sharing this loop (the HTTP API), each stopped with the gRPC server.
+        self._companions: list[Callable[[float | None], Awaitable[None]]] = []
+        self.http_port: int | None = None
 
         async def create() -> grpc.aio.Server:
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
@@ -99,17 +102,25 @@ class AioServer:
     def start(self) -> None:
         self._loop.run(self._server.start)
 
+    def add_companion(self, stop: Callable[[float | None], Awaitable[None]]) -> None:
+        """Registers a server running on this loop: `stop(grace)` is awaited with the gRPC
+        server's own stop, before the loop closes."""
+        self._companions.append(stop)
+
     def stop(self, grace: float | None) -> threading.Event:
         """Stops taking calls, lets those in flight finish for up to `grace` seconds (None:
         cancel them now), then closes the loop; returns an event set once all is done."""
         with self._stop_lock:
             if not self._stopped.is_set():
                 try:
-                    self._loop.run(lambda: self._server.stop(grace))
+                    self._loop.run(lambda: self._stop_all(grace))
                 finally:
                     self._close_loop()
                     self._stopped.set()
         return self._stopped
+
+    async def _stop_all(self, grace: float | None) -> None:
+        await asyncio.gather(self._server.stop(grace), *(stop(grace) for stop in self._companions))
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """True once stopped; False if `timeout` passed first."""
