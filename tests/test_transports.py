@@ -72,10 +72,12 @@ def test_schema_error_is_a_deny_naming_pointer_and_keyword(transport):
 STRICT_JSON_ERRORS = {
     "duplicate key": (b'{"order_id":"ord_1","amount_cents":1,"amount_cents":1000000}',
                       "duplicate key `amount_cents` in object at `/`"),
-    "minus zero": (b'{"order_id":"ord_1","amount_cents":-0}', "negative zero at `/amount_cents` is not allowed; send 0"),
+    "minus zero": (b'{"order_id":"ord_1","amount_cents":-0}',
+                   "negative zero at `/amount_cents` is not allowed; send 0"),
     "2^53": (b'{"order_id":"ord_1","amount_cents":9007199254740993}',
              "integer at `/amount_cents` is outside ±(2^53-1); send it as a string"),
-    "lone surrogate": (b'{"order_id":"ord_1\\ud800","amount_cents":1}', "string at `/order_id` contains a lone surrogate"),
+    "lone surrogate": (b'{"order_id":"ord_1\\ud800","amount_cents":1}',
+                       "string at `/order_id` contains a lone surrogate"),
     "deep nesting": (b'{"order_id":' + b"[" * 70 + b"]" * 70 + b"}", "input nests deeper than 64 levels"),
 }
 
