@@ -10,7 +10,7 @@
     ├── ForbiddenError       the caller may not do this (self-approval, another tenant)
     └── PreconditionError    not in a state that allows it (an expired approval)
 
-Only the gRPC service layer turns these into status codes. Messages follow Cedar's
+Only the service layer turns these into status codes (service/failures.py). Messages follow Cedar's
 style: lowercase start, no final period, user input in backticks.
 """
 

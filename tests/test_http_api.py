@@ -187,3 +187,28 @@ def test_a_node_fetch_client_authorizes_and_verifies(http):
                                               principal_type="User", principal_id="alice", tenant="acme",
                                               call_id="toolu_node")
     assert verify == {"valid": True, "code": "ok", "decision_id": authorize["decision_id"]}
+
+
+def test_every_worker_serves_http_on_one_port_chosen_by_the_parent(bundle_dir, tmp_path, monkeypatch):
+    """`--workers 2` with `http_listen` on port 0: the parent picks one port, both workers
+    bind it with SO_REUSEPORT, and the line that says the sidecar serves names it."""
+    import re
+    import signal
+
+    from test_workers import Workers
+
+    monkeypatch.setenv("TOOLAUTHZ_HTTP_LISTEN", "127.0.0.1:0")
+    workers = Workers("--bundle", str(bundle_dir), "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d"),
+                      "--workers", "2")
+    try:
+        assert len(workers.wait_serving()) == 2
+        line = next(x for x in workers.out if "serving" in x)
+        port = int(re.search(r"HTTP on 127\.0\.0\.1:(\d+),", line).group(1))
+        assert port != 0
+        http = HttpTransport(port, OpenApiSchemas(openapi()))
+        for _ in range(4):  # fresh connections, spread over the workers by the kernel
+            assert http.exchange("GET", "/healthz", None) == (200, {"status": "SERVING"})
+        workers.proc.send_signal(signal.SIGTERM)
+        assert workers.wait() == 0
+    finally:
+        workers.kill()

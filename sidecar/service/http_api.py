@@ -36,7 +36,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -179,11 +179,14 @@ class HttpApi:
         if declared.isdigit() and int(declared) > self._max_body_bytes:
             raise too_large
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self._max_body_bytes:
-                raise too_large
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self._max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its request was whole: nothing to decide, no one to answer
+            raise _Refusal(400, Failure(Status.INVALID_ARGUMENT, "the client disconnected")) from None
         return parse_body(b"".join(chunks), raw=_RAW, max_depth=_BODY_MAX_DEPTH)
 
 
