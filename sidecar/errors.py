@@ -11,7 +11,7 @@
     ├── PreconditionError    not in a state that allows it (an expired approval)
     └── ResourceExhaustedError  a bounded resource is full (open approval watches)
 
-Only the gRPC service layer turns these into status codes. Messages follow Cedar's
+Only the service layer turns these into status codes (service/failures.py). Messages follow Cedar's
 style: lowercase start, no final period, user input in backticks.
 """
 

@@ -21,7 +21,7 @@ from itertools import accumulate
 
 from sidecar.errors import InputError
 
-__all__ = ["parse_strict_json"]
+__all__ = ["nests_deeper_than", "parse_strict_json"]
 
 _SAFE_INT = 2**53 - 1
 # A longer literal is out of range without calling int(), which is slow on huge digit
@@ -90,6 +90,12 @@ def _decode(decoder: json.JSONDecoder, text: str) -> object:
         what = what[:1].lower() + what[1:]
         where = f"line {e.lineno} column {e.colno}"
         raise InputError("invalid_input", f"input is not valid JSON: {what} at {where}") from None
+
+
+def nests_deeper_than(data: bytes, max_depth: int) -> bool:
+    """True if the JSON text `data` nests brackets deeper than `max_depth`: a bound to
+    check before handing a document to a recursive parser."""
+    return _too_deep(bytes(data), max_depth)
 
 
 def _too_deep(data: bytes, max_depth: int) -> bool:

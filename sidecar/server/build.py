@@ -40,6 +40,7 @@ from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import TransportRegistration, caller_of
 from sidecar.service.common import TolerantRegistration
+from sidecar.service.http_api import HttpApi, HttpListener
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
@@ -208,7 +209,24 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
     services = tuple(s for s in SERVICES if s != "approvals" or not approvals_apart)
     server, bound = create_listener_server(sidecar, ListenerSettings(address=address or settings.listen,
                                                                      services=services), reuse_port=reuse_port)
+    if settings.http_listen:
+        try:
+            start_http(sidecar, server, settings.http_listen, reuse_port)
+        except BaseException:
+            server.stop(None)
+            raise
     return server, port_of(bound)
+
+
+def start_http(sidecar: Sidecar, server: AioServer, address: str, reuse_port: bool) -> None:
+    """The HTTP/JSON API on a gRPC server's loop, handing its work to the same pump;
+    it stops with that server. Its port is `server.http_port`."""
+    settings = sidecar.settings
+    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate,
+                  max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs)
+    listener = server.run(lambda: HttpListener.start(api, address, reuse_port=reuse_port))
+    server.add_companion(listener.stop)
+    server.http_port = listener.port
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:

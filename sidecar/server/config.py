@@ -12,7 +12,7 @@ import pathlib
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sidecar.errors import ToolAuthzError
 
@@ -115,6 +115,9 @@ class Settings(_Strict):
     approvals_listen: str = ""
     # Addresses with their services and TLS; empty: `listen` (and `approvals_listen`).
     listeners: tuple[ListenerSettings, ...] = ()
+    # The HTTP/JSON API (sidecar/service/http_api.py), e.g. 127.0.0.1:8080; empty: off.
+    # Loopback only: it has no authentication of its own yet.
+    http_listen: str = ""
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True
@@ -166,12 +169,25 @@ class Settings(_Strict):
         Verify record) commit in one transaction."""
         return self.data_dir / DATABASE_FILE
 
+    @field_validator("http_listen")
+    @classmethod
+    def _http_listen_on_loopback(cls, value: str) -> str:
+        if value:
+            from sidecar.service.loopback import loopback_host
+
+            try:
+                loopback_host(value)
+            except ToolAuthzError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     def key_grace_seconds(self) -> float:
         """A retired key verifies for the longest token lifetime plus leeway."""
         return float(self.tokens.lifetime_seconds + self.tokens.leeway_seconds)
 
 
-_ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir"}
+_ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
+        "TOOLAUTHZ_HTTP_LISTEN": "http_listen"}
 
 
 def load_settings(config_file: str | os.PathLike | None = None, **overrides: Any) -> Settings:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sidecar.server.build import Sidecar, create_listener_server
+from sidecar.server.build import Sidecar, create_listener_server, start_http
 from sidecar.server.config import ListenerSettings
 from sidecar.service.running import AioServer
 
@@ -36,6 +36,8 @@ def start_listeners(sidecar: Sidecar, listeners: Iterable[ListenerSettings], *,
     try:
         for listener in listeners:
             started.append(create_listener_server(sidecar, listener, reuse_port=reuse_port))
+        if sidecar.settings.http_listen and started:  # on the first server's loop, stopped with it
+            start_http(sidecar, started[0][0], sidecar.settings.http_listen, reuse_port)
     except BaseException:
         Serving(tuple(s for s, _ in started), ()).stop(None)
         raise

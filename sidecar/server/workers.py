@@ -148,12 +148,15 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
             with _forwarded_signals(group):
                 with contextlib.ExitStack() as reserved:
                     resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
+                    http_listen = reserved.enter_context(_reserved_http_port(settings.http_listen))
+                    group.settings = worker_settings.model_copy(update={"http_listen": http_listen})
                     status = group.start(resolved)
                 if status is not None:
                     return status
                 # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
+                http = f", HTTP on {group.settings.http_listen}" if group.settings.http_listen else ""
                 print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
-                      f"{', '.join(_shown(listener.address) for listener in resolved)}, "
+                      f"{', '.join(_shown(listener.address) for listener in resolved)}{http}, "
                       f"data in {settings.data_dir}, {workers} workers "
                       f"(pids {', '.join(str(p) for p in group.pids())})", flush=True)
                 _announce_metrics(settings, metrics_server)
@@ -169,6 +172,19 @@ def _announce_metrics(settings: Settings, server: MetricsServer | None) -> None:
     if server is not None:
         host = split_listen(settings.metrics_listen)[0]
         print(f"toolauthz metrics on http://{host}:{server.port}/metrics", flush=True)
+
+
+@contextlib.contextmanager
+def _reserved_http_port(http_listen: str) -> Iterator[str]:
+    """The HTTP API's address for every worker: each one binds it with SO_REUSEPORT, as
+    it binds the gRPC address, so the kernel spreads HTTP connections over the workers
+    too and any worker answers (they share the ledger)."""
+    if not http_listen:
+        yield ""
+        return
+    host, port = split_listen(http_listen)
+    with _reserved_port(host, port) as port:
+        yield f"{host}:{port}"
 
 
 def _with_reserved_port(reserved: contextlib.ExitStack, listener: ListenerSettings) -> ListenerSettings:
@@ -208,8 +224,10 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
             raise
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
-        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on {', '.join(serving.addresses)}, "
-              f"data in {settings.data_dir}", flush=True)
+        http_port = serving.servers[0].http_port if serving.servers else None
+        http = f", HTTP on {split_listen(settings.http_listen)[0]}:{http_port}" if http_port else ""
+        print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
+              f"{', '.join(serving.addresses)}{http}, data in {settings.data_dir}", flush=True)
         _announce_metrics(settings, metrics_server)
         try:
             stop.wait()
@@ -282,7 +300,7 @@ class _WorkerGroup:
     def __init__(self, settings: Settings, count: int, run: RunDirectory | None = None):
         """`run`: the run directory the caller made and removes (else the group makes
         one, removed once the workers stopped)."""
-        self._settings, self._count = settings, count
+        self.settings, self._count = settings, count
         self._owns_run = run is None
         self._run = run if run is not None else RunDirectory.create()
         self._ctx = multiprocessing.get_context("spawn")
@@ -305,7 +323,7 @@ class _WorkerGroup:
             parent, child = self._ctx.Pipe(duplex=False)
             mine = listeners if index == 0 else shared
             proc = self._ctx.Process(target=_worker_main,
-                                     args=(self._settings, mine, index, child, os.getpid(), self._run.status),
+                                     args=(self.settings, mine, index, child, os.getpid(), self._run.status),
                                      name=f"toolauthz-worker-{index}",
                                      daemon=True)  # should the parent fail, its exit stops them
             proc.start()
@@ -386,7 +404,7 @@ class _WorkerGroup:
         every worker stopped cleanly (exit code 0)."""
         self._stopping.set()
         self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self._settings.drain_grace_seconds + CLOSE_SECONDS
+        deadline = time.monotonic() + self.settings.drain_grace_seconds + CLOSE_SECONDS
         clean = True
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))

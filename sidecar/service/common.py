@@ -1,17 +1,11 @@
 """What every gRPC handler shares: the error-to-status mapping and message conversions.
 
-The service layer is the only place where errors become status codes:
+The service layer is the only place where errors become status codes. Which error gets
+which status is one table for every transport, `failures.py`; here it becomes a gRPC
+status, plus two refusals only gRPC has:
 
-    RequestError, InputError  -> INVALID_ARGUMENT (the caller sent an unusable request)
-    NotFoundError             -> NOT_FOUND
-    ConflictError             -> ALREADY_EXISTS
-    ForbiddenError            -> PERMISSION_DENIED
-    PreconditionError         -> FAILED_PRECONDITION
-    ResourceExhaustedError    -> RESOURCE_EXHAUSTED (e.g. too many open approval watches)
-    StoreUnavailable          -> UNAVAILABLE (and never a token or `valid`)
     deadline already passed   -> DEADLINE_EXCEEDED, before any work
     bytes that are no message -> INVALID_ARGUMENT, before any work (see `TolerantRegistration`)
-    anything else             -> INTERNAL with a generic message; the detail goes to the log
 A DENY is an answer, not an error: it travels in the response.
 """
 
@@ -19,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -28,31 +21,9 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.display import bounded_message
-from sidecar.errors import (
-    ConflictError,
-    ForbiddenError,
-    InputError,
-    NotFoundError,
-    PreconditionError,
-    RequestError,
-    ResourceExhaustedError,
-    StoreUnavailable,
-)
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.telemetry import metrics
-
-log = logging.getLogger("toolauthz.service")
-
-_STATUS: list[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode]] = [
-    ((RequestError, InputError), grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (ConflictError, grpc.StatusCode.ALREADY_EXISTS),
-    (ForbiddenError, grpc.StatusCode.PERMISSION_DENIED),
-    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-]
+from sidecar.service.failures import DEADLINE_EXPIRED, Failure, failure_of
 
 
 def _expired(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> bool:
@@ -60,21 +31,16 @@ def _expired(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> bool:
     return remaining is not None and remaining <= 0
 
 
-_EXPIRED = (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the request was handled")
+def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status code named as the failure's status, and its message."""
+    return grpc.StatusCode[failure.status.name], failure.message
+
+
+_EXPIRED = grpc_status(DEADLINE_EXPIRED)
 
 
 def _status_for(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
-    """The status and its detail. A detail may quote the caller's values: it is escaped
-    and bounded, so that it stays one line and fits gRPC's trailer (16 KB)."""
-    for kinds, code in _STATUS:
-        if isinstance(exc, kinds):
-            return code, bounded_message(exc.message if isinstance(exc, InputError) else str(exc))
-    if isinstance(exc, StoreUnavailable):
-        metrics.STORE_ERRORS.inc()
-        log.error("store unavailable in %s: %s", name, bounded_message(str(exc)))
-        return grpc.StatusCode.UNAVAILABLE, "the sidecar's store is unavailable; no decision was made"
-    log.error("internal error in %s", name, exc_info=exc)
-    return grpc.StatusCode.INTERNAL, "internal error"
+    return grpc_status(failure_of(exc, name))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ class AioServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._after_stop: list[Callable[[], None]] = []
+        # Servers sharing this loop (the HTTP API), each stopped with the gRPC server.
+        self._companions: list[Callable[[float | None], Awaitable[None]]] = []
+        self.http_port: int | None = None
 
         async def create() -> grpc.aio.Server:
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
@@ -120,6 +123,11 @@ class AioServer:
     def start(self) -> None:
         self._loop.run(self._server.start)
 
+    def add_companion(self, stop: Callable[[float | None], Awaitable[None]]) -> None:
+        """Registers a server running on this loop: `stop(grace)` is awaited with the gRPC
+        server's own stop, before the loop closes."""
+        self._companions.append(stop)
+
     def stop(self, grace: float | None) -> threading.Event:
         """Stops taking calls (new ones are refused at once), lets those in flight finish
         for up to `grace` seconds (None: cancel them now), then closes the loop; returns
@@ -129,13 +137,16 @@ class AioServer:
                 try:
                     if self._before_stop is not None:
                         self._loop.run(self._before_stop)
-                    self._loop.run(lambda: self._server.stop(grace))
+                    self._loop.run(lambda: self._stop_all(grace))
                 finally:
                     self._close_loop()
                     for cleanup in self._after_stop:
                         cleanup()
                     self._stopped.set()
         return self._stopped
+
+    async def _stop_all(self, grace: float | None) -> None:
+        await asyncio.gather(self._server.stop(grace), *(stop(grace) for stop in self._companions))
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """True once stopped; False if `timeout` passed first."""

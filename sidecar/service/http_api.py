@@ -1,0 +1,385 @@
+"""The HTTP/JSON API: Authorize, Verify, ReportOutcome and GetKeys for runtimes that do
+not speak gRPC (a TypeScript agent with `fetch`, a shell script with `curl`).
+
+    POST /v1/authorize   {context, call}                      -> the AuthorizeResponse as JSON
+    POST /v1/verify      {token, context, call}               -> {valid, code, decision_id}
+    POST /v1/outcome     {context, call_id, status, ...}      -> {decision_id, unverified}
+    GET  /v1/keys                                             -> {keys: [{kid, paserk, jwk, state}]}
+    GET  /healthz                                             -> {status: "SERVING"}
+
+The handlers hand the authorizer's plans to the decision pump exactly as the gRPC
+handlers do (service/authorizer.py), so decisions, errors and audit records are the
+same on both transports. `call.input` is a JSON value in the body, kept as the bytes
+received (service/json_body.py): the digest, the strict parsing and the schema see the
+text the runtime sent, as gRPC's `input_json` does. Errors map through the one table of
+service/failures.py; the body is `{"error": {"code": <gRPC status name>, "message"}}`.
+
+The listener binds loopback only: it has no authentication of its own yet and will take
+the gRPC listeners' (mTLS or a Unix socket). Requests must name a loopback `Host` and
+send `Content-Type: application/json`, so that a web page the machine's browser opens
+can neither rebind a name to it nor post to it without a CORS preflight it never passes.
+OpenAPI: docs/openapi.yaml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sidecar.authorizer import Authorizer, AuthorizeResult
+from sidecar.digest import MAX_DEPTH
+from sidecar.display import shown
+from sidecar.errors import InputError, RequestError, ToolAuthzError
+from sidecar.model import Principal, ProposedCall, TrustedContext
+from sidecar.server.pump import DecisionPump
+from sidecar.service.access import About, Gate
+from sidecar.service.callers import UNAUTHENTICATED
+from sidecar.service.failures import Failure, Status, failure_of
+from sidecar.service.json_body import JsonPath, RawJson, parse_body
+from sidecar.service.loopback import loopback_host, loopback_host_header
+from sidecar.strict_json import parse_strict_json
+from sidecar.tokens.keyring import KeyRing
+
+__all__ = ["HttpApi", "HttpListener"]
+
+log = logging.getLogger("toolauthz.http")
+
+OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
+# The members whose bytes are kept as received: the model's arguments (digested) and the
+# runtime's entities (handed to the engine as `entities_json` is over gRPC).
+_RAW: frozenset[JsonPath] = frozenset({("call", "input"), ("context", "entities")})
+# The body wraps `input` in two objects; a deeper input still reaches the authorizer,
+# which refuses it past MAX_DEPTH with the DENY gRPC gives. Beyond this: not parsed.
+_BODY_MAX_DEPTH = 2 * MAX_DEPTH
+
+
+class _Refusal(Exception):
+    """An HTTP-only refusal before any work (wrong media type, body too large)."""
+
+    def __init__(self, http_status: int, failure: Failure):
+        super().__init__(failure.message)
+        self.http_status = http_status
+        self.failure = failure
+
+
+def _error_response(http_status: int, failure: Failure) -> JSONResponse:
+    return JSONResponse({"error": {"code": failure.status.name, "message": failure.message}},
+                        status_code=http_status)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class HttpApi:
+    """The Starlette application; one per sidecar process, on the gRPC server's loop."""
+
+    def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, *, gate: Gate,
+                 max_body_bytes: int, max_concurrent: int):
+        self._authorizer = authorizer
+        # The HTTP API proves no caller yet: every request passes the roles as an
+        # unauthenticated caller, so with `callers` configured it may fetch the keys alone.
+        self._gate = replace(gate, callers=lambda _request: UNAUTHENTICATED)
+        self._pump = pump
+        self._keyring = keyring
+        self._max_body_bytes = max_body_bytes
+        self._max_concurrent = max_concurrent
+        self._in_flight = 0
+        self.routes: dict[str, tuple[str, Endpoint]] = {
+            "/v1/authorize": ("POST", self.authorize),
+            "/v1/verify": ("POST", self.verify),
+            "/v1/outcome": ("POST", self.outcome),
+            "/v1/keys": ("GET", self.keys),
+            "/healthz": ("GET", self.health),
+        }
+        self.app = Starlette(
+            routes=[Route(path, self._answering(endpoint), methods=[method])
+                    for path, (method, endpoint) in self.routes.items()],
+            exception_handlers={HTTPException: _http_exception})
+
+    def _answering(self, endpoint: Endpoint) -> Endpoint:
+        """The error boundary of every route: loopback Host, at most `max_concurrent`
+        requests at once, and every exception through the shared table."""
+        where = f"HTTP {endpoint.__name__}"
+
+        async def answer(request: Request) -> Response:
+            if not loopback_host_header(request.headers.get("host", "")):
+                return _error_response(403, Failure(Status.PERMISSION_DENIED,
+                                                    "the HTTP API answers requests for a loopback host only"))
+            if self._in_flight >= self._max_concurrent:
+                return _error_response(429, Failure(Status.RESOURCE_EXHAUSTED,
+                                                    f"more than {self._max_concurrent} requests at once"))
+            self._in_flight += 1
+            try:
+                return await endpoint(request)
+            except _Refusal as refusal:
+                return _error_response(refusal.http_status, refusal.failure)
+            except Exception as exc:  # noqa: BLE001 - the boundary
+                failure = failure_of(exc, where)
+                return _error_response(failure.status.http_status, failure)
+            finally:
+                self._in_flight -= 1
+
+        answer.__name__ = endpoint.__name__
+        return answer
+
+    async def authorize(self, request: Request) -> Response:
+        body = await self._json_body(request)
+        _only(body, "", ("context", "call"))
+        ctx, call = _context(body.get("context")), _call(body.get("call"))
+        caller = (await self._gate.admit_async(request, "Authorize", _about(ctx, call.call_id))).caller.id
+        async with _client_presence(request) as gone:
+            def wanted() -> bool:
+                return not gone.is_set()
+
+            result = await self._pump.answer(
+                lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller))
+        return JSONResponse(authorize_json(result))
+
+    async def verify(self, request: Request) -> Response:
+        body = await self._json_body(request)
+        _only(body, "", ("token", "context", "call"))
+        token, ctx, call = _string(body, "token", ""), _context(body.get("context")), _call(body.get("call"))
+        caller = (await self._gate.admit_async(request, "Verify", _about(ctx, call.call_id))).caller.id
+        result = await self._pump.answer(lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller))
+        return JSONResponse({"valid": result.valid, "code": result.code, "decision_id": result.decision_id})
+
+    async def outcome(self, request: Request) -> Response:
+        body = await self._json_body(request)
+        _only(body, "", ("context", "call_id", "status", "error_code", "output_digest"))
+        ctx = _context(body.get("context"))
+        call_id, status = _string(body, "call_id", ""), _string(body, "status", "")
+        error_code, digest = _string(body, "error_code", ""), _string(body, "output_digest", "")
+        if status not in OUTCOMES:
+            raise RequestError(f"status must be {', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]}")
+        caller = (await self._gate.admit_async(request, "ReportOutcome", _about(ctx, call_id))).caller.id
+        result = await self._pump.answer(
+            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller))
+        return JSONResponse({"decision_id": result.decision_id, "unverified": result.unverified})
+
+    async def keys(self, request: Request) -> Response:
+        await self._gate.admit_async(request, "GetKeys")
+        keys = self._keyring.public_keys(self._authorizer.clock.now())
+        return JSONResponse({"keys": [{"kid": k.kid, "paserk": k.paserk, "jwk": k.jwk, "state": k.state}
+                                      for k in keys]})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "SERVING"})
+
+    async def _json_body(self, request: Request) -> dict[str, object]:
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise _Refusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"))
+        too_large = _Refusal(413, Failure(Status.RESOURCE_EXHAUSTED,
+                                          f"the request body is larger than {self._max_body_bytes} bytes"))
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_body_bytes:
+            raise too_large
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self._max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its request was whole: nothing to decide, no one to answer
+            raise _Refusal(400, Failure(Status.INVALID_ARGUMENT, "the client disconnected")) from None
+        return parse_body(b"".join(chunks), raw=_RAW, max_depth=_BODY_MAX_DEPTH)
+
+
+# -- the request envelope ------------------------------------------------------------------
+
+def _about(ctx: TrustedContext, call_id: str) -> About:
+    return About(ctx.tenant, str(ctx.principal), call_id, ctx.request_id)
+
+
+def _members(value: object, at: str, names: tuple[str, ...]) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise RequestError(f"`{at or '/'}` must be a JSON object")
+    _only(value, at, names)
+    return value
+
+
+def _only(members: dict[str, object], at: str, names: tuple[str, ...]) -> None:
+    unknown = sorted(set(members) - set(names))
+    if unknown:
+        raise RequestError(f"unknown member `{at}/{shown(unknown[0])}`; expected {', '.join(names)}")
+
+
+def _string(members: dict[str, object], name: str, at: str) -> str:
+    """A string member; absent is empty, which the model's checks refuse where it matters."""
+    value = members.get(name, "")
+    if not isinstance(value, str):
+        raise RequestError(f"`{at}/{name}` must be a string")
+    return value
+
+
+def _context(value: object) -> TrustedContext:
+    if value is None:
+        raise RequestError("missing `context`")
+    members = _members(value, "/context", ("tenant", "principal", "request_id", "entities"))
+    principal = _members(members.get("principal", {}), "/context/principal", ("type", "id"))
+    entities = members.get("entities")
+    entities_json = b""
+    if isinstance(entities, RawJson):
+        try:  # the runtime's own text: held to the body's strict rules, handed on as sent
+            parse_strict_json(entities.data, max_bytes=len(entities.data))
+        except InputError as exc:
+            raise RequestError(f"the request body at `/context/entities`: {exc.message}") from None
+        entities_json = entities.data
+    return TrustedContext(_string(members, "tenant", "/context"),
+                          Principal(_string(principal, "type", "/context/principal"),
+                                    _string(principal, "id", "/context/principal")),
+                          _string(members, "request_id", "/context"), entities_json)
+
+
+def _call(value: object) -> ProposedCall:
+    if value is None:
+        raise RequestError("missing `call`")
+    members = _members(value, "/call", ("call_id", "name", "input"))
+    raw_input = members.get("input")
+    if not isinstance(raw_input, RawJson):
+        raise RequestError("missing `call.input`: the tool's arguments as a JSON value")
+    return ProposedCall(_string(members, "call_id", "/call"), _string(members, "name", "/call"), raw_input.data)
+
+
+# -- responses -----------------------------------------------------------------------------
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def authorize_json(result: AuthorizeResult) -> dict[str, Any]:
+    """The AuthorizeResponse as JSON: absent values are null."""
+    token = result.token
+    return {
+        "decision": result.decision.value,
+        "decision_id": result.decision_id,
+        "reasons": list(result.reasons),
+        "errors": [{"code": e.code, "message": e.message} for e in result.errors],
+        "policy_version": result.policy_version,
+        "digest": result.digest,
+        "token": token.token if token is not None else None,
+        "expires_at": rfc3339(token.expires_at) if token is not None else None,
+        "approval_id": result.approval_id or None,
+        "approval_expires_at": (rfc3339(result.approval_expires_at)
+                                if result.approval_expires_at is not None else None),
+        "replayed": result.replayed,
+    }
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own answers (no such route, wrong method) in the API's error shape."""
+    http_status = exc.status_code if isinstance(exc, HTTPException) else 500
+    status = Status.NOT_FOUND if http_status == 404 else Status.INVALID_ARGUMENT
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    return _error_response(http_status, Failure(status, str(detail)))
+
+
+@contextlib.asynccontextmanager
+async def _client_presence(request: Request) -> AsyncIterator[threading.Event]:
+    """An event set when the client disconnects while its request is being decided: the
+    pump then mints no token for it (the gRPC handler does the same on cancellation)."""
+    gone = threading.Event()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+# -- the listener --------------------------------------------------------------------------
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with an event set once it listens."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()
+
+
+class HttpListener:
+    """uvicorn serving an HttpApi on the running event loop (the gRPC server's), so that
+    both transports share one loop and one decision pump."""
+
+    def __init__(self, server: _Server, task: asyncio.Task[None], port: int):
+        self._server = server
+        self._task = task
+        self.port = port
+
+    @classmethod
+    async def start(cls, api: HttpApi, address: str, *, reuse_port: bool = False) -> HttpListener:
+        """Binds `address` (loopback only; port 0 picks one) and serves; raises
+        ToolAuthzError or OSError when it cannot."""
+        sock = _bind(address, reuse_port)
+        config = uvicorn.Config(api.app, http="h11", ws="none", lifespan="off", log_config=None,
+                                access_log=False, proxy_headers=False, server_header=False,
+                                timeout_graceful_shutdown=5)
+        server = _Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        listening = asyncio.create_task(server.listening.wait())
+        await asyncio.wait({task, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if not server.listening.is_set():
+            listening.cancel()
+            sock.close()
+            task.result()  # raises what stopped it
+            raise OSError(f"cannot serve HTTP on {address}")
+        return cls(server, task, sock.getsockname()[1])
+
+    async def stop(self, grace: float | None) -> None:
+        """Stops taking requests; those in flight get `grace` seconds (None: none)."""
+        self._server.config.timeout_graceful_shutdown = None if grace is None else max(1, round(grace))
+        self._server.should_exit = True
+        if grace is None:
+            self._server.force_exit = True
+        await self._task
+
+
+def _bind(address: str, reuse_port: bool) -> socket.socket:
+    host, port = loopback_host(address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
+    family, _type, _proto, _name, sockaddr = infos[0]
+    if not ipaddress.ip_address(sockaddr[0]).is_loopback:  # `localhost` resolving elsewhere
+        raise ToolAuthzError(f"http_listen `{address}` resolves to `{sockaddr[0]}`, not a loopback address")
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # the workers of `--workers N` share the port, as they share the gRPC one
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(sockaddr)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
+    return sock
+

@@ -1,0 +1,155 @@
+"""HTTP request bodies: strict JSON, with chosen members kept as the bytes received.
+
+The call digest is computed over the model's arguments exactly as the runtime sent them,
+so the HTTP API cannot parse a body and serialise `call.input` again: `1.0`, `1e2` and
+key order would be lost, and the digest would be of text nobody sent. Instead this walks
+the body with the stdlib JSON scanner, which reports where each value ends, and keeps
+the members named in `raw` (e.g. `("call", "input")`) as `RawJson`, the exact bytes of
+their span. Those bytes then take the path gRPC's `input_json` takes (strict parsing,
+schema, digest), so the same call gives the same decision and digest on both transports.
+
+What is refused here, as a RequestError (INVALID_ARGUMENT):
+  * a body that is not JSON: invalid UTF-8, a byte order mark, a syntax error, NaN or
+    Infinity anywhere, anything after the top-level object, nesting over `max_depth`;
+  * in every member but the raw ones, what `strict_json` refuses: duplicate keys, -0,
+    integers beyond ±(2^53-1), lone surrogates.
+A raw member only has to be JSON syntax; what the strict rules say about it is the
+authorizer's answer (a DENY with `invalid_input` for the model's arguments), as on gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from sidecar.display import shown
+from sidecar.errors import InputError, RequestError
+from sidecar.strict_json import nests_deeper_than, parse_strict_json
+
+__all__ = ["JsonPath", "RawJson", "parse_body"]
+
+JsonPath = tuple[str, ...]
+
+_BOM = b"\xef\xbb\xbf"
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """A member's value exactly as received: the UTF-8 bytes of its span in the body."""
+
+    data: bytes
+
+
+def parse_body(body: bytes, *, raw: frozenset[JsonPath], max_depth: int) -> dict[str, object]:
+    """The body's top-level object as plain values, with each member whose path is in
+    `raw` given as RawJson. Raises RequestError."""
+    if body.startswith(_BOM):
+        raise RequestError("the request body starts with a UTF-8 byte order mark")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError("the request body is not valid UTF-8") from None
+    if nests_deeper_than(body, max_depth):
+        raise RequestError(f"the request body nests deeper than {max_depth} levels")
+    start = _skip_whitespace(text, 0)
+    if text[start:start + 1] != "{":
+        raise RequestError("the request body must be a JSON object")
+    members, end = _Walk(text, raw).object_at(start, ())
+    if _skip_whitespace(text, end) != len(text):
+        raise _not_json(text, end, "extra data after the JSON object")
+    return members
+
+
+class _Walk:
+    def __init__(self, text: str, raw: frozenset[JsonPath]):
+        self._text = text
+        self._raw = raw
+        # Objects on the way to a raw member are walked here, member by member; any
+        # other value is parsed whole.
+        self._on_the_way = frozenset(path[:n] for path in raw for n in range(len(path)))
+
+    def object_at(self, i: int, path: JsonPath) -> tuple[dict[str, object], int]:
+        """The object starting at text[i] == "{", and the index after it."""
+        text, members = self._text, dict[str, object]()
+        i = _skip_whitespace(text, i + 1)
+        if text.startswith("}", i):
+            return members, i + 1
+        while True:
+            if not text.startswith('"', i):
+                raise _not_json(text, i, "expecting property name enclosed in double quotes")
+            try:
+                key, i = _KEYS.raw_decode(text, i)  # a string, as text[i] is a quote
+            except json.JSONDecodeError as exc:
+                raise _not_json(text, exc.pos, exc.msg) from None
+            if key in members:
+                raise RequestError(f"duplicate key `{shown(key)}` in the request body at "
+                                   f"`{_pointer(path)}`")
+            i = _skip_whitespace(text, i)
+            if not text.startswith(":", i):
+                raise _not_json(text, i, "expecting ':' delimiter")
+            i = _skip_whitespace(text, i + 1)
+            members[key], i = self._value_at(i, (*path, key))
+            i = _skip_whitespace(text, i)
+            if text.startswith(",", i):
+                i = _skip_whitespace(text, i + 1)
+            elif text.startswith("}", i):
+                return members, i + 1
+            else:
+                raise _not_json(text, i, "expecting ',' delimiter")
+
+    def _value_at(self, i: int, path: JsonPath) -> tuple[object, int]:
+        if path in self._on_the_way and self._text.startswith("{", i):
+            return self.object_at(i, path)
+        end = _end_of_value(self._text, i)
+        span = self._text[i:end].encode("utf-8")  # the received bytes: the body decoded strictly
+        if path in self._raw:
+            return RawJson(span), end
+        try:
+            return parse_strict_json(span, max_bytes=len(span)), end
+        except InputError as exc:
+            raise RequestError(f"the request body at `{_pointer(path)}`: {exc.message}") from None
+
+
+def _ignore(_value: object) -> None:
+    return None
+
+
+def _refuse_constant(name: str) -> object:
+    # `name` is NaN, Infinity or -Infinity: a literal of the scanner, not caller text.
+    raise RequestError(f"the request body is not valid JSON: `{name}` is not a JSON number")
+
+
+# Finds where a value ends and checks its syntax, building nothing: no dict, no int
+# conversion of a long digit string.
+_SYNTAX = json.JSONDecoder(object_pairs_hook=_ignore, parse_int=_ignore, parse_float=_ignore,
+                           parse_constant=_refuse_constant)
+
+
+_KEYS = json.JSONDecoder()
+
+
+def _end_of_value(text: str, i: int) -> int:
+    try:
+        _value, end = _SYNTAX.raw_decode(text, i)
+    except json.JSONDecodeError as exc:
+        raise _not_json(text, exc.pos, exc.msg) from None
+    return int(end)
+
+
+def _skip_whitespace(text: str, i: int) -> int:
+    match = _WHITESPACE.match(text, i)
+    return match.end() if match else i
+
+
+def _not_json(text: str, position: int, what: str) -> RequestError:
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    what = what.removesuffix(" at")
+    what = what[:1].lower() + what[1:]
+    return RequestError(f"the request body is not valid JSON: {what} at line {line} column {column}")
+
+
+def _pointer(path: JsonPath) -> str:
+    return "/" + "/".join(shown(p.replace("~", "~0").replace("/", "~1")) for p in path)
