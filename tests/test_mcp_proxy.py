@@ -394,3 +394,87 @@ def test_import_maps_names_and_annotations():
     open_world = types.Tool(name="post", input_schema={"type": "object"},
                             annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=True))
     assert "side_effect: communicate" in draft_for(open_world).text
+
+
+async def _serve_http(app: Any, tg: Any) -> tuple[Any, int]:
+    """Serves an ASGI app with uvicorn on 127.0.0.1, port 0: (server, port)."""
+    import uvicorn
+
+    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    tg.start_soon(http.serve)
+    while not http.started:
+        await asyncio.sleep(0.01)
+    return http, http.servers[0].sockets[0].getsockname()[1]
+
+
+def test_streamable_http_on_both_sides(harness):
+    """Upstream and downstream over Streamable HTTP on loopback; the sidecar's request id
+    is the downstream HTTP session, so two sessions are two runs."""
+    from examples.mcp_gateway.upstream import build_server
+
+    upstream = build_server()
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{harness.port}")
+        settings = ProxySettings(bundle=harness.bundle, tenant="acme", principal=Principal("User", "alice"),
+                                 downstream="http")
+        proxy = McpProxy(settings, authz)
+        proxy.observers.append(harness.events.append)
+        async with anyio.create_task_group() as tg:
+            up_http, up_port = await _serve_http(upstream.streamable_http_app(host="127.0.0.1"), tg)
+            async with proxy.connected(f"http://127.0.0.1:{up_port}/mcp"):
+                down_http, down_port = await _serve_http(proxy.server.streamable_http_app(host="127.0.0.1"), tg)
+                for _ in range(2):
+                    async with Client(f"http://127.0.0.1:{down_port}/mcp", mode="legacy", cache=None) as client:
+                        assert sorted(t.name for t in (await client.list_tools()).tools) == ["delete_note",
+                                                                                            "read_note"]
+                        result = await client.call_tool("read_note", {"note_id": "n1"})
+                        assert result.structured_content == {"note_id": "n1", "text": "buy milk"}
+                down_http.should_exit = True
+            up_http.should_exit = True
+        await authz.close()
+
+    anyio.run(main)
+    runs = {e.call_id.rsplit("-", 1)[0] for e in harness.outcomes()}
+    assert len(harness.outcomes()) == 2 and len(runs) == 2
+
+
+def test_the_same_call_after_its_approval_runs_with_that_approval(harness):
+    async def body(proxy, client):
+        pending = await client.call_tool("delete_note", {"note_id": "n2"})
+        assert pending.is_error
+        approval_id = [e for e in harness.events if e.kind == "authorize"][0].data["approval_id"]
+        await asyncio.to_thread(approve, harness.port, approval_id, "approve")
+        done = await client.call_tool("delete_note", {"note_id": "n2"})  # a new JSON-RPC id, the same call
+        assert not done.is_error and done.structured_content == {"deleted": "n2"}
+        again = await client.call_tool("delete_note", {"note_id": "n2"})  # a new call: a new approval
+        assert again.is_error and approval_id not in text(again)
+
+    harness.run(body)
+    assert harness.upstream.calls == [("delete_note", {"note_id": "n2"})]
+    authorized = [e for e in harness.events if e.kind == "authorize"]
+    assert [e.data["decision"] for e in authorized] == ["APPROVAL_REQUIRED", "ALLOW", "APPROVAL_REQUIRED"]
+
+
+def test_check_refuses_a_malformed_mcp_block(bundle_dir):
+    from sidecar.bundle import load_bundle
+    from sidecar.errors import BundleError
+
+    path = bundle_dir / "tools" / "read_note.yaml"
+    path.write_text(path.read_text() + "mcp: {nme: x, input_schema_sha256: 12}\n")
+    with pytest.raises(BundleError) as refused:
+        load_bundle(bundle_dir)
+    mcp_problems = sorted(p.pointer for p in refused.value.problems if p.file == "tools/read_note.yaml")
+    assert mcp_problems == ["/mcp/input_schema_sha256", "/mcp/nme"]
+
+
+@pytest.mark.parametrize("listen", ["http://0.0.0.0:8808", "http://10.1.2.3:8808", "https://127.0.0.1:8808",
+                                    "http://127.0.0.1", "http://example.com:80"])
+def test_downstream_http_is_loopback_only(listen):
+    from sidecar.cli.mcp import loopback_http
+    from sidecar.errors import RequestError
+
+    with pytest.raises(RequestError):
+        loopback_http(listen)
+    assert loopback_http("http://127.0.0.1:8808") == ("127.0.0.1", 8808)
+    assert loopback_http("http://[::1]:8808") == ("::1", 8808)
