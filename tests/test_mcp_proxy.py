@@ -67,7 +67,6 @@ class Harness:
         self.approval_wait = approval_wait
         self.upstream = Upstream()
         self.events: list[GuardEvent] = []
-        self.outcome = asyncio.Event
 
     def run(self, body: Callable[[McpProxy, Client], Awaitable[None]]) -> None:
         async def main() -> None:
