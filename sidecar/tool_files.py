@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,10 @@ SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's safe loader when PyYAML has it (its wheels do): the same documents, read in
 # 0.5 s for the 1,000 tool files of the benchmark's largest bundle (pure Python: 3.5 s).
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# The optional `mcp` block of a tool file: how `toolauthz mcp-proxy` pins the upstream tool
+# (see sidecar/mcp_proxy/pins.py). Checked here so that `check` and the proxy agree.
+_MCP_KEYS = {"name", "input_schema_sha256"}
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def tool_documents(tools_dir: pathlib.Path, problems: list[Problem]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -49,3 +54,19 @@ def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dic
         problems.append(Problem(rel, "a tool file must hold a mapping"))
         return None
     return data
+
+
+def check_mcp_block(raw: Any) -> list[tuple[str, str]]:
+    """Problems of a tool file's optional `mcp` block as (pointer, message)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        return [("/mcp", "`mcp` must be a mapping")]
+    found = [(f"/mcp/{key}", f"unknown key `{key}`") for key in sorted(set(raw) - _MCP_KEYS)]
+    name = raw.get("name")
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128):
+        found.append(("/mcp/name", "`mcp.name` must be the upstream tool name (1 to 128 characters)"))
+    digest = raw.get("input_schema_sha256")
+    if digest is not None and (not isinstance(digest, str) or not _SHA256.fullmatch(digest)):
+        found.append(("/mcp/input_schema_sha256", "`mcp.input_schema_sha256` must be 64 lowercase hex digits"))
+    return found

@@ -59,12 +59,20 @@ FENCES: tuple[Fence, ...] = (
           may_import=frozenset({"sidecar.client", "sidecar.errors", "sidecar.model", "sidecar.strict_json",
                                 "sidecar.digest", "sidecar.display", "sidecar.tool_files", "sidecar.tokens",
                                 "sidecar.proto"}),
+          imported_by=frozenset({"sidecar.cli", "sidecar.mcp_proxy"})),
+    # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
+    # and reads the tool files itself, so it loads no engine, bundle loader or storage.
+    Fence("sidecar.mcp_proxy",
+          may_import=frozenset({"sidecar.mcp_proxy", "sidecar.client", "sidecar.errors", "sidecar.model",
+                                "sidecar.strict_json", "sidecar.digest", "sidecar.display", "sidecar.tool_files",
+                                "sidecar.proto"}),
           imported_by=frozenset({"sidecar.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).
     Fence("sidecar.proto",
           may_import=frozenset({"sidecar.proto"}),
-          imported_by=frozenset({"sidecar.client", "sidecar.service", "sidecar.server", "sidecar.cli"})),
+          imported_by=frozenset({"sidecar.client", "sidecar.mcp_proxy", "sidecar.service", "sidecar.server",
+                                 "sidecar.cli"})),
 )
 
 # Imports that break the rules today, each with the reason and the way out. An entry

@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from sidecar.errors import Problem
-from sidecar.tool_files import tool_documents
+from sidecar.tool_files import check_mcp_block, tool_documents
 
 SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
@@ -31,7 +31,7 @@ _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 _PINNING_KEYWORDS = ("pattern", "enum", "const")
 _PINNING_FORMATS = ("uuid",)
 _KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
-               "resource", "limits", "audit"}
+               "resource", "limits", "audit", "mcp"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
 
     for key in sorted(set(raw) - _KNOWN_KEYS):
         bad(f"/{key}", f"unknown key `{key}`")
+    for mcp_pointer, mcp_problem in check_mcp_block(raw.get("mcp")):
+        bad(mcp_pointer, mcp_problem)
     name = raw.get("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         bad("/name", "tool name must match `^[a-z][a-z0-9_]{0,63}$`")

@@ -15,6 +15,7 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import add_approvals_command
 from sidecar.cli.audit import add_audit_command
+from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
 from sidecar.clock import SystemClock
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approvals_command(sub, parse_principal)
     add_audit_command(sub)
     add_test_command(sub)
+    add_mcp_commands(sub, parse_principal)
     return parser
 
 

@@ -1,0 +1,305 @@
+"""The MCP proxy: one downstream MCP server in front of one upstream MCP client.
+
+Identity never comes from the MCP client: the tenant and principal are the proxy's
+configuration. The sidecar's `request_id` (one model run) is the MCP session: the HTTP
+session id the SDK issued, or a ULID drawn when a stdio connection starts. MCP has no
+tool-call id, so a call's id is the session's plus the JSON-RPC request id: a request id
+replayed within a session is the same call, which the Guard answers from its record (and
+the sidecar's single-use Verify backs that up), never running it twice.
+
+Each `tools/call`: re-list the upstream tools (drift check) → Authorize → (approval
+wait, with MCP progress notifications) → Verify → the upstream `tools/call` → output
+checked against the catalog's `output_schema` → ReportOutcome; the AsyncGuard does all
+but the drift check, with the upstream call as the tool's implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import pathlib
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.server import Server
+from ulid import ULID
+
+from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolError, ToolSet, TrustedContext
+from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from sidecar.display import display
+from sidecar.mcp_proxy.pins import PinnedTool, catalog_signature, drift, load_pins
+
+__all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
+
+log = logging.getLogger("toolauthz.mcp_proxy")
+TOOL_CHANGED = "tool_changed"
+_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+_PLAIN_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
+_RELIST_PAGES = 100
+_MAX_SESSIONS = 1024  # Guards kept for replay answers; the sidecar's single use covers the rest
+_SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
+                      "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
+                      "update": types.ToolAnnotations(read_only_hint=False, destructive_hint=True)}
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    bundle: pathlib.Path
+    tenant: str
+    principal: Principal
+    approval_wait_seconds: float = 0.0  # 0: answer at once with an isError result naming the approval
+    execution_timeout: float = 30.0
+    rpc_timeout: float | None = 10.0
+    downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
+
+
+@dataclass
+class _Call:
+    """A tools/call in flight whose client asked for progress notifications."""
+
+    ctx: Any
+    token: str | int
+
+
+class McpProxy:
+    """`async with proxy.connected(upstream):` then serve `proxy.server`."""
+
+    def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient):
+        TrustedContext(settings.tenant, settings.principal, "check")  # fails fast on a bad identity
+        self.settings = settings
+        self.authz = authz
+        self.connection_id = str(ULID())  # the stdio connection's session
+        self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
+                                          on_call_tool=self._call_tool)
+        self.observers: list[Callable[[GuardEvent], None]] = []
+        self._upstream: Client | None = None
+        self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self._pins: dict[str, PinnedTool] = {}
+        self._tools = ToolSet()
+        self._drifted: dict[str, str] = {}  # catalog name -> the pin that the upstream broke
+        self._guards: dict[str, AsyncGuard] = {}
+        self._progress: dict[str, _Call] = {}
+        self._pending_approvals: dict[tuple[str, str, str], str] = {}  # (session, tool, args) -> call id
+        self._background: set[asyncio.Task[Any]] = set()
+        self._relist_lock = asyncio.Lock()
+
+    # -- the upstream ------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def connected(self, upstream: Any) -> AsyncIterator[McpProxy]:
+        """Connects the upstream (a URL, StdioServerParameters, or an in-process server)."""
+        async with Client(upstream, mode="legacy", cache=None, message_handler=self._on_upstream_message) as client:
+            self._upstream = client
+            try:
+                await self.refresh()
+                yield self
+            finally:
+                self._upstream = None
+
+    async def _on_upstream_message(self, message: Any) -> None:
+        method = getattr(getattr(message, "root", message), "method", None)
+        if method == "notifications/tools/list_changed":
+            # Not awaited here: the upstream's answer arrives through this same receive loop.
+            task = asyncio.ensure_future(self._refresh_logged())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _refresh_logged(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:  # logged; a failed eager re-list is retried by the next call
+            log.exception("re-listing the upstream tools failed")
+
+    async def refresh(self) -> dict[str, types.Tool]:
+        """Re-reads the catalog (when a tool file changed) and the upstream's tools; the
+        catalogued tools whose upstream advertisement matches its pin, by catalog name."""
+        async with self._relist_lock:
+            self._reload_catalog()
+            advertised = await self._upstream_tools()
+            exposed: dict[str, types.Tool] = {}
+            for name, pinned in self._pins.items():
+                tool = advertised.get(pinned.upstream_name)
+                if tool is None:
+                    continue
+                if self._drifted.get(name) == pinned.pin:
+                    continue  # refused until the catalog is updated, even if the upstream reverted
+                why = drift(pinned, tool.description, tool.input_schema)
+                if why is not None:
+                    self._drifted[name] = pinned.pin
+                    log.warning("tool_changed: upstream tool %s changed its %s since the catalog pinned it; "
+                                "calls are refused until tools/%s is updated", display(pinned.upstream_name), why,
+                                display(name))
+                    continue
+                self._drifted.pop(name, None)
+                exposed[name] = tool
+            return exposed
+
+    async def _upstream_tools(self) -> dict[str, types.Tool]:
+        if self._upstream is None:
+            raise RuntimeError("the upstream is not connected")
+        tools: dict[str, types.Tool] = {}
+        cursor: str | None = None
+        for _ in range(_RELIST_PAGES):
+            page = await self._upstream.list_tools(cursor=cursor, cache_mode="refresh")
+            for tool in page.tools:
+                tools.setdefault(tool.name, tool)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return tools
+
+    def _reload_catalog(self) -> None:
+        signature = catalog_signature(self.settings.bundle)
+        if signature == self._signature:
+            return
+        pins = load_pins(self.settings.bundle)
+        tools = ToolSet()
+        for pinned in pins.values():
+            tools.register(pinned.name, self._upstream_call(pinned), output_schema=pinned.output_schema)
+        self._pins, self._tools, self._signature = pins, tools, signature
+        for guard in self._guards.values():
+            guard.tools = tools
+
+    def _upstream_call(self, pinned: PinnedTool) -> Callable[..., Any]:
+        async def call(args: Any, invocation: Any) -> Any:
+            if self._upstream is None:
+                raise ToolError("upstream_unavailable", "The tool's server is not connected.")
+            result = await self._upstream.call_tool(pinned.upstream_name, args)
+            if result.is_error:
+                text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+                raise ToolError("upstream_error", text or "The tool failed.")
+            if pinned.output_schema is not None:
+                return result.structured_content
+            return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
+
+        return call
+
+    # -- the downstream ----------------------------------------------------------------
+
+    async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        exposed = await self.refresh()
+        return types.ListToolsResult(tools=[self._advertised(self._pins[name]) for name in sorted(exposed)])
+
+    @staticmethod
+    def _advertised(pinned: PinnedTool) -> types.Tool:
+        return types.Tool(name=pinned.name, description=pinned.description, input_schema=dict(pinned.input_schema),
+                          output_schema=dict(pinned.output_schema) if pinned.output_schema is not None else None,
+                          annotations=_SIDE_EFFECT_HINTS.get(pinned.side_effect))
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        session = self._session_of(ctx)
+        if session is None:
+            return _error("This connection has no session; the call was not executed.")
+        exposed = await self.refresh()
+        name = params.name
+        if name in self._drifted and name in self._pins:
+            log.warning("tool_changed: refused a call of %s in session %s", display(name), session)
+            return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
+                          "refused until its catalog entry is updated. The call was not executed.")
+        if name not in exposed:
+            return _error("The tool is not available here; the call was not executed.")
+        try:
+            input_json = json.dumps(params.arguments or {}, ensure_ascii=False, separators=(",", ":"),
+                                    allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            return _error("The arguments are not valid JSON; the call was not executed.")
+        call_id = self._call_id(session, ctx.request_id, name, input_json)
+        guard = self._guard(session)
+        token = (ctx.meta or {}).get("progress_token")
+        if token is not None:
+            self._progress[call_id] = _Call(ctx, token)
+        try:
+            result = await self._run_guarded(guard, call_id, name, input_json)
+        finally:
+            self._progress.pop(call_id, None)
+        self._remember_pending(session, name, input_json, result)
+        return self._to_mcp(result, self._pins[name])
+
+    async def _run_guarded(self, guard: AsyncGuard, call_id: str, name: str, input_json: str) -> CallResult:
+        """The Guard runs in its own task: when the MCP client cancels the request, the
+        task is cancelled once and the outcome (cancelled or outcome_unknown) is reported
+        before this handler gives up."""
+        task = asyncio.ensure_future(guard.run(call_id, name, input_json,
+                                               approval_wait=self.settings.approval_wait_seconds))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([task])
+            raise
+
+    def _session_of(self, ctx: Any) -> str | None:
+        if self.settings.downstream == "stdio":
+            return self.connection_id
+        request = getattr(ctx, "request", None)
+        headers = getattr(request, "headers", None)
+        session = headers.get("mcp-session-id") if headers is not None else None
+        return session if isinstance(session, str) and _SESSION.fullmatch(session) else None
+
+    def _call_id(self, session: str, request_id: Any, name: str, input_json: str) -> str:
+        pending = self._pending_approvals.get((session, name, input_json))
+        if pending is not None:
+            return pending  # the same call again while its approval is pending: resume it
+        text = str(request_id)
+        part = "s" + text if _PLAIN_REQUEST_ID.fullmatch(text) else "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        return f"mcp-{session}-{part}"
+
+    def _remember_pending(self, session: str, name: str, input_json: str, result: CallResult) -> None:
+        key = (session, name, input_json)
+        if result.status == APPROVAL_PENDING:
+            self._pending_approvals[key] = result.call_id
+        else:
+            self._pending_approvals.pop(key, None)
+
+    def _guard(self, session: str) -> AsyncGuard:
+        guard = self._guards.get(session)
+        if guard is None:
+            if len(self._guards) >= _MAX_SESSIONS:
+                self._guards.pop(next(iter(self._guards)))
+            context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
+            guard = AsyncGuard(self.authz, context, self._tools, execution_timeout=self.settings.execution_timeout,
+                               rpc_timeout=self.settings.rpc_timeout, observer=self._observe)
+            self._guards[session] = guard
+        return guard
+
+    def _observe(self, event: GuardEvent) -> None:
+        for observer in self.observers:
+            observer(event)
+        call = self._progress.get(event.call_id)
+        if call is None or event.kind not in ("approval_wait", "approval"):
+            return
+        message = ("waiting for a person to approve the call" if event.kind == "approval_wait"
+                   else f"approval {str(event.data.get('status', '')).lower()}")
+        task = asyncio.ensure_future(self._send_progress(call, message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _send_progress(call: _Call, message: str) -> None:
+        try:
+            await call.ctx.session.send_progress_notification(call.token, 0, message=message,
+                                                              related_request_id=call.ctx.request_id)
+        except Exception:  # logged; progress is a courtesy, the call goes on without it
+            log.debug("could not send a progress notification", exc_info=True)
+
+    @staticmethod
+    def _to_mcp(result: CallResult, pinned: PinnedTool) -> types.CallToolResult:
+        if result.status != COMPLETED:
+            return _error(result.content)
+        if pinned.output_schema is not None:
+            text = json.dumps(result.output, ensure_ascii=False)
+            return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result.output)
+        return types.CallToolResult.model_validate({"content": result.output})
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
