@@ -18,7 +18,7 @@ from sidecar.approvals import ApprovalDesk
 from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.audit.writer import AuditWriter, Checkpointer
 from sidecar.authorizer import Authorizer
-from sidecar.bundle import BundleHolder, load_bundle
+from sidecar.bundle import BundleHolder
 from sidecar.clock import Clock, SystemClock
 from sidecar.errors import KeyFileError, StoreUnavailable
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -29,7 +29,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import Settings
 from sidecar.server.pump import DecisionPump
-from sidecar.server.reload import BundleReloader
+from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
@@ -90,7 +90,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     """Loads everything or raises (BundleError, KeyFileError, StoreUnavailable): a
     sidecar that cannot do its job refuses to start."""
     clock = clock or SystemClock()
-    bundle = load_bundle(settings.bundle)
+    bundle = load_bundle_snapshot(settings.bundle)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     _refuse_old_layout(data, settings.database_path)
