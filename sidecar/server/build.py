@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
 from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.tokens import TokenIssuer, TokenVerifier
-from sidecar.tokens.keyring import KeyRing, load_keyring
+from sidecar.tokens.keyring import MANIFEST, KeyRing, load_keyring
 from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 log = logging.getLogger("toolauthz.server")
@@ -94,6 +95,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     _refuse_old_layout(data, settings.database_path)
+    _require_keys(settings)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
     if keyring.created_key is not None:
@@ -134,6 +136,19 @@ def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
             f"trail apart; this version keeps both in `{database.name}`. Keep the old files for the record "
             f"(`toolauthz audit verify` of that version checks them), move them out of the data directory, "
             f"and start again")
+
+
+def _require_keys(settings: Settings) -> None:
+    """A sidecar that may not generate its keys names the command that creates them."""
+    if settings.generate_missing_keys:
+        return
+    data_dir = shlex.quote(str(settings.data_dir))
+    if not os.path.lexists(settings.keys_dir / MANIFEST):
+        raise KeyFileError(f"no token signing keys in `{settings.keys_dir}` (no `{MANIFEST}`): create them with "
+                           f"`toolauthz keys generate --data-dir {data_dir}`, which creates the audit key too")
+    if not os.path.lexists(settings.audit_key_file):
+        raise KeyFileError(f"no audit checkpoint key at `{settings.audit_key_file}`: create it with "
+                           f"`toolauthz keys generate --audit --data-dir {data_dir}`")
 
 
 def _audit_key(settings: Settings) -> SigningKey:
