@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from sidecar.bundle import load_bundle
-from sidecar.cli.approvals import add_approvals_command
+from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from sidecar.cli.audit import add_audit_command
 from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import parse_principal
@@ -78,8 +78,12 @@ def cmd_keys(args) -> int:
     clock = SystemClock()
     directory = args.keys_dir or settings.keys_dir
     if args.keys_command == "generate":
-        info = keys.generate_key(directory, clock=clock)
-        print(f"{info.kid} {info.state}")
+        audit_key = _audit_key_file(args, settings)
+        if not args.audit:
+            info = keys.generate_key(directory, clock=clock)
+            print(f"{info.kid} {info.state}")
+        if audit_key is not None and (args.audit or not os.path.lexists(audit_key)):
+            _generate_audit_key(audit_key)
     elif args.keys_command == "activate":
         keys.activate_key(directory, args.kid, clock=clock)
         print(f"{args.kid} active")
@@ -87,6 +91,42 @@ def cmd_keys(args) -> int:
         for info in keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds()):
             print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
     return 0
+
+
+def _audit_key_file(args, settings) -> pathlib.Path | None:
+    """`<data_dir>/audit-key.pem`, where the sidecar looks for it. A `--keys-dir` alone
+    names no data directory, so it gets no audit key unless `--audit` asks for one."""
+    data_dir_named = args.data_dir or args.config or os.environ.get("TOOLAUTHZ_DATA_DIR")
+    if args.keys_dir and not data_dir_named:
+        if args.audit:
+            raise ToolAuthzError("`keys generate --audit` writes `<data_dir>/audit-key.pem`: "
+                                 "give --data-dir or --config")
+        return None
+    return pathlib.Path(settings.audit_key_file)
+
+
+def _generate_audit_key(path: pathlib.Path) -> None:
+    """The key that signs audit checkpoints: Ed25519, mode 0600, never overwritten."""
+    from sidecar.tokens.keys import generate_key_file
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kid = generate_key_file(path)
+    print(f"audit key {kid} created at {path}")
+
+
+def cmd_health(args) -> int:
+    """For container health checks and exec probes: one Check call, no retries."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    with grpc.insecure_channel(server) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        # types-grpcio-health-checking declares the stub without its methods.
+        answer = stub.Check(health_pb2.HealthCheckRequest(service=args.service),  # type: ignore[attr-defined]
+                            timeout=args.timeout)
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    print(status)
+    return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--keys-dir")
     keys.add_argument("--data-dir")
     keys.add_argument("--config")
+    keys.add_argument("--audit", action="store_true",
+                      help="generate: only the audit checkpoint key "
+                           "(`keys generate` alone also creates it when missing)")
     keys.set_defaults(func=cmd_keys)
+
+    health = sub.add_parser("health", help="ask a running sidecar's gRPC health service; exit 0 when serving")
+    health.add_argument("--server", help=f"HOST:PORT or unix:///path (default: ${SERVER_ENV}, else {DEFAULT_SERVER})")
+    health.add_argument("--service", default="", help="a service name (default: the whole server)")
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    health.set_defaults(func=cmd_health)
 
     add_approvals_command(sub, parse_principal)
     add_audit_command(sub)

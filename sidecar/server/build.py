@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from sidecar.approvals import ApprovalDesk
 from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.audit.writer import AuditWriter, Checkpointer
 from sidecar.authorizer import Authorizer
-from sidecar.bundle import BundleHolder, load_bundle
+from sidecar.bundle import BundleHolder
 from sidecar.clock import Clock, SystemClock
 from sidecar.errors import KeyFileError, StoreUnavailable
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -31,7 +32,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import SERVICES, ListenerSettings, Settings
 from sidecar.server.listeners import check_listener, open_listener, port_of, transport_of
 from sidecar.server.pump import DecisionPump
-from sidecar.server.reload import BundleReloader
+from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.server.roles import id_token_verifier, role_policy
 from sidecar.server.worker_status import StatusBoard
 from sidecar.service.access import CallerResolver, Gate
@@ -48,7 +49,7 @@ from sidecar.store import SqliteLedger
 from sidecar.store.sqlite_approvals import SqliteApprovals
 from sidecar.telemetry import metrics
 from sidecar.tokens import TokenIssuer, TokenVerifier
-from sidecar.tokens.keyring import KeyRing, load_keyring
+from sidecar.tokens.keyring import MANIFEST, KeyRing, load_keyring
 from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 log = logging.getLogger("toolauthz.server")
@@ -138,10 +139,11 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     sidecar that cannot do its job refuses to start. `callers` resolves who is calling
     from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
-    bundle = load_bundle(settings.bundle)
+    bundle = load_bundle_snapshot(settings.bundle)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     _refuse_old_layout(data, settings.database_path)
+    _require_keys(settings)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
     if keyring.created_key is not None:
@@ -186,6 +188,19 @@ def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:
             f"trail apart; this version keeps both in `{database.name}`. Keep the old files for the record "
             f"(`toolauthz audit verify` of that version checks them), move them out of the data directory, "
             f"and start again")
+
+
+def _require_keys(settings: Settings) -> None:
+    """A sidecar that may not generate its keys names the command that creates them."""
+    if settings.generate_missing_keys:
+        return
+    data_dir = shlex.quote(str(settings.data_dir))
+    if not os.path.lexists(settings.keys_dir / MANIFEST):
+        raise KeyFileError(f"no token signing keys in `{settings.keys_dir}` (no `{MANIFEST}`): create them with "
+                           f"`toolauthz keys generate --data-dir {data_dir}`, which creates the audit key too")
+    if not os.path.lexists(settings.audit_key_file):
+        raise KeyFileError(f"no audit checkpoint key at `{settings.audit_key_file}`: create it with "
+                           f"`toolauthz keys generate --audit --data-dir {data_dir}`")
 
 
 def _audit_key(settings: Settings) -> SigningKey:

@@ -1,34 +1,92 @@
 """Hot reload: watch the bundle directory (and SIGHUP), load and validate a new bundle
 off the request path, then swap it in atomically. An invalid bundle never replaces a
-good one: the last good bundle keeps serving and the error is kept for GetStatus."""
+good one: the last good bundle keeps serving and the error is kept for GetStatus.
+
+A bundle directory may be published by swapping a symlink: Kubernetes projects a
+ConfigMap as `DIR/..data -> ..<timestamp>/` (the kubelet writes a new timestamped
+directory in full, then renames a new `..data` link over the old one, then deletes the
+old directory), and a deploy tool may swap `DIR` itself (`ln -sfn`). Every load reads
+one resolved snapshot (`bundle_snapshot`), so a half-written directory is never read
+and a swap in the middle of a load never mixes two versions."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
+import stat
 import threading
 from collections.abc import Callable
 
-from sidecar.bundle import BundleHolder, load_bundle
-from sidecar.errors import BundleError
+from sidecar.bundle import Bundle, BundleHolder, load_bundle
+from sidecar.errors import BundleError, Problem
 from sidecar.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")
 
+# The link the kubelet swaps when it updates a projected ConfigMap or Secret volume.
+KUBERNETES_DATA_LINK = "..data"
+_SNAPSHOT_ATTEMPTS = 5
 
-def fingerprint(directory: pathlib.Path) -> tuple:
-    """Cheap change detection: every file's path, size and modification time."""
-    entries = []
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
+
+def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
+    """The real directory that holds the bundle now: the target of `DIR/..data` when
+    there is one (a Kubernetes projected volume), else `DIR` with its symlinks resolved.
+    Neither changes once published: a new version arrives as a new directory."""
+    root = pathlib.Path(directory)
+    data = root / KUBERNETES_DATA_LINK
+    return pathlib.Path(os.path.realpath(data if os.path.lexists(data) else root))
+
+
+def load_bundle_snapshot(directory: str | os.PathLike[str]) -> Bundle:
+    """Load the bundle from one snapshot of `directory` (see `bundle_snapshot`); the
+    bundle keeps `directory` as its name. When the snapshot is replaced while it is read
+    (the kubelet deletes the old directory right after the swap), read the new one."""
+    for _attempt in range(_SNAPSHOT_ATTEMPTS):
+        snapshot = bundle_snapshot(directory)
+        try:
+            bundle = load_bundle(snapshot)
+        except BundleError:
+            if bundle_snapshot(directory) != snapshot:
+                continue
+            raise
+        if bundle_snapshot(directory) != snapshot:
+            continue
+        return dataclasses.replace(bundle, directory=pathlib.Path(directory))
+    raise BundleError([Problem(str(directory), "the bundle directory kept being replaced while it was loaded")])
+
+
+def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
+    """Cheap change detection over what `load_bundle_snapshot` would read: the resolved
+    snapshot, and every file's path, size and modification time under it (symlinks
+    followed, each directory visited once). A timestamped directory that the kubelet is
+    still writing is not under the snapshot, so it is not seen until `..data` points to it."""
+    snapshot = bundle_snapshot(directory)
+    entries: list[tuple[str, int, int]] = []
+    visited: set[tuple[int, int]] = set()
+    pending = [snapshot]
+    while pending:
+        current = pending.pop()
+        try:
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) in visited:
+                continue  # a symlink loop, or two links to one directory
+            visited.add((st.st_dev, st.st_ino))
+            names = sorted(os.listdir(current))
+        except OSError:
+            continue  # removed while we looked; the next look sees the new state
+        for name in names:
+            path = current / name
             try:
                 st = os.stat(path)
-            except FileNotFoundError:
-                continue  # removed while we looked; the next look sees the new state
-            entries.append((os.path.relpath(path, directory), st.st_size, st.st_mtime_ns))
-    return tuple(sorted(entries))
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(path)
+            else:
+                entries.append((os.path.relpath(path, snapshot), st.st_size, st.st_mtime_ns))
+    return (str(snapshot), tuple(sorted(entries)))
 
 
 class BundleReloader:
@@ -70,7 +128,7 @@ class BundleReloader:
         with self._lock:
             seen = fingerprint(self._directory)
             try:
-                bundle = load_bundle(self._directory)
+                bundle = load_bundle_snapshot(self._directory)
             except BundleError as exc:
                 self.last_error = str(exc)
                 metrics.RELOAD_ERRORS.inc()
