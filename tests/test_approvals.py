@@ -305,10 +305,12 @@ def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sideca
     would leave, when the record fails, a pending approval the audit trail never mentions."""
     import sqlite3
 
-    def disk_full(conn, events):
+    from sidecar.store.sqlite.unit import SqliteTransaction
+
+    def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+    monkeypatch.setattr(SqliteTransaction, "append_audit", disk_full)
     with pytest.raises(grpc.RpcError) as info:
         stub.Authorize(make_request(args=LARGE))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -482,7 +484,7 @@ def test_the_kept_arguments_are_erased_when_the_approval_ends_and_never_audited(
 def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(tmp_path):
     import sqlite3
 
-    from sidecar.store.sqlite_approvals import SqliteApprovals
+    from sidecar.store import SqliteStore
 
     path = str(tmp_path / "old.db")
     with sqlite3.connect(path) as db:
@@ -497,9 +499,9 @@ def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(t
         db.execute("INSERT INTO approvals VALUES ('a1', 'acme', 'c1', 'r1', 'User', 'alice', 'issue_refund', "
                    "'Order::\"o\"', 'finance', 'p', 'd', 'AAAA-AAAA', 'dec', 'v1', 1.0, 2.0, '{}', 'pending', "
                    "NULL, '', '', '', '', NULL)")
-    store = SqliteApprovals(path)
+    store = SqliteStore(path)
     try:
-        old = store.get("a1")
+        old = store.approvals.get("a1")
         assert (old.call_input, old.approved_version, old.status) == (b"", "", "pending")
     finally:
         store.close()

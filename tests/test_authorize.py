@@ -347,19 +347,16 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
         car.close()
 
 
-def test_a_decision_drafted_on_stale_run_counts_is_made_again_inside_the_transaction(stub, sidecar, monkeypatch):
+def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, monkeypatch):
     """Cedar runs before the ledger's transaction, on the run's counts as read then; a
     call of the same run recorded in between must not let the stale draft through."""
-    from sidecar.store.sqlite_ledger import SqliteLedger
-
     for i in range(5):
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
-    real = SqliteLedger._run_counts
 
-    def counts(db, *args):  # outside the transaction: as if read before the five were recorded
-        return real(db, *args) if db.in_transaction else (0, 0)
+    def counts(entries):  # outside the transaction: as if read before the five were recorded
+        return [(0, 0) for _ in entries]
 
-    monkeypatch.setattr(SqliteLedger, "_run_counts", staticmethod(counts))
+    monkeypatch.setattr(sidecar.ledger, "run_counts", counts)
     sixth = stub.Authorize(make_request(call_id="c5"))
     assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"] and sixth.token == ""
     [record] = sidecar.audit_log.query(AuditQuery(call_id="c5"), limit=5)
@@ -372,7 +369,7 @@ def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monke
     of a decision must not hold it."""
     import sidecar.authorizer as authorizer_module
 
-    lock = sidecar.ledger._write_lock
+    lock = sidecar.store.unit._write_lock
     seen = []
     real_evaluate, real_issue = authorizer_module.evaluate, sidecar.authorizer.issuer.issue
 
@@ -391,9 +388,9 @@ def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monke
 
 
 def test_a_decision_and_its_audit_event_are_made_once_when_the_draft_holds(stub, sidecar, monkeypatch):
-    """The ledger asks for the decision before its transaction and again inside it; when
-    the run's counts have not moved, the second answer is the first, event included
-    (each event canonicalizes its fields: work a call should pay for once)."""
+    """The decision is made before the ledger's transaction; when the run's counts have
+    not moved, it is recorded as made, event included (each event canonicalizes its
+    fields: work a call should pay for once)."""
     made = []
     real_event = sidecar.authorizer._event
 

@@ -158,10 +158,12 @@ def _code_of(stub, request):
 def _break_audit_inserts(monkeypatch, sidecar):
     """Every append to the audit trail fails as a full disk would, inside whatever
     transaction makes it."""
-    def disk_full(conn, events):
+    from sidecar.store.sqlite.unit import SqliteTransaction
+
+    def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+    monkeypatch.setattr(SqliteTransaction, "append_audit", disk_full)
 
 
 def test_audit_failure_means_no_token_and_no_decision(stub, sidecar, monkeypatch):
@@ -201,8 +203,8 @@ def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar, mo
     authorizer = sidecar.authorizer
     assert authorizer.authorize(*call("warm")).decision.value == "ALLOW"  # opens this thread's connections
     events = []
-    lock = sidecar.ledger._write_lock
-    for conn in sidecar.ledger._all + sidecar.audit_log._connections:
+    lock = sidecar.store.unit._write_lock
+    for conn in sidecar.store.unit._connections:
         conn.set_trace_callback(lambda sql: events.append(sql) if sql in ("BEGIN IMMEDIATE", "COMMIT") else None)
     real_fsync = os.fdatasync
 
@@ -249,18 +251,19 @@ def test_same_token_raced_from_two_processes_verifies_once(stub, server):
 
 
 def _race_consume(path: str, barrier, results) -> None:
-    from sidecar.store import SqliteLedger
+    from sidecar.store import SqliteStore
 
-    ledger = SqliteLedger(path)
+    store = SqliteStore(path)
     barrier.wait(timeout=10)
-    results.put(ledger.consume("acme", "toolu_1", "jti-1", 1.0))
+    results.put(store.ledger.consume("acme", "toolu_1", "jti-1", 1.0))
 
 
 def test_two_sidecar_processes_sharing_a_ledger_consume_once(tmp_path):
-    from sidecar.store import CallEntry, SqliteLedger
+    from sidecar.store import CallEntry, SqliteStore
 
     path = str(tmp_path / "ledger.db")
-    SqliteLedger(path).reserve(CallEntry("acme", "toolu_1", "run", "issue_refund", "d" * 64, 'User::"a"', 0.0))
+    with SqliteStore(path) as store:
+        store.ledger.reserve(CallEntry("acme", "toolu_1", "run", "issue_refund", "d" * 64, 'User::"a"', 0.0))
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(3), ctx.Queue()
     procs = [ctx.Process(target=_race_consume, args=(path, barrier, results)) for _ in range(3)]

@@ -15,8 +15,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.approvals import ApprovalDesk
-from sidecar.audit.sqlite import SqliteAuditLog
-from sidecar.audit.writer import AuditWriter, Checkpointer
 from sidecar.authorizer import Authorizer
 from sidecar.bundle import BundleHolder, load_bundle
 from sidecar.clock import Clock, SystemClock
@@ -36,8 +34,10 @@ from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.common import TolerantRegistration
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus
-from sidecar.store import SqliteLedger
-from sidecar.store.sqlite_approvals import SqliteApprovals
+from sidecar.store import Store
+from sidecar.store.audit_writer import AuditWriter, Checkpointer
+from sidecar.store.open import open_store
+from sidecar.store.rules import Approvals, AuditLogOf, Ledger
 from sidecar.tokens import TokenIssuer, TokenVerifier
 from sidecar.tokens.keyring import KeyRing, load_keyring
 from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
@@ -49,15 +49,16 @@ log = logging.getLogger("toolauthz.server")
 class Sidecar:
     settings: Settings
     bundles: BundleHolder
-    ledger: SqliteLedger
-    audit_log: SqliteAuditLog
+    store: Store
+    ledger: Ledger
+    audit_log: AuditLogOf
     audit_writer: AuditWriter
     checkpointer: Checkpointer
     keyring: KeyRing
     audit_key: SigningKey
     authorizer: Authorizer
     approvals: ApprovalDesk
-    approval_store: SqliteApprovals
+    approval_store: Approvals
     pump: DecisionPump
     reloader: BundleReloader
     closed: bool = False
@@ -81,9 +82,7 @@ class Sidecar:
         self.pump.close()
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
-        self.audit_log.close()
-        self.approval_store.close()
-        self.ledger.close()
+        self.store.close()
 
 
 def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
@@ -93,7 +92,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     bundle = load_bundle(settings.bundle)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _refuse_old_layout(data, settings.database_path)
+    if not settings.store:
+        _refuse_old_layout(data, settings.database_path)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
     if keyring.created_key is not None:
@@ -102,9 +102,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     audit_key = _audit_key(settings)
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
-    audit_log = SqliteAuditLog(str(settings.database_path))
-    approval_store = SqliteApprovals(str(settings.database_path), audit=audit_log)
-    ledger = SqliteLedger(str(settings.database_path), audit=audit_log, approvals=approval_store)
+    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate)
+    audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
                                 interval=settings.audit.checkpoint_interval_seconds)
@@ -113,13 +112,15 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None) -> Sidecar:
     issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
                          clock=clock)
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds)
+    # Decisions made by other replicas wake this one's watchers (PostgreSQL: LISTEN/NOTIFY).
+    store.listen_for_approvals(lambda _approval_id: desk.poke())
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
-    return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
+    return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, DecisionPump(authorizer), reloader)
 
 
