@@ -215,3 +215,26 @@ def test_a_recorded_outcome_returns_the_row_as_stored(ledger):
     assert returned == ledger.get("acme", "c1")
     assert (returned.outcome, returned.outcome_at, returned.extra) == (
         "failed", 12.5, {"error_code": "E_TIMEOUT", "output_digest": "ab" * 32})
+
+
+def test_prune_removes_the_rows_of_ended_calls_in_batches_and_keeps_the_trail(store):
+    from sidecar.audit.records import AuditEvent
+
+    ledger = store.ledger
+    for i in range(5):
+        ledger.reserve(entry(f"done{i}"), allow(f"d{i}"))
+        assert ledger.consume("acme", f"done{i}", f"jti-{i}", 1.0) == "ok"
+        ledger.record_outcome("acme", f"done{i}", "completed", "", "", 10.0 + i)
+    ledger.reserve(entry("denied"), RecordedDecision("DENY", "dd", "v1"))
+    ledger.reserve(entry("running"), allow("dr"))  # allowed, no outcome yet: kept
+    ledger.reserve(entry("late"), allow("dl"))
+    ledger.record_outcome("acme", "late", "completed", "", "", 99.0)  # ended after the date: kept
+    store.audit_log.append([AuditEvent(kind="outcome", time=1.0, call_id="done0", result="completed")])
+    assert store.prune(50.0, batch=2) == 6
+    assert [c for c in ("done0", "done4", "denied", "running", "late") if ledger.get("acme", c)] == \
+        ["running", "late"]
+    assert store.audit_log.head()[0] == 1
+    # The consumed token went with its call: the call id is new again, and its token too.
+    ledger.reserve(entry("done0"), allow("again"))
+    assert ledger.consume("acme", "done0", "jti-0", 2.0) == "ok"
+    assert store.prune(50.0) == 0

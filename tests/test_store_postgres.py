@@ -110,3 +110,73 @@ def test_an_unreachable_database_is_store_unavailable_and_never_an_answer(postgr
     closed_port = postgres_url.replace("127.0.0.1:5432", "127.0.0.1:1", 1)
     with pytest.raises(StoreUnavailable, match="cannot read the schema version"):
         open_store(closed_port)
+
+
+def test_the_prune_command_refuses_recent_dates_and_prunes_old_ones(store_url, capsys):
+    from sidecar.cli.main import main
+
+    assert main(["store", "prune", "--store", store_url, "--before", "2999-01-01"]) == 1
+    assert "at least an hour ago" in capsys.readouterr().err
+    assert main(["store", "prune", "--store", store_url, "--before", "2020-01-01", "--batch", "10"]) == 0
+    assert "removed the ledger rows of 0 ended calls" in capsys.readouterr().out
+
+
+def owner_sql(store_url: str, statements: list[tuple[str, tuple]]) -> None:
+    """What the owner of the database (or of the file) can do, triggers out of the way."""
+    if store_url.startswith("sqlite://"):
+        import sqlite3
+
+        conn = sqlite3.connect(store_url[len("sqlite://"):], isolation_level=None)
+        conn.execute("DROP TRIGGER IF EXISTS audit_record_no_update")
+        for sql, params in statements:
+            conn.execute(sql.replace("%s", "?"), params)
+        conn.close()
+        return
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE audit_record DISABLE TRIGGER USER")
+        conn.execute("ALTER TABLE audit_checkpoint DISABLE TRIGGER USER")
+        for sql, params in statements:
+            conn.execute(sql, params)
+
+
+def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrite(store_url, tmp_path, capsys):
+    """An edit is named; a writer holding the database and the audit key who re-hashes
+    the chain and re-signs the stored checkpoints passes `verify` against the store, but
+    not against the checkpoints exported before."""
+    from conftest import key_pair
+
+    from sidecar.audit.checkpoint import sign_checkpoint
+    from sidecar.audit.records import chain
+    from sidecar.cli.main import main
+
+    private, public = key_pair()
+    key_file = tmp_path / "audit.pub"
+    key_file.write_text(public.to_paserk())
+    with open_store(store_url) as store:
+        store.audit_log.append([event(i) for i in range(1, 4)])
+        count, head = store.audit_log.head()
+        store.audit_log.add_checkpoint(sign_checkpoint(count, head, 10.0, private, "k1").token,
+                                       sign_checkpoint(count, head, 10.0, private, "k1"))
+    base = ["audit", "--store", store_url]
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 0
+    assert "ok: 3 records, 1 checkpoints" in capsys.readouterr().out
+    exported = tmp_path / "checkpoints.txt"
+    assert main([*base, "checkpoints", "--out", str(exported)]) == 0
+    assert len(exported.read_text().split()) == 1
+
+    owner_sql(store_url, [("UPDATE audit_record SET result = 'DENY' WHERE seq = %s", (2,))])
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 1
+    assert "seq 2: edited" in capsys.readouterr().out
+
+    with open_store(store_url) as store:  # the rewrite: re-hashed, re-signed
+        records = list(store.audit_log.iter_records())
+        rewritten = chain([r.event for r in records], 0, "0" * 64)
+        owner_sql(store_url, [("UPDATE audit_record SET prev_hash = %s, hash = %s WHERE seq = %s",
+                               (r.prev_hash, r.hash, r.seq)) for r in rewritten]
+                  + [("DELETE FROM audit_checkpoint", ())])
+        forged = sign_checkpoint(3, rewritten[-1].hash, 20.0, private, "k1")
+        store.audit_log.add_checkpoint(forged.token, forged)
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 0
+    capsys.readouterr()
+    assert main([*base, "verify", "--public-key", str(key_file), "--checkpoints", str(exported)]) == 1
+    assert "checkpoint_mismatch" in capsys.readouterr().out

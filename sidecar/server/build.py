@@ -3,10 +3,12 @@ the gRPC handlers. No globals, so tests build as many sidecars as they like."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pathlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -167,7 +169,7 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
         if with_approvals:
             apb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(sidecar.approvals), ours)
 
-    return _start(settings, build, names, address or settings.listen, reuse_port)
+    return _start(settings, build, names, address or settings.listen, reuse_port, healthy=sidecar.store.available)
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:
@@ -180,7 +182,7 @@ def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tup
 
 
 def _start(settings: Settings, build, names: list[str], address: str,
-           reuse_port: bool = False) -> tuple[AioServer, int]:
+           reuse_port: bool = False, healthy: Callable[[], bool] | None = None) -> tuple[AioServer, int]:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
@@ -197,13 +199,36 @@ def _start(settings: Settings, build, names: list[str], address: str,
     try:
         port = server.add_insecure_port(address)
         server.start()
-        server.run(lambda: _serving(health_servicer, names))
+        server.run(lambda: _serving(health_servicer, names, healthy))
     except BaseException:
         server.stop(None)
         raise
     return server, port
 
 
-async def _serving(health_servicer, names: list[str]) -> None:
+async def _serving(health_servicer, names: list[str], healthy: Callable[[], bool] | None = None) -> None:
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if healthy is not None:
+        # Runs until the server's loop closes (its tasks are cancelled then).
+        asyncio.get_running_loop().create_task(_follow_the_store(health_servicer, names, healthy))
+
+
+STORE_CHECK_SECONDS = 1.0
+
+
+async def _follow_the_store(health_servicer, names: list[str], healthy: Callable[[], bool]) -> None:
+    """NOT_SERVING while the store cannot be read (every answer would be UNAVAILABLE),
+    SERVING again once it can: a load balancer sends requests to replicas that can
+    answer them, and nothing needs a restart."""
+    loop = asyncio.get_running_loop()
+    serving = True
+    while True:
+        await asyncio.sleep(STORE_CHECK_SECONDS)
+        now = await loop.run_in_executor(None, healthy)
+        if now != serving:
+            serving = now
+            log.warning("the store is %s", "reachable again: serving" if now else "unreachable: NOT_SERVING")
+            status = health_pb2.HealthCheckResponse.SERVING if now else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", *names):
+                await health_servicer.set(name, status)

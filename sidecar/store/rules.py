@@ -15,7 +15,7 @@ from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery, check_page
 from sidecar.display import shown
-from sidecar.errors import ConflictError, ForbiddenError, NotFoundError
+from sidecar.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
@@ -231,6 +231,31 @@ class Store:
         self.ledger = Ledger(unit)
         self.approvals = Approvals(unit)
         self.audit_log = AuditLogOf(unit)
+
+    def available(self) -> bool:
+        """One read reaches the database now (for health checks)."""
+        try:
+            with self.unit.reading() as reads:
+                reads.audit_head()
+        except StoreUnavailable:
+            return False
+        return True
+
+    def prune(self, before: float, *, batch: int = 1000) -> int:
+        """Removes the ledger rows (call, consumed tokens, approval) of calls that ended
+        before `before`, `batch` calls per transaction so that serving replicas wait
+        for no long one; never an audit record. Returns how many calls were removed.
+        A pruned call id is forgotten: reused, it is a new call."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        removed = 0
+        while True:
+            with self.unit.transaction() as tx:
+                calls = tx.ended_calls(before, batch)
+                tx.delete_calls(calls)
+            removed += len(calls)
+            if len(calls) < batch:
+                return removed
 
     def listen_for_approvals(self, on_approval: Callable[[str], None]) -> None:
         """`on_approval(approval_id)` for each approval decided by another process."""

@@ -89,6 +89,13 @@ class Transaction(Reads, Protocol):
     def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
         """Chains `events` after the head, serialized against every other appender."""
 
+    def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
+        """Up to `limit` calls that ended before `before`, as (tenant, call_id,
+        approval_id): an outcome was reported, or the call was denied."""
+
+    def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        """The rows of these calls: the call, its consumed tokens, its approval."""
+
     def notify_approval(self, approval_id: str) -> None:
         """Tells the watchers of other processes sharing the database, once this
         transaction commits, that the approval changed (see `UnitOfWork.listen`)."""

@@ -53,6 +53,9 @@ _RUN_COUNTS = (
     "WHERE a.approval_id = c.approval_id AND (a.status = 'approved' OR (a.status = 'pending' "
     "AND a.expires_at >= %s))))")
 _HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+# Calls that ended: their outcome was reported, or they were denied (never executable).
+_ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < %s) "
+          "OR (decision = 'DENY' AND created_at < %s) LIMIT %s")
 APPROVAL_CHANNEL = "toolauthz_approval"
 
 log = logging.getLogger("toolauthz.store")
@@ -192,6 +195,16 @@ class PgTransaction:
             cursor.executemany(_AUDIT_INSERT, [to_row(r) for r in records])
         return records
 
+    def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
+        return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]
+
+    def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        with self._conn.cursor() as cursor:
+            cursor.executemany("DELETE FROM consumed_tokens WHERE tenant = %s AND call_id = %s",
+                               [(t, c) for t, c, _ in calls])
+            cursor.executemany("DELETE FROM approvals WHERE approval_id = %s", [(a,) for _, _, a in calls if a])
+            cursor.executemany("DELETE FROM calls WHERE tenant = %s AND call_id = %s", [(t, c) for t, c, _ in calls])
+
     def notify_approval(self, approval_id: str) -> None:
         self._conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, approval_id))
 
@@ -223,7 +236,7 @@ class PgUnit:
         self._pool = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz",
             kwargs={"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))},
-            check=ConnectionPool.check_connection, reconnect_timeout=0)
+            check=ConnectionPool.check_connection)
         self._pool.open(wait=False)
 
     @contextmanager

@@ -112,6 +112,9 @@ _RUN_COUNTS = (
     "AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a WHERE a.approval_id = calls.approval_id "
     "AND (a.status = 'approved' OR (a.status = 'pending' AND a.expires_at >= ?))))")
 _HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+# Calls that ended: their outcome was reported, or they were denied (never executable).
+_ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < ?) "
+          "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
 class SqliteTransaction:
@@ -227,6 +230,16 @@ class SqliteTransaction:
         records = chain(list(events), *self.audit_head())
         self._db.executemany(INSERT, [to_row(r) for r in records])
         return records
+
+    def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._db.execute(_ENDED, (before, before, limit)).fetchall()
+        return [(str(t), str(c), str(a)) for t, c, a in rows]
+
+    def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        self._db.executemany("DELETE FROM consumed_tokens WHERE tenant = ? AND call_id = ?",
+                            [(t, c) for t, c, _ in calls])
+        self._db.executemany("DELETE FROM approvals WHERE approval_id = ?", [(a,) for _, _, a in calls if a])
+        self._db.executemany("DELETE FROM calls WHERE tenant = ? AND call_id = ?", [(t, c) for t, c, _ in calls])
 
     def notify_approval(self, approval_id: str) -> None:
         """Processes sharing a file learn of decisions by looking again (MAX_WATCH_WAIT)."""
