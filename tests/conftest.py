@@ -38,11 +38,33 @@ def clock() -> FrozenClock:
     return FrozenClock(1_800_000_000.0)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_stores: run the test against a sidecar on SQLite and one on "
+                                       "PostgreSQL (the `backend` fixture)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("both_stores"):
+        metafunc.parametrize("backend", ["sqlite", "postgresql"])
+
+
 @pytest.fixture
-def settings(tmp_path, bundle_dir) -> Settings:
+def backend() -> str:
+    """The store of the `sidecar` fixture: SQLite, unless the test is marked both_stores."""
+    return "sqlite"
+
+
+@pytest.fixture
+def settings(request, tmp_path, bundle_dir, backend) -> Settings:
+    store = ""
+    if backend == "postgresql":
+        from sidecar.store.postgres import migrate
+
+        store = request.getfixturevalue("postgres_url")
+        migrate(store)
     # No polling watcher: tests reload explicitly, so a background reload never races them.
     return Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
-                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0)
+                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0, store=store)
 
 
 # The PostgreSQL server the tests use (CI starts one): each test session creates a

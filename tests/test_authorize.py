@@ -19,6 +19,7 @@ def error_codes(response) -> list[str]:
     return [e.code for e in response.errors]
 
 
+@pytest.mark.both_stores
 def test_small_refund_of_own_order_is_allowed_with_a_token(stub, sidecar):
     response = stub.Authorize(make_request())
     assert response.decision == pb.ALLOW
@@ -185,6 +186,7 @@ def test_resource_is_always_inside_the_callers_tenant(bundle_dir, settings, cloc
         car.close()
 
 
+@pytest.mark.both_stores
 def test_same_call_id_and_digest_replays_the_original_decision(stub):
     first = stub.Authorize(make_request())
     again = stub.Authorize(make_request())
@@ -198,6 +200,7 @@ def test_same_call_id_and_digest_replays_the_original_decision(stub):
     assert not stub.Verify(verify_request(make_request(), first.token)).valid
 
 
+@pytest.mark.both_stores
 def test_call_id_reused_with_other_arguments_is_denied(stub):
     assert stub.Authorize(make_request()).decision == pb.ALLOW
     reused = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1600}))
@@ -206,6 +209,7 @@ def test_call_id_reused_with_other_arguments_is_denied(stub):
     assert error_codes(other_principal) == ["call_id_reused"]
 
 
+@pytest.mark.both_stores
 def test_per_run_limit(stub):
     for i in range(5):
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
@@ -215,6 +219,7 @@ def test_per_run_limit(stub):
     assert other_run.decision == pb.ALLOW
 
 
+@pytest.mark.both_stores
 def test_per_run_limit_holds_under_concurrent_calls(stub, sidecar):
     """Calls of one run decided concurrently (and so batched together) are counted one
     after the other: exactly the limit is allowed, whatever the interleaving."""
@@ -303,6 +308,7 @@ def test_secret_arguments_never_reach_the_stores_or_the_logs(stub, sidecar, sett
     assert secret not in caplog.text
 
 
+@pytest.mark.both_stores
 def test_an_old_decision_is_not_re_tokenized(stub, clock):
     first = stub.Authorize(make_request())
     clock.advance(301)
@@ -347,6 +353,7 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
         car.close()
 
 
+@pytest.mark.both_stores
 def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, monkeypatch):
     """Cedar runs before the ledger's transaction, on the run's counts as read then; a
     call of the same run recorded in between must not let the stale draft through."""
@@ -418,6 +425,7 @@ SMALL, FORBIDDEN, LARGE = ({"order_id": "ord_1", "amount_cents": 1500}, {"order_
                            {"order_id": "ord_1", "amount_cents": 6000})
 
 
+@pytest.mark.both_stores
 def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bundle_dir, channel):
     """A denial leaves the budget as it was; a pending approval holds a share until it is
     rejected (or expires), then gives it back."""
@@ -438,6 +446,7 @@ def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bun
     assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_dir):
     """Approvals opened while under the limit could otherwise all be approved later."""
     _limit_refunds_to(bundle_dir, sidecar, 3)
@@ -446,6 +455,7 @@ def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_d
     assert decisions[3].decision == pb.DENY and error_codes(decisions[3]) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, sidecar, bundle_dir, channel):
     from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
     from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -463,6 +473,7 @@ def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, si
     assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_the_run_limit_holds_when_denials_and_allowed_calls_race(stub, sidecar, bundle_dir):
     """Batched together, denials do not take the place of allowed calls in the count,
     nor does any interleaving let more than the limit through."""

@@ -26,6 +26,7 @@ def allowed(stub, **kwargs):
     return request, response
 
 
+@pytest.mark.both_stores
 def test_verify_once_then_already_used(stub, sidecar):
     request, response = allowed(stub)
     first = stub.Verify(verify_request(request, response.token))
@@ -122,6 +123,7 @@ def test_ledger_failure_means_no_token_and_no_valid(stub, sidecar):
     assert stub.Verify(verify_request(request, response.token)).valid
 
 
+@pytest.mark.both_stores
 def test_a_failed_ledger_batch_leaves_nothing_behind(stub, sidecar):
     """Concurrent decisions share a ledger transaction; when its commit fails, every
     caller in it is refused, none of their rows stays, and a retry decides afresh."""
@@ -296,6 +298,7 @@ def outcome(request, status=pb.COMPLETED, call_id="toolu_1"):
                                    output_digest="ab" * 32)
 
 
+@pytest.mark.both_stores
 def test_exactly_one_terminal_outcome(stub, sidecar):
     request, response = allowed(stub)
     assert stub.Verify(verify_request(request, response.token)).valid
@@ -308,6 +311,7 @@ def test_exactly_one_terminal_outcome(stub, sidecar):
     assert record.event.result == "completed" and record.event.detail["output_digest"] == "ab" * 32
 
 
+@pytest.mark.both_stores
 def test_outcome_for_an_unknown_call_or_from_another_tenant_is_not_found(stub):
     """Calls are kept per tenant: another tenant's call id names no call of its own."""
     request, _ = allowed(stub)
@@ -321,6 +325,7 @@ def test_outcome_for_an_unknown_call_or_from_another_tenant_is_not_found(stub):
 
 @pytest.mark.parametrize("spoofed", [{"principal": "mallory"}, {"request_id": "run-2"},
                                      {"principal": "mallory", "request_id": "run-2"}])
+@pytest.mark.both_stores
 def test_a_spoofed_caller_of_the_same_tenant_cannot_close_the_call(stub, sidecar, spoofed):
     request, response = allowed(stub)
     with pytest.raises(grpc.RpcError) as info:
@@ -340,6 +345,7 @@ def test_a_spoofed_caller_of_the_same_tenant_cannot_close_the_call(stub, sidecar
     assert stub.ReportOutcome(outcome(request)).decision_id == response.decision_id
 
 
+@pytest.mark.both_stores
 def test_the_same_outcome_reported_again_is_answered_again_and_recorded_once(stub, sidecar):
     request, response = allowed(stub)
     assert stub.Verify(verify_request(request, response.token)).valid
@@ -359,6 +365,7 @@ def test_the_same_outcome_reported_again_is_answered_again_and_recorded_once(stu
     assert sidecar.ledger.get("acme", "toolu_1").extra["output_digest"] == "ab" * 32
 
 
+@pytest.mark.both_stores
 def test_outcome_without_verification_is_recorded_and_flagged(stub, sidecar):
     request, _ = allowed(stub)
     assert stub.ReportOutcome(outcome(request, pb.OUTCOME_UNKNOWN)).unverified
@@ -378,6 +385,7 @@ def test_status_reports_the_loaded_version(stub, sidecar):
     assert status.policy_version == sidecar.bundles.current.version and status.last_reload_error == ""
 
 
+@pytest.mark.both_stores
 def test_a_call_reported_as_ended_can_never_run(stub):
     """Cancelled before it ran: neither the old token nor a replay may execute it later."""
     request, response = allowed(stub)
