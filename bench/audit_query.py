@@ -16,7 +16,8 @@ import statistics
 import tempfile
 import time
 
-from sidecar.audit import AuditEvent, AuditQuery, SqliteAuditLog
+from sidecar.audit import AuditEvent, AuditQuery
+from sidecar.store import SqliteAuditLog
 
 KINDS = ("authorize", "verify", "outcome")
 RESULTS = {"authorize": ("ALLOW", "DENY", "APPROVAL_REQUIRED"), "verify": ("ok", "already_used"),

@@ -453,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="what to run, comma-separated, from: " + ", ".join(sorted(PHASES)) + " (default: all)")
     parser.add_argument("--data-root", help="where the temporary bundles and data dirs go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--store", metavar="POSTGRESQL_URL",
+                        help="also compare SQLite with one and three replicas on this PostgreSQL database "
+                             "(Authorize at 32 in flight; a schema of its own, dropped afterwards)")
     args = parser.parse_args(argv)
 
     phases = frozenset(p.strip() for p in args.phases.split(",") if p.strip())
@@ -468,7 +471,14 @@ def main(argv: list[str] | None = None) -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="toolauthz-bench-", dir=args.data_root))
     log(f"{plan.mode} run in {root}")
     try:
-        results = Bench(plan, root).run(profile=not args.no_profile, phases=phases)
+        bench = Bench(plan, root)
+        results = bench.run(profile=not args.no_profile, phases=phases)
+        if args.store:
+            from bench import stores
+
+            if not bench.bundles:
+                bench.generate()
+            stores.compare(bench, args.store)
     finally:
         if args.keep:
             log(f"kept {root}")

@@ -318,3 +318,39 @@ def process_tree_cpu(root: int) -> float:
         total += stats[pid][1]
         frontier += [child for child, (ppid, _) in stats.items() if ppid == pid]
     return total
+
+
+# -- fleet replicas: sidecars sharing one store and one port ------------------------------
+
+def replica_server_main(conn, settings: dict[str, Any], port: int, max_seconds: float, parent: int) -> None:
+    """Process target: a sidecar on `port` with SO_REUSEPORT, so that replicas on one
+    store share the address and the kernel spreads connections over them."""
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    from sidecar.server.build import build_sidecar, create_server
+    from sidecar.server.config import Settings
+    from sidecar.server.heap import keep_bundles_frozen
+
+    stop = threading.Event()
+    _watchdog(stop, max_seconds, parent)
+    try:
+        car = build_sidecar(Settings(**settings))
+        server, bound = create_server(car, f"{HOST}:{port}", reuse_port=True)
+        keep_bundles_frozen(car)
+    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    conn.send({"port": bound, "pid": os.getpid(), "policy_version": car.bundles.current.version})
+    _serve_until_stopped(conn, stop)
+    server.stop(grace=5).wait()
+    car.close()
+    conn.send({"closed": True})
+
+
+def start_replicas(settings: dict[str, Any], count: int, *, max_seconds: float = DEFAULT_MAX_SECONDS,
+                   start_timeout: float = 300) -> list[RunningServer]:
+    """`count` sidecars on one port; the first creates the keys the others load."""
+    port = free_port()
+    return [_start_process("replica", replica_server_main, (settings, port, max_seconds, os.getpid()),
+                           start_timeout) for _ in range(count)]

@@ -35,7 +35,11 @@ def audit_check(audit_db: str, responses: dict[str, list[str]]) -> dict:
     audit records: exactly one record per response, none missing, none extra."""
     with sqlite3.connect(f"file:{audit_db}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT kind, decision_id FROM audit_record WHERE kind IN ('authorize', 'verify')").fetchall()
-    records = collections.Counter(rows)
+    return compare_records(collections.Counter(rows), responses)
+
+
+def compare_records(records: collections.Counter, responses: dict[str, list[str]]) -> dict:
+    """(kind, decision_id) of the audit records against the responses' decision ids."""
     answered = collections.Counter((kind, did) for kind, ids in responses.items() for did in ids)
     out: dict = {"ok": True}
     for kind in ("authorize", "verify"):

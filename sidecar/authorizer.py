@@ -47,6 +47,8 @@ from sidecar.telemetry import metrics, tracing
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
 T = TypeVar("T")
+# Tries at recording a decision whose run's counts moved meanwhile (see `_write_all`).
+_MAX_ROUNDS = 16
 
 
 @dataclass(frozen=True)
@@ -118,23 +120,96 @@ class Authorizer:
         """Many requests' plans, their writes sharing the ledger's commits; each one's
         answer or the exception it failed with, in order, so that one bad request never
         fails the others."""
-        ops = [plan.op for plan in plans if plan.op is not None]
-        try:
-            with _store_spans(plans), metrics.timed(metrics.AUDIT_WRITE_SECONDS):
-                results = iter(self.ledger.apply(ops) if ops else [])
-        except StoreUnavailable as exc:
-            metrics.AUDIT_WRITE_FAILURES.inc()
-            results = iter([StoreUnavailable.caused_by(exc) for _ in ops])
+        written = self._write_all(plans)
         answers: list = []
-        for plan in plans:
+        for plan, result in zip(plans, written, strict=True):
             try:
-                result = next(results) if plan.op is not None else None
                 if isinstance(result, BaseException):
                     raise result
                 answers.append(plan.finish(result))
             except Exception as exc:  # noqa: BLE001 - this request's failure, answered to it alone
                 answers.append(exc)
         return answers
+
+    def _write_all(self, plans: Sequence[Plan]) -> list[Any]:
+        """Each plan's write result (None without a write), or the exception it failed with.
+
+        A new call's decision is made here, before the ledger's transaction, on the run's
+        counts as read now plus the budget taken by the reservations ahead of it in this
+        batch; the ledger records it only if the counts it reads in the transaction are
+        the same, and otherwise answers with the counts that hold, to be decided on again
+        in the next round. So Cedar and the token's signature stay out of the write lock
+        (every replica's writes queue on it), storage never runs policy, and no decision
+        commits on counts that no longer hold. Each round that moves a call's counts
+        means another transaction reserved a call of its run: a round never fails
+        without someone's progress, and after `_MAX_ROUNDS` the call is refused as
+        unavailable (fail closed)."""
+        results: list[Any] = [None] * len(plans)
+        pending = [i for i, plan in enumerate(plans) if plan.op is not None or plan.deciding is not None]
+        counts = self._first_counts(plans)
+        for _ in range(_MAX_ROUNDS):
+            placed, ops = self._round_ops(plans, pending, counts, results)
+            try:
+                with _store_spans(plans), metrics.timed(metrics.AUDIT_WRITE_SECONDS):
+                    out = list(self.ledger.apply(ops)) if ops else []
+            except StoreUnavailable as exc:
+                metrics.AUDIT_WRITE_FAILURES.inc()
+                out = [StoreUnavailable.caused_by(exc) for _ in ops]
+            pending = []
+            for i, result in zip(placed, out, strict=True):
+                if isinstance(result, Reservation) and result.moved is not None:
+                    counts[i] = result.moved
+                    pending.append(i)
+                else:
+                    results[i] = result
+            if not pending:
+                return results
+        for i in pending:
+            results[i] = StoreUnavailable("the run's calls kept changing while this call was decided; retry")
+        return results
+
+    def _first_counts(self, plans: Sequence[Plan]) -> dict[int, tuple[int, int]]:
+        deciding = [(i, plan.deciding.entry) for i, plan in enumerate(plans) if plan.deciding is not None]
+        if not deciding:
+            return {}
+        try:
+            read = self.ledger.run_counts([entry for _, entry in deciding])
+        except StoreUnavailable:
+            read = [(0, 0)] * len(deciding)  # a guess: the transaction reads them (or fails the batch)
+        return {i: counts for (i, _), counts in zip(deciding, read, strict=True)}
+
+    @staticmethod
+    def _round_ops(plans: Sequence[Plan], pending: list[int], counts: dict[int, tuple[int, int]],
+                   results: list[Any]) -> tuple[list[int], list[LedgerOp]]:
+        """The writes of one round: the plans' own, and each pending decision made on its
+        run's counts plus the reservations ahead of it in this round."""
+        placed: list[int] = []
+        ops: list[LedgerOp] = []
+        ahead: Counter[tuple[str, ...]] = Counter()
+        calls_seen: set[tuple[str, str]] = set()
+        for i in pending:
+            plan = plans[i]
+            if plan.deciding is None:
+                assert plan.op is not None
+                placed.append(i)
+                ops.append(plan.op)
+                continue
+            entry = plan.deciding.entry
+            run = (entry.tenant, entry.request_id)
+            run_counts = (counts[i][0] + ahead[run], counts[i][1] + ahead[(*run, entry.tool)])
+            try:
+                decision = plan.deciding.decide(run_counts)
+            except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
+                results[i] = exc
+                continue
+            first = (entry.tenant, entry.call_id) not in calls_seen
+            calls_seen.add((entry.tenant, entry.call_id))
+            if first and decision.uses_run_budget:  # a second one of this call finds the first
+                ahead[run] += 1
+                ahead[(*run, entry.tool)] += 1
+            placed.append(i)
+            ops.append(ReserveCall(entry, decision, run_counts))
+        return placed, ops
 
     # -- Authorize ---------------------------------------------------------------------
 
@@ -147,7 +222,7 @@ class Authorizer:
     def plan_authorize(self, ctx: TrustedContext, call: ProposedCall,
                        still_wanted: Callable[[], bool] = lambda: True, *, caller: str = "") -> Plan[AuthorizeResult]:
         """Everything of `authorize` up to its ledger write: checks, validation and the
-        decision's inputs. The decision itself is made by the ledger's `decide` call.
+        decision's inputs. The decision itself is made by `run_many`, on the run's counts.
         `caller`: who asked, as the transport proved it; only its audit records read it."""
         ctx.check()
         call.check()
@@ -162,7 +237,7 @@ class Authorizer:
             verdict = deny(exc.code, exc.message)
             return Plan(AppendAudit(self._event(record, verdict)),
                         lambda _: AuthorizeResult(Decision.DENY, record.decision_id, bundle.version,
-                                                  errors=verdict.errors), trace)
+                                                  errors=verdict.errors), trace=trace)
 
         record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         try:
@@ -170,7 +245,7 @@ class Authorizer:
         except RequestError as exc:  # refused before anything but its audit record is stored
             refusal = record.event(self.clock.now(), "refused", error_codes=("invalid_entities",),
                                    detail={"error": str(exc)[:500]})
-            return Plan(AppendAudit(refusal), functools.partial(_refuse, exc), trace)
+            return Plan(AppendAudit(refusal), functools.partial(_refuse, exc), trace=trace)
         tool = prepared.slice.tool.name
 
         def draft(counts: tuple[int, int]) -> _Draft:
@@ -185,15 +260,15 @@ class Authorizer:
 
         state = _DecisionState()
 
-        def decide(calls: int, tool_calls: int) -> RecordedDecision:
-            # Called by the ledger before its transaction on the counts it expects, then
-            # in it on the counts that hold: Cedar, the signature and the audit event are
-            # made again only if they differ. The row, the token's jti, the approval a
-            # policy asks for and the audit record commit together.
+        def decide(counts: tuple[int, int]) -> RecordedDecision:
+            # Called before each try at the ledger's transaction: Cedar, the signature and
+            # the audit event are made again only if the counts differ from the last try.
+            # The row, the token's jti, the approval a policy asks for and the audit
+            # record commit together.
             previous = state.draft
             current = previous
-            if current is None or current.counts != (calls, tool_calls):
-                current = draft((calls, tool_calls))
+            if current is None or current.counts != counts:
+                current = draft(counts)
             elif current.token is not None and not still_wanted():
                 current = _Draft(current.counts, current.verdict, None, gone=True)
             if current is not previous or state.recorded is None:
@@ -206,6 +281,10 @@ class Authorizer:
                 return self._replay(record, ctx, prepared, reservation.existing, still_wanted)
             latest = state.latest()
             verdict, token = latest.verdict, latest.token
+            if token is not None and not still_wanted():
+                # Gone while the decision was being stored: the token minted for it (its
+                # jti is in the record) is handed to no one; a retry replays the decision.
+                token = None
             self._count_shadow(bundle, verdict)
             approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
             return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
@@ -214,7 +293,7 @@ class Authorizer:
 
         entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
                           self.clock.now())
-        return Plan(ReserveCall(entry, decide), finish, trace)
+        return Plan(None, finish, Deciding(entry, decide), trace=trace)
 
     def _recorded(self, ctx: TrustedContext, prepared: PreparedCall, draft: _Draft, record: CallRecord,
                   state: _DecisionState) -> RecordedDecision:
@@ -318,8 +397,8 @@ class Authorizer:
 
         if code == "ok":  # single use and its record: one transaction
             return Plan(ConsumeToken(ctx.tenant, call.call_id, jti, self.clock.now(), audit=event),
-                        lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id), trace)
-        return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id), trace)
+                        lambda consumed: VerifyResult(consumed == "ok", consumed, decision_id), trace=trace)
+        return Plan(AppendAudit(event(code)), lambda _: VerifyResult(False, code, decision_id), trace=trace)
 
     def _verify_limits(self, tool_name: str) -> InputLimits:
         """The limits Authorize parses a call of `tool_name` with. A tool the loaded
@@ -368,7 +447,7 @@ class Authorizer:
                            caller=OutcomeCaller(claimant.principal, claimant.request_id), audit=accepted,
                            refused=refused)
         return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti),
-                    tracing.current())
+                    trace=tracing.current())
 
     # -- audit helpers -----------------------------------------------------------------
 
@@ -402,7 +481,18 @@ class Plan(Generic[T]):
 
     op: LedgerOp | None
     finish: Callable[[Any], T]
+    # A new call's reservation, with its decision made on the run's counts (`run_many`).
+    deciding: Deciding | None = None
     trace: Any = None  # the request's tracing context (sidecar/telemetry/tracing.py), None when off
+
+
+@dataclass(frozen=True)
+class Deciding:
+    """`decide(counts)`: the decision on the run's counts (calls, tool_calls), as a value
+    the ledger records with `entry` only if those counts still hold."""
+
+    entry: CallEntry
+    decide: Callable[[tuple[int, int]], RecordedDecision]
 
 
 @dataclass(frozen=True)
@@ -418,8 +508,8 @@ class _Draft:
 
 @dataclass
 class _DecisionState:
-    """What one Authorize's `decide` made so far: the ledger may call it more than once
-    (before its transaction and in it), and the call opens at most one approval."""
+    """What one Authorize's `decide` made so far: it is called once per try at the
+    ledger's transaction, and the call opens at most one approval."""
 
     draft: _Draft | None = None
     recorded: RecordedDecision | None = None  # what the ledger stores of `draft`
@@ -435,7 +525,8 @@ class _DecisionState:
 def _store_spans(plans: Sequence[Plan]) -> Iterator[None]:
     """A `store` span for each traced request of a batch: their writes share one
     transaction, so each span covers that whole commit."""
-    traced = [plan.trace for plan in plans if plan.trace is not None and plan.op is not None]
+    traced = [plan.trace for plan in plans
+              if plan.trace is not None and (plan.op is not None or plan.deciding is not None)]
     if not traced:
         yield
         return

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import secrets
 import shutil
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pyseto
@@ -34,11 +38,96 @@ def clock() -> FrozenClock:
     return FrozenClock(1_800_000_000.0)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_stores: run the test against a sidecar on SQLite and one on "
+                                       "PostgreSQL (the `backend` fixture)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("both_stores"):
+        metafunc.parametrize("backend", ["sqlite", "postgresql"])
+
+
 @pytest.fixture
-def settings(tmp_path, bundle_dir) -> Settings:
+def backend() -> str:
+    """The store of the `sidecar` fixture: SQLite, unless the test is marked both_stores."""
+    return "sqlite"
+
+
+@pytest.fixture
+def settings(request, tmp_path, bundle_dir, backend) -> Settings:
+    store = ""
+    if backend == "postgresql":
+        from sidecar.store.postgres import migrate
+
+        store = request.getfixturevalue("postgres_url")
+        migrate(store)
     # No polling watcher: tests reload explicitly, so a background reload never races them.
     return Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
-                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0)
+                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0, store=store)
+
+
+# The PostgreSQL server the tests use (CI starts one): each test session creates a
+# database of its own there and drops it at the end.
+POSTGRES_ADMIN_URL = os.environ.get("TOOLAUTHZ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """The URL of a fresh database for this test session. PostgreSQL must be reachable:
+    a session without it fails with the reason, it never skips."""
+    import psycopg
+
+    name = f"toolauthz_test_{secrets.token_hex(6)}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        pytest.fail(f"PostgreSQL is unreachable at {POSTGRES_ADMIN_URL} ({str(exc).strip()}): the storage tests "
+                    "run against it; start it, or set TOOLAUTHZ_TEST_POSTGRES to a server's URL", pytrace=False)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(POSTGRES_ADMIN_URL, name)
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_database) -> str:
+    """A database URL whose tables live in a schema of this test's own (empty)."""
+    import psycopg
+
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return f"{postgres_database}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """The URL of a fresh, empty store of each backend, its schema made."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    from sidecar.store.postgres import migrate
+
+    url = request.getfixturevalue("postgres_url")
+    migrate(url)
+    return url
+
+
+@pytest.fixture
+def store(store_url):
+    """A fresh, empty store of each backend."""
+    from sidecar.store.open import open_store
+
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ def pending(stub, **kwargs):
     return request, response
 
 
+@pytest.mark.both_stores
 def test_approval_by_finance_yields_a_token_for_the_same_call(stub, approvals):
     request, response = pending(stub)
     shown = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id))
@@ -122,6 +123,7 @@ def test_approver_outside_the_group_is_refused_by_policy(stub, approvals):
     assert 'User::"carol"' in info.value.details()
 
 
+@pytest.mark.both_stores
 def test_expired_approval_yields_no_token(stub, approvals, clock):
     request, response = pending(stub)
     clock.advance(901)
@@ -133,6 +135,7 @@ def test_expired_approval_yields_no_token(stub, approvals, clock):
     assert stub.Authorize(request).token == ""
 
 
+@pytest.mark.both_stores
 def test_rejected_approval_yields_no_token_and_stays_rejected(stub, approvals):
     request, response = pending(stub)
     assert decide(approvals, response.approval_id, verdict=apb.REJECT, reason="not refundable").status == apb.REJECTED
@@ -143,6 +146,7 @@ def test_rejected_approval_yields_no_token_and_stays_rejected(stub, approvals):
     assert seen.status == apb.REJECTED and seen.token == ""
 
 
+@pytest.mark.both_stores
 def test_two_concurrent_approve_clicks_yield_one_token(stub, sidecar):
     request, response = pending(stub)
     ctx = TrustedContext("acme", Principal("User", "bob"), "ui")
@@ -194,6 +198,7 @@ def test_an_approval_is_never_recorded_without_its_change(stub, sidecar):
     assert record.event.jti == sidecar.approval_store.get(response.approval_id).token_jti
 
 
+@pytest.mark.both_stores
 def test_watching_runtime_receives_the_token_when_approved(stub, approvals, channel):
     request, response = pending(stub)
     stream = approvals.WatchApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
@@ -216,6 +221,7 @@ def test_watch_ends_when_the_approval_expires(stub, approvals, sidecar, clock):
     assert next(stream).status == apb.EXPIRED
 
 
+@pytest.mark.both_stores
 def test_replayed_authorize_after_approval_returns_a_token(stub, approvals):
     request, response = pending(stub)
     decide(approvals, response.approval_id)
@@ -234,6 +240,7 @@ def test_changing_an_argument_needs_a_new_approval(stub, approvals):
     assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=second.approval_id)).status == apb.PENDING
 
 
+@pytest.mark.both_stores
 def test_list_filters(stub, approvals):
     _, a = pending(stub, call_id="t1")
     _, b = pending(stub, call_id="t2")
@@ -291,6 +298,7 @@ def test_an_old_approval_is_not_re_tokenized(stub, approvals, clock):
     assert late.replayed and late.token == "" and late.decision == pb.APPROVAL_REQUIRED
 
 
+@pytest.mark.both_stores
 def test_a_decision_asking_for_approval_commits_with_its_approval_and_its_record(stub, sidecar):
     request, response = pending(stub)
     [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1", kind="authorize"), limit=5)
@@ -305,10 +313,12 @@ def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sideca
     would leave, when the record fails, a pending approval the audit trail never mentions."""
     import sqlite3
 
-    def disk_full(conn, events):
+    from sidecar.store.sqlite.unit import SqliteTransaction
+
+    def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+    monkeypatch.setattr(SqliteTransaction, "append_audit", disk_full)
     with pytest.raises(grpc.RpcError) as info:
         stub.Authorize(make_request(args=LARGE))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -464,6 +474,7 @@ def test_authorize_says_when_the_approval_expires(stub, clock):
     assert not stub.Authorize(make_request()).HasField("approval_expires_at")  # a plain ALLOW
 
 
+@pytest.mark.both_stores
 def test_the_kept_arguments_are_erased_when_the_approval_ends_and_never_audited(stub, approvals, sidecar, clock):
     _, first = pending(stub, call_id="t1")
     _, second = pending(stub, call_id="t2")
@@ -482,7 +493,7 @@ def test_the_kept_arguments_are_erased_when_the_approval_ends_and_never_audited(
 def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(tmp_path):
     import sqlite3
 
-    from sidecar.store.sqlite_approvals import SqliteApprovals
+    from sidecar.store import SqliteStore
 
     path = str(tmp_path / "old.db")
     with sqlite3.connect(path) as db:
@@ -497,9 +508,9 @@ def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(t
         db.execute("INSERT INTO approvals VALUES ('a1', 'acme', 'c1', 'r1', 'User', 'alice', 'issue_refund', "
                    "'Order::\"o\"', 'finance', 'p', 'd', 'AAAA-AAAA', 'dec', 'v1', 1.0, 2.0, '{}', 'pending', "
                    "NULL, '', '', '', '', NULL)")
-    store = SqliteApprovals(path)
+    store = SqliteStore(path)
     try:
-        old = store.get("a1")
+        old = store.approvals.get("a1")
         assert (old.call_input, old.approved_version, old.status) == (b"", "", "pending")
     finally:
         store.close()

@@ -20,7 +20,6 @@ from sidecar.audit import (
     AuditEvent,
     AuditRecord,
     CheckpointError,
-    SqliteAuditLog,
     canonical_body,
     record_hash,
     sign_checkpoint,
@@ -29,6 +28,7 @@ from sidecar.audit import (
 )
 from sidecar.audit.checkpoint import PURPOSE
 from sidecar.audit.records import chain
+from sidecar.store import SqliteAuditLog
 
 T0 = 1_800_000_000.0
 
@@ -279,7 +279,6 @@ def test_public_names():
 
     assert sorted(sidecar.audit.__all__) == sorted([
         "GENESIS_HASH", "KINDS", "AuditEvent", "AuditLog", "AuditQuery", "AuditRecord",
-        "AuditWriter", "Checkpoint", "CheckpointError", "Checkpointer", "Finding",
-        "SqliteAuditLog", "canonical_body", "record_hash", "sign_checkpoint", "verify_chain",
-        "verify_checkpoint"])
+        "Checkpoint", "CheckpointError", "Finding", "canonical_body", "record_hash",
+        "sign_checkpoint", "verify_chain", "verify_checkpoint"])
     assert all(hasattr(sidecar.audit, name) for name in sidecar.audit.__all__)

@@ -1,4 +1,5 @@
-"""The SQLite audit log: atomic appends from several processes, queries, failures."""
+"""The audit log: appends, queries and failures on every backend (the `log` fixture);
+the SQLite file's own properties (plain columns, index plans, several processes)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sidecar.audit import AuditEvent, AuditQuery, SqliteAuditLog, verify_chain
-from sidecar.audit.sqlite import build_query
+from sidecar.audit import AuditEvent, AuditQuery, verify_chain
 from sidecar.errors import StoreUnavailable
+from sidecar.store import SqliteAuditLog
+from sidecar.store.sqlite.audit_sql import build_query
 
 T0 = 1_800_000_000.0
 
@@ -34,7 +36,13 @@ def event(i: int, **overrides) -> AuditEvent:
 
 
 @pytest.fixture
-def log(tmp_path):
+def log(store):
+    """The audit log of a fresh store of each backend."""
+    return store.audit_log
+
+
+@pytest.fixture
+def sqlite_log(tmp_path):
     log = SqliteAuditLog(tmp_path / "audit.db")
     yield log
     log.close()
@@ -66,9 +74,9 @@ def test_iter_records_pages_through_a_long_log(log):
     assert verify_chain(log.iter_records(), [], public_key()) == []
 
 
-def test_columns_are_plain_and_readable_without_this_code(log):
-    log.append([event(1, reasons=("p1",), fields={"amount": 5})])
-    conn = sqlite3.connect(log.path)
+def test_columns_are_plain_and_readable_without_this_code(sqlite_log):
+    sqlite_log.append([event(1, reasons=("p1",), fields={"amount": 5})])
+    conn = sqlite3.connect(sqlite_log.path)
     conn.row_factory = sqlite3.Row
     row = conn.execute("SELECT * FROM audit_record").fetchone()
     conn.close()
@@ -78,30 +86,30 @@ def test_columns_are_plain_and_readable_without_this_code(log):
     assert isinstance(row["time"], float) and row["principal"] == 'User::"alice"'
 
 
-def test_records_cannot_be_changed_through_sql_by_mistake(log):
-    log.append([event(1)])
-    conn = sqlite3.connect(log.path)
+def test_records_cannot_be_changed_through_sql_by_mistake(sqlite_log):
+    sqlite_log.append([event(1)])
+    conn = sqlite3.connect(sqlite_log.path)
     for sql in ("UPDATE audit_record SET result = 'DENY'", "DELETE FROM audit_record"):
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):
             conn.execute(sql)
     conn.close()
 
 
-def test_secrets_outside_the_allow_list_are_never_stored(log):
+def test_secrets_outside_the_allow_list_are_never_stored(sqlite_log):
     arguments = {"amount": 12, "card_number": "4111-1111-SECRET-TOKEN"}
     allow_list = ["amount"]  # what the tool's catalog entry names
     # There is no field for the arguments: only allow-listed fields can be passed on.
     assert "arguments" not in {f.name for f in dataclass_fields(AuditEvent)}
     assert "input" not in {f.name for f in dataclass_fields(AuditEvent)}
-    log.append([event(1, fields={k: arguments[k] for k in allow_list})])
-    log.close()
-    conn = sqlite3.connect(log.path)
+    sqlite_log.append([event(1, fields={k: arguments[k] for k in allow_list})])
+    sqlite_log.close()
+    conn = sqlite3.connect(sqlite_log.path)
     row = conn.execute("SELECT * FROM audit_record").fetchone()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     assert '{"amount":12}' in row
     assert not any("SECRET" in str(value) for value in row)
-    raw = b"".join(p.read_bytes() for p in Path(log.path).parent.iterdir())
+    raw = b"".join(p.read_bytes() for p in Path(sqlite_log.path).parent.iterdir())
     assert b"SECRET" not in raw and b"card_number" not in raw
 
 
@@ -116,14 +124,23 @@ FILTERS = {
 }
 
 
-@pytest.fixture
-def mixed(log):
+def _fill_mixed(log):
     """30 records; every third one differs from the default in every filterable field."""
     log.append([
         event(i, tenant="globex", principal='User::"bob"', tool="delete_user",
               result="DENY", kind="outcome") if i % 3 == 0 else event(i)
         for i in range(1, 31)])
     return log
+
+
+@pytest.fixture
+def mixed(log):
+    return _fill_mixed(log)
+
+
+@pytest.fixture
+def mixed_sqlite(sqlite_log):
+    return _fill_mixed(sqlite_log)
 
 
 @pytest.mark.parametrize("name", FILTERS)
@@ -136,10 +153,10 @@ def test_each_filter_selects_its_records(mixed, name):
 
 
 @pytest.mark.parametrize("name", FILTERS)
-def test_each_filter_reads_an_index_in_seq_order(mixed, name):
+def test_each_filter_reads_an_index_in_seq_order(mixed_sqlite, name):
     value, index = FILTERS[name]
     sql, params = build_query(AuditQuery(**{name: value}), 0, 100)
-    plan = plan_of(mixed, sql, params)
+    plan = plan_of(mixed_sqlite, sql, params)
     assert f"USING INDEX {index} ({name}=? AND rowid>?)" in plan
     assert "SCAN" not in plan and "TEMP B-TREE" not in plan  # no full scan, no sort
 
@@ -151,8 +168,8 @@ def test_each_filter_reads_an_index_in_seq_order(mixed, name):
     (AuditQuery(time_to=T0 + 5), "audit_record_time"),
     (AuditQuery(tenant="acme", call_id="c-1", time_from=T0), "audit_record_call_id"),
 ])
-def test_time_windows_read_an_index(mixed, query, index):
-    plan = plan_of(mixed, *build_query(query, 0, 100))
+def test_time_windows_read_an_index(mixed_sqlite, query, index):
+    plan = plan_of(mixed_sqlite, *build_query(query, 0, 100))
     assert f"USING INDEX {index} " in plan and "SCAN" not in plan
 
 
@@ -195,7 +212,7 @@ def test_locked_database_becomes_store_unavailable_and_commits_nothing(tmp_path)
     log = SqliteAuditLog(tmp_path / "audit.db", busy_timeout=0.05)
     blocker = sqlite3.connect(log.path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
-    with pytest.raises(StoreUnavailable, match="append failed: database is locked"):
+    with pytest.raises(StoreUnavailable, match="write failed: database is locked"):
         log.append([event(1), event(2)])
     blocker.execute("ROLLBACK")
     blocker.close()

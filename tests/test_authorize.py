@@ -19,6 +19,7 @@ def error_codes(response) -> list[str]:
     return [e.code for e in response.errors]
 
 
+@pytest.mark.both_stores
 def test_small_refund_of_own_order_is_allowed_with_a_token(stub, sidecar):
     response = stub.Authorize(make_request())
     assert response.decision == pb.ALLOW
@@ -185,6 +186,7 @@ def test_resource_is_always_inside_the_callers_tenant(bundle_dir, settings, cloc
         car.close()
 
 
+@pytest.mark.both_stores
 def test_same_call_id_and_digest_replays_the_original_decision(stub):
     first = stub.Authorize(make_request())
     again = stub.Authorize(make_request())
@@ -198,6 +200,7 @@ def test_same_call_id_and_digest_replays_the_original_decision(stub):
     assert not stub.Verify(verify_request(make_request(), first.token)).valid
 
 
+@pytest.mark.both_stores
 def test_call_id_reused_with_other_arguments_is_denied(stub):
     assert stub.Authorize(make_request()).decision == pb.ALLOW
     reused = stub.Authorize(make_request(args={"order_id": "ord_1", "amount_cents": 1600}))
@@ -206,6 +209,7 @@ def test_call_id_reused_with_other_arguments_is_denied(stub):
     assert error_codes(other_principal) == ["call_id_reused"]
 
 
+@pytest.mark.both_stores
 def test_per_run_limit(stub):
     for i in range(5):
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
@@ -215,6 +219,7 @@ def test_per_run_limit(stub):
     assert other_run.decision == pb.ALLOW
 
 
+@pytest.mark.both_stores
 def test_per_run_limit_holds_under_concurrent_calls(stub, sidecar):
     """Calls of one run decided concurrently (and so batched together) are counted one
     after the other: exactly the limit is allowed, whatever the interleaving."""
@@ -303,6 +308,7 @@ def test_secret_arguments_never_reach_the_stores_or_the_logs(stub, sidecar, sett
     assert secret not in caplog.text
 
 
+@pytest.mark.both_stores
 def test_an_old_decision_is_not_re_tokenized(stub, clock):
     first = stub.Authorize(make_request())
     clock.advance(301)
@@ -347,19 +353,17 @@ def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
         car.close()
 
 
-def test_a_decision_drafted_on_stale_run_counts_is_made_again_inside_the_transaction(stub, sidecar, monkeypatch):
+@pytest.mark.both_stores
+def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, monkeypatch):
     """Cedar runs before the ledger's transaction, on the run's counts as read then; a
     call of the same run recorded in between must not let the stale draft through."""
-    from sidecar.store.sqlite_ledger import SqliteLedger
-
     for i in range(5):
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
-    real = SqliteLedger._run_counts
 
-    def counts(db, *args):  # outside the transaction: as if read before the five were recorded
-        return real(db, *args) if db.in_transaction else (0, 0)
+    def counts(entries):  # outside the transaction: as if read before the five were recorded
+        return [(0, 0) for _ in entries]
 
-    monkeypatch.setattr(SqliteLedger, "_run_counts", staticmethod(counts))
+    monkeypatch.setattr(sidecar.ledger, "run_counts", counts)
     sixth = stub.Authorize(make_request(call_id="c5"))
     assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"] and sixth.token == ""
     [record] = sidecar.audit_log.query(AuditQuery(call_id="c5"), limit=5)
@@ -372,7 +376,7 @@ def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monke
     of a decision must not hold it."""
     import sidecar.authorizer as authorizer_module
 
-    lock = sidecar.ledger._write_lock
+    lock = sidecar.store.unit._write_lock
     seen = []
     real_evaluate, real_issue = authorizer_module.evaluate, sidecar.authorizer.issuer.issue
 
@@ -391,9 +395,9 @@ def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monke
 
 
 def test_a_decision_and_its_audit_event_are_made_once_when_the_draft_holds(stub, sidecar, monkeypatch):
-    """The ledger asks for the decision before its transaction and again inside it; when
-    the run's counts have not moved, the second answer is the first, event included
-    (each event canonicalizes its fields: work a call should pay for once)."""
+    """The decision is made before the ledger's transaction; when the run's counts have
+    not moved, it is recorded as made, event included (each event canonicalizes its
+    fields: work a call should pay for once)."""
     made = []
     real_event = sidecar.authorizer._event
 
@@ -421,6 +425,7 @@ SMALL, FORBIDDEN, LARGE = ({"order_id": "ord_1", "amount_cents": 1500}, {"order_
                            {"order_id": "ord_1", "amount_cents": 6000})
 
 
+@pytest.mark.both_stores
 def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bundle_dir, channel):
     """A denial leaves the budget as it was; a pending approval holds a share until it is
     rejected (or expires), then gives it back."""
@@ -441,6 +446,7 @@ def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bun
     assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_dir):
     """Approvals opened while under the limit could otherwise all be approved later."""
     _limit_refunds_to(bundle_dir, sidecar, 3)
@@ -449,6 +455,7 @@ def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_d
     assert decisions[3].decision == pb.DENY and error_codes(decisions[3]) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, sidecar, bundle_dir, channel):
     from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
     from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -466,6 +473,7 @@ def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, si
     assert over.decision == pb.DENY and error_codes(over) == ["limit_exceeded"]
 
 
+@pytest.mark.both_stores
 def test_the_run_limit_holds_when_denials_and_allowed_calls_race(stub, sidecar, bundle_dir):
     """Batched together, denials do not take the place of allowed calls in the count,
     nor does any interleaving let more than the limit through."""

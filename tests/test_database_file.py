@@ -5,44 +5,29 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.server.config import DATABASE_FILE
-from sidecar.store.sqlite_approvals import SqliteApprovals
-from sidecar.store.sqlite_base import WriteLock
-from sidecar.store.sqlite_ledger import SqliteLedger
+from sidecar.store import SqliteStore
+from sidecar.store.sqlite.base import WriteLock
 
 
 def test_stores_of_one_file_share_one_write_lock_until_the_last_closes(tmp_path):
     path = str(tmp_path / DATABASE_FILE)
-    audit = SqliteAuditLog(path)
-    ledger = SqliteLedger(path, audit=audit)
-    approvals = SqliteApprovals(path)
-    other = SqliteLedger(str(tmp_path / "other.db"))
-    assert ledger._write_lock is approvals._write_lock is audit._write_lock
-    assert other._write_lock is not ledger._write_lock
-    lock = ledger._write_lock
+    first, second = SqliteStore(path), SqliteStore(path)
+    other = SqliteStore(str(tmp_path / "other.db"))
+    lock = first.unit._write_lock
+    assert second.unit._write_lock is lock and other.unit._write_lock is not lock
     with lock.held(1.0):
         assert lock._fd is not None  # the flock side file is open while the stores are
-    ledger.close()
-    ledger.close()  # a second close gives nothing back twice
-    audit.close()
-    assert WriteLock.for_database(path) is lock  # approvals still holds it
+    first.close()
+    first.close()  # a second close gives nothing back twice
+    assert WriteLock.for_database(path) is lock  # the second store still holds it
     lock.release_user()
-    approvals.close()
+    second.close()
     assert lock._fd is None  # the last user closed it
     fresh = WriteLock.for_database(path)
     assert fresh is not lock
     fresh.release_user()
     other.close()
-
-
-def test_a_ledger_refuses_an_audit_log_in_another_file(tmp_path):
-    audit = SqliteAuditLog(str(tmp_path / "audit-elsewhere.db"))
-    try:
-        with pytest.raises(ValueError, match="same|ledger's database file"):
-            SqliteLedger(str(tmp_path / DATABASE_FILE), audit=audit)
-    finally:
-        audit.close()
 
 
 def test_the_sidecar_keeps_all_its_state_in_one_file(sidecar, settings):
@@ -67,7 +52,7 @@ def _recorded_fsyncs(monkeypatch) -> list[str]:
 def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monkeypatch):
     import sqlite3
 
-    from sidecar.store.sqlite_base import sync_log
+    from sidecar.store.sqlite.base import sync_log
 
     wal = tmp_path / "wal.db"
     conn = sqlite3.connect(wal)
@@ -86,18 +71,18 @@ def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(side
     """The audit writer's own commits (outcomes, approvals, replays), like the ledger's."""
     from sidecar.audit.records import AuditEvent
 
-    lock = sidecar.audit_log._write_lock
+    lock = sidecar.store.unit._write_lock
     states = []
     names = _recorded_fsyncs(monkeypatch)
-    import sidecar.audit.sqlite as audit_sqlite
+    import sidecar.store.sqlite.unit as sqlite_unit
 
-    real_sync = audit_sqlite.sync_log
+    real_sync = sqlite_unit.sync_log
 
     def sync(path, label):
         states.append(lock._threads.locked())
         return real_sync(path, label)
 
-    monkeypatch.setattr(audit_sqlite, "sync_log", sync)
+    monkeypatch.setattr(sqlite_unit, "sync_log", sync)
     record = sidecar.audit_writer.write(AuditEvent(kind="outcome", time=1.0, call_id="c1", result="completed"))
     assert record.seq >= 1 and names == [f"{DATABASE_FILE}-wal"] and states == [False]
 
@@ -125,7 +110,7 @@ def test_a_disk_that_refuses_the_sync_means_no_token(sidecar, stub, monkeypatch)
     from conftest import make_request
 
     from sidecar.errors import StoreUnavailable
-    from sidecar.store.sqlite_base import sync_log
+    from sidecar.store.sqlite.base import sync_log
 
     def eio(fd):
         raise OSError(errno.EIO, os.strerror(errno.EIO))

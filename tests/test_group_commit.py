@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter
 
 import pytest
 
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
-from sidecar.store import SqliteLedger
 from sidecar.store.group_commit import GroupCommit, ItemFailed
-from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall
 
 WAIT = 30  # seconds; only reached if the code under test hangs
 
@@ -128,58 +126,57 @@ def entry(call_id: str, request_id: str = "run-1", tool: str = "t") -> CallEntry
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    ledger = SqliteLedger(str(tmp_path / "ledger.db"))
-    yield ledger
-    ledger.close()
+def ledger(store):
+    return store.ledger
 
 
-def test_calls_of_one_run_batched_together_see_each_other(ledger):
-    """Loop limits depend on it: each call of a run is decided after counting the ones
-    reserved before it, also inside one batch."""
+def allow(decision_id: str) -> RecordedDecision:
+    return RecordedDecision("ALLOW", decision_id, "v1")
+
+
+def test_a_decision_is_recorded_only_on_the_counts_it_was_made_on(ledger):
+    """Storage runs no policy: a reservation carries its decision as a value with the
+    run's counts it was made on, and one whose counts moved writes nothing and says what
+    they are now. Reservations of one batch see those ahead of them."""
+    results = ledger.apply([
+        ReserveCall(entry("c0", tool="u"), allow("d0"), (0, 0)),
+        ReserveCall(entry("c1"), allow("d1"), (1, 0)),
+        ReserveCall(entry("c2"), allow("d2"), (1, 0)),  # made before c1 was recorded
+        ReserveCall(entry("c1"), allow("d1-again"), (2, 1)),  # a duplicate finds the first
+        ReserveCall(entry("c3", request_id="run-2"), RecordedDecision("DENY", "d3", "v1"), (0, 0)),
+        ReserveCall(entry("c4", request_id="run-2"), allow("d4"), (0, 0)),  # a denial takes no budget
+    ])
+    assert [r.moved for r in results] == [None, None, (2, 1), None, None, None]
+    assert ledger.get("acme", "c2") is None
+    assert results[3].existing.decision_id == "d1"
+    assert [ledger.get("acme", c).decision_id for c in ("c0", "c1", "c3", "c4")] == ["d0", "d1", "d3", "d4"]
+    assert ledger.run_counts([entry("c9"), entry("c9", tool="u"), entry("c9", request_id="run-2")]) == \
+        [(2, 1), (2, 1), (1, 1)]
+
+
+def test_reservations_batched_together_share_one_transaction(ledger):
     entered, release = threading.Event(), threading.Event()
-    seen: dict[str, tuple[int, int]] = {}
-    asked: Counter = Counter()
+    real = ledger._run_batch
 
-    def decide_for(call_id):
-        def decide(calls, tool_calls):
-            asked[call_id, calls, tool_calls] += 1
-            seen[call_id] = (calls, tool_calls)
-            if call_id == "c0#0":
-                entered.set()
-                assert release.wait(WAIT)
-            if call_id == "c3#3":
-                raise RuntimeError("this call's own failure")
-            return RecordedDecision("ALLOW", f"d-{call_id}", "v1")
-        return decide
+    def held(ops):
+        entered.set()
+        assert release.wait(WAIT)
+        return real(ops)
 
-    def reserve(i):
-        call_id = "c1" if i == 5 else f"c{i}"  # a duplicate of c1 in the same batch
-        return ledger.reserve(entry(call_id, tool="t" if i % 2 else "u"), decide_for(f"{call_id}#{i}"))
-
-    threads, results = in_threads(6, reserve, first_gate=entered, group=ledger._writes)
-    assert ledger._writes.wait_until_queued(5, WAIT)
+    ledger._writes._run_batch = held
+    threads, results = in_threads(4, lambda i: ledger.reserve(entry(f"c{i}"), allow(f"d{i}"), (0, 0)),
+                                  first_gate=entered, group=ledger._writes)
+    assert ledger._writes.wait_until_queued(3, WAIT)
     release.set()
     for t in threads:
         t.join(WAIT)
-    decided = {key.split("#")[0]: count for key, (count, _tools) in seen.items() if not key.startswith("c3")}
-    # Each stored call counted the ones stored before it, whatever the order in the batch;
-    # c3 failed alone and is neither stored nor counted by later calls.
-    assert sorted(decided.values()) == [0, 1, 2, 3] and set(decided) == {"c0", "c1", "c2", "c4"}
-    assert isinstance(results[3], RuntimeError) and ledger.get("acme", "c3") is None
-    first, duplicate = sorted((results[1], results[5]), key=lambda r: r.existing is not None)
-    assert first.existing is None and duplicate.existing.decision_id == ledger.get("acme", "c1").decision_id
-    assert len([key for key in seen if key.startswith("c1")]) == 1  # the duplicate was never decided
-    # Drafted before the transaction on predicted counts (those in the table plus the
-    # calls ahead in the batch), asked again in it with the same counts: Cedar would
-    # run once per call.
-    assert {n for (key, *_), n in asked.items() if not key.startswith("c3")} == {2}
-    for i in (0, 2, 4):
-        assert results[i].existing is None and ledger.get("acme", f"c{i}").decision == "ALLOW"
+    moved = sorted((r.moved for r in results.values()), key=str)
+    # The first alone, then the other three in one batch, decided on counts the first moved.
+    assert moved == [(1, 1), (1, 1), (1, 1), None]
 
 
 def test_concurrent_consumes_of_one_call_let_exactly_one_through(ledger):
-    ledger.reserve(entry("c1"), lambda calls, tool_calls: RecordedDecision("ALLOW", "d1", "v1"))
+    ledger.reserve(entry("c1"), allow("d1"))
     barrier = threading.Barrier(8)
     codes: list[str] = []
 
@@ -195,33 +192,21 @@ def test_concurrent_consumes_of_one_call_let_exactly_one_through(ledger):
     assert sorted(codes) == ["already_used"] * 7 + ["ok"]
 
 
-def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(tmp_path):
+def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(store):
     from sidecar.audit.records import AuditEvent
-    from sidecar.audit.sqlite import SqliteAuditLog
-    from sidecar.store.ledger import AppendAudit, ConsumeToken, ReserveCall
+    from sidecar.store.ledger import AppendAudit, ConsumeToken
 
-    path = str(tmp_path / "one.db")
-    audit = SqliteAuditLog(path)
-    ledger = SqliteLedger(path, audit=audit)
-    bare = SqliteLedger(str(tmp_path / "bare.db"))  # no audit log: audited operations fail alone
     event = AuditEvent(kind="verify", time=1.0, call_id="c1", result="bad_signature")
-    try:
-        results = ledger.apply([
-            ReserveCall(entry("c1"), lambda calls, tool_calls: RecordedDecision("ALLOW", "d1", "v1")),
-            ConsumeToken("acme", "c1", "jti-1", 2.0),
-            "not an operation",
-            ConsumeToken("acme", "c1", "jti-2", 3.0),
-            AppendAudit(event),
-        ])
-        assert results[0].existing is None and results[1] == "ok" and results[3] == "already_used"
-        assert isinstance(results[2], TypeError) and results[4] is None
-        assert [r.event.result for r in audit.query(AuditQuery(), limit=10)] == ["bad_signature"]
-        bare_results = bare.apply([AppendAudit(event), ReserveCall(entry("c2"))])
-        assert isinstance(bare_results[0], RuntimeError) and bare_results[1].existing is None
-    finally:
-        ledger.close()
-        audit.close()
-        bare.close()
+    results = store.ledger.apply([
+        ReserveCall(entry("c1"), allow("d1"), (0, 0)),
+        ConsumeToken("acme", "c1", "jti-1", 2.0),
+        "not an operation",
+        ConsumeToken("acme", "c1", "jti-2", 3.0),
+        AppendAudit(event),
+    ])
+    assert results[0].existing is None and results[1] == "ok" and results[3] == "already_used"
+    assert isinstance(results[2], TypeError) and results[4] is None
+    assert [r.event.result for r in store.audit_log.query(AuditQuery(), limit=10)] == ["bad_signature"]
 
 
 def test_a_recorded_outcome_returns_the_row_as_stored(ledger):
@@ -230,3 +215,26 @@ def test_a_recorded_outcome_returns_the_row_as_stored(ledger):
     assert returned == ledger.get("acme", "c1")
     assert (returned.outcome, returned.outcome_at, returned.extra) == (
         "failed", 12.5, {"error_code": "E_TIMEOUT", "output_digest": "ab" * 32})
+
+
+def test_prune_removes_the_rows_of_ended_calls_in_batches_and_keeps_the_trail(store):
+    from sidecar.audit.records import AuditEvent
+
+    ledger = store.ledger
+    for i in range(5):
+        ledger.reserve(entry(f"done{i}"), allow(f"d{i}"))
+        assert ledger.consume("acme", f"done{i}", f"jti-{i}", 1.0) == "ok"
+        ledger.record_outcome("acme", f"done{i}", "completed", "", "", 10.0 + i)
+    ledger.reserve(entry("denied"), RecordedDecision("DENY", "dd", "v1"))
+    ledger.reserve(entry("running"), allow("dr"))  # allowed, no outcome yet: kept
+    ledger.reserve(entry("late"), allow("dl"))
+    ledger.record_outcome("acme", "late", "completed", "", "", 99.0)  # ended after the date: kept
+    store.audit_log.append([AuditEvent(kind="outcome", time=1.0, call_id="done0", result="completed")])
+    assert store.prune(50.0, batch=2) == 6
+    assert [c for c in ("done0", "done4", "denied", "running", "late") if ledger.get("acme", c)] == \
+        ["running", "late"]
+    assert store.audit_log.head()[0] == 1
+    # The consumed token went with its call: the call id is new again, and its token too.
+    ledger.reserve(entry("done0"), allow("again"))
+    assert ledger.consume("acme", "done0", "jti-0", 2.0) == "ok"
+    assert store.prune(50.0) == 0

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
     ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit", "sidecar.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the
-    # audit log; the audit log never knows the ledger (see EXCEPTIONS for the debt).
+    # audit trail's records and chain; audit/ never knows storage.
     ("store", frozenset({"sidecar.store"})),
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
@@ -78,10 +78,6 @@ FENCES: tuple[Fence, ...] = (
 # Imports that break the rules today, each with the reason and the way out. An entry
 # whose import is gone fails the test, so this list only ever shrinks.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("sidecar.audit.sqlite", "sidecar.store.sqlite_base"):
-        "the audit log shares the ledger's SQLite connection helper; issue 17 moves storage",
-    ("sidecar.audit.writer", "sidecar.store.group_commit"):
-        "the audit writer batches commits with the ledger's group commit; issue 17 moves storage",
 }
 
 # The root package's __init__ is empty: it belongs to no layer and imports nothing.

@@ -8,7 +8,6 @@ import pathlib
 import grpc
 import pytest
 
-from sidecar.audit.sqlite import SqliteAuditLog
 from sidecar.client import ClientTls
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -18,6 +17,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.build import build_sidecar, create_listener_server
 from sidecar.server.config import ListenerSettings
+from sidecar.store import SqliteAuditLog
 from tests.certs import CertificateAuthority
 from tests.conftest import make_request
 

@@ -18,11 +18,11 @@ from conftest import hold_ledger_writes, make_request, verify_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_workers import START_TIMEOUT, Workers
 
-from sidecar.audit import SqliteAuditLog
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import DATABASE_FILE
 from sidecar.server.logs import JsonFormatter
+from sidecar.store import SqliteAuditLog
 from sidecar.telemetry import tracing
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT is Linux")

@@ -26,6 +26,7 @@ def allowed(stub, **kwargs):
     return request, response
 
 
+@pytest.mark.both_stores
 def test_verify_once_then_already_used(stub, sidecar):
     request, response = allowed(stub)
     first = stub.Verify(verify_request(request, response.token))
@@ -122,6 +123,7 @@ def test_ledger_failure_means_no_token_and_no_valid(stub, sidecar):
     assert stub.Verify(verify_request(request, response.token)).valid
 
 
+@pytest.mark.both_stores
 def test_a_failed_ledger_batch_leaves_nothing_behind(stub, sidecar):
     """Concurrent decisions share a ledger transaction; when its commit fails, every
     caller in it is refused, none of their rows stays, and a retry decides afresh."""
@@ -158,10 +160,12 @@ def _code_of(stub, request):
 def _break_audit_inserts(monkeypatch, sidecar):
     """Every append to the audit trail fails as a full disk would, inside whatever
     transaction makes it."""
-    def disk_full(conn, events):
+    from sidecar.store.sqlite.unit import SqliteTransaction
+
+    def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(sidecar.audit_log, "append_in", disk_full)
+    monkeypatch.setattr(SqliteTransaction, "append_audit", disk_full)
 
 
 def test_audit_failure_means_no_token_and_no_decision(stub, sidecar, monkeypatch):
@@ -201,8 +205,8 @@ def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar, mo
     authorizer = sidecar.authorizer
     assert authorizer.authorize(*call("warm")).decision.value == "ALLOW"  # opens this thread's connections
     events = []
-    lock = sidecar.ledger._write_lock
-    for conn in sidecar.ledger._all + sidecar.audit_log._connections:
+    lock = sidecar.store.unit._write_lock
+    for conn in sidecar.store.unit._connections:
         conn.set_trace_callback(lambda sql: events.append(sql) if sql in ("BEGIN IMMEDIATE", "COMMIT") else None)
     real_fsync = os.fdatasync
 
@@ -249,18 +253,19 @@ def test_same_token_raced_from_two_processes_verifies_once(stub, server):
 
 
 def _race_consume(path: str, barrier, results) -> None:
-    from sidecar.store import SqliteLedger
+    from sidecar.store import SqliteStore
 
-    ledger = SqliteLedger(path)
+    store = SqliteStore(path)
     barrier.wait(timeout=10)
-    results.put(ledger.consume("acme", "toolu_1", "jti-1", 1.0))
+    results.put(store.ledger.consume("acme", "toolu_1", "jti-1", 1.0))
 
 
 def test_two_sidecar_processes_sharing_a_ledger_consume_once(tmp_path):
-    from sidecar.store import CallEntry, SqliteLedger
+    from sidecar.store import CallEntry, SqliteStore
 
     path = str(tmp_path / "ledger.db")
-    SqliteLedger(path).reserve(CallEntry("acme", "toolu_1", "run", "issue_refund", "d" * 64, 'User::"a"', 0.0))
+    with SqliteStore(path) as store:
+        store.ledger.reserve(CallEntry("acme", "toolu_1", "run", "issue_refund", "d" * 64, 'User::"a"', 0.0))
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(3), ctx.Queue()
     procs = [ctx.Process(target=_race_consume, args=(path, barrier, results)) for _ in range(3)]
@@ -293,6 +298,7 @@ def outcome(request, status=pb.COMPLETED, call_id="toolu_1"):
                                    output_digest="ab" * 32)
 
 
+@pytest.mark.both_stores
 def test_exactly_one_terminal_outcome(stub, sidecar):
     request, response = allowed(stub)
     assert stub.Verify(verify_request(request, response.token)).valid
@@ -305,6 +311,7 @@ def test_exactly_one_terminal_outcome(stub, sidecar):
     assert record.event.result == "completed" and record.event.detail["output_digest"] == "ab" * 32
 
 
+@pytest.mark.both_stores
 def test_outcome_for_an_unknown_call_or_from_another_tenant_is_not_found(stub):
     """Calls are kept per tenant: another tenant's call id names no call of its own."""
     request, _ = allowed(stub)
@@ -318,6 +325,7 @@ def test_outcome_for_an_unknown_call_or_from_another_tenant_is_not_found(stub):
 
 @pytest.mark.parametrize("spoofed", [{"principal": "mallory"}, {"request_id": "run-2"},
                                      {"principal": "mallory", "request_id": "run-2"}])
+@pytest.mark.both_stores
 def test_a_spoofed_caller_of_the_same_tenant_cannot_close_the_call(stub, sidecar, spoofed):
     request, response = allowed(stub)
     with pytest.raises(grpc.RpcError) as info:
@@ -337,6 +345,7 @@ def test_a_spoofed_caller_of_the_same_tenant_cannot_close_the_call(stub, sidecar
     assert stub.ReportOutcome(outcome(request)).decision_id == response.decision_id
 
 
+@pytest.mark.both_stores
 def test_the_same_outcome_reported_again_is_answered_again_and_recorded_once(stub, sidecar):
     request, response = allowed(stub)
     assert stub.Verify(verify_request(request, response.token)).valid
@@ -356,6 +365,7 @@ def test_the_same_outcome_reported_again_is_answered_again_and_recorded_once(stu
     assert sidecar.ledger.get("acme", "toolu_1").extra["output_digest"] == "ab" * 32
 
 
+@pytest.mark.both_stores
 def test_outcome_without_verification_is_recorded_and_flagged(stub, sidecar):
     request, _ = allowed(stub)
     assert stub.ReportOutcome(outcome(request, pb.OUTCOME_UNKNOWN)).unverified
@@ -375,6 +385,7 @@ def test_status_reports_the_loaded_version(stub, sidecar):
     assert status.policy_version == sidecar.bundles.current.version and status.last_reload_error == ""
 
 
+@pytest.mark.both_stores
 def test_a_call_reported_as_ended_can_never_run(stub):
     """Cancelled before it ran: neither the old token nor a replay may execute it later."""
     request, response = allowed(stub)

@@ -16,10 +16,11 @@ import grpc
 import pytest
 from conftest import ROOT, make_request, verify_request
 
-from sidecar.audit import SqliteAuditLog, verify_chain
+from sidecar.audit import verify_chain
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import DATABASE_FILE, ListenerSettings, Settings
+from sidecar.store import SqliteAuditLog
 from sidecar.tokens.keys import load_private_key_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc are Linux")

@@ -1,4 +1,4 @@
-"""The audit log interface that every backend (SQLite now, PostgreSQL later) implements.
+"""The audit log interface that every storage backend implements (sidecar/store/).
 
 Rules a backend must keep, whatever its storage:
 - `append` is one transaction that reads the head, chains the events after it (with

@@ -1,23 +1,28 @@
 """`toolauthz audit ...`: questions auditors ask, answered from the audit store.
 
-These commands read the store file directly (an auditor with read access to the data
-directory needs no running sidecar); remote clients use the Audit.QueryDecisions RPC.
+These commands read the store directly (the SQLite file of a data directory, or the
+database of `--store URL`: an auditor with read access needs no running sidecar); remote
+clients use the Audit.QueryDecisions RPC. `checkpoints --out FILE` exports the signed
+checkpoints, and `verify --checkpoints FILE` trusts only those: a writer holding the
+database and the audit key cannot silently rewrite history exported before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from datetime import UTC, datetime
 
-from sidecar.audit import AuditQuery, AuditRecord, SqliteAuditLog, verify_chain
-from sidecar.audit.store import MAX_PAGE
+from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
+from sidecar.audit.store import MAX_PAGE, AuditLog
 from sidecar.cli.options import add_anywhere, principal_filter
 from sidecar.display import bounded_message, display, display_uid, shown
 from sidecar.errors import ToolAuthzError
 from sidecar.server.config import DATABASE_FILE
+from sidecar.store.open import open_store
 
 _FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
 STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
@@ -46,22 +51,33 @@ def add_audit_command(sub) -> None:
     verify = verbs.add_parser("verify", help="check the hash chain against the signed checkpoints")
     verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
                                              "default: derived from <data-dir>/audit-key.pem")
-    add_anywhere(audit, [*parsers, show, verify], "--data-dir", default=".toolauthz")
+    verify.add_argument("--checkpoints", help="a file written by `audit checkpoints --out`: verify against "
+                                              "these signed checkpoints only, not those in the store")
+    checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one token per line")
+    checkpoints.add_argument("--out", required=True, help="the file to write")
+    every = [*parsers, show, verify, checkpoints]
+    add_anywhere(audit, every, "--data-dir", default=".toolauthz")
+    add_anywhere(audit, every, "--store", help="sqlite:///path or postgresql://...; default: "
+                                               "$TOOLAUTHZ_STORE, else <data-dir>/toolauthz.db")
     audit.set_defaults(func=run)
 
 
 def run(args) -> int:
-    path = pathlib.Path(args.data_dir) / DATABASE_FILE
-    if not path.exists():
-        older = pathlib.Path(args.data_dir) / "audit.db"
-        hint = f"; `{older}` is the audit trail of an earlier version: read it with that version" \
-            if older.exists() else ""
-        raise ToolAuthzError(f"no audit store at `{path}`{hint}")
-    log = SqliteAuditLog(str(path))
+    url = args.store or os.environ.get("TOOLAUTHZ_STORE") or ""
+    if not url:
+        path = pathlib.Path(args.data_dir) / DATABASE_FILE
+        if not path.exists():
+            older = pathlib.Path(args.data_dir) / "audit.db"
+            hint = f"; `{older}` is the audit trail of an earlier version: read it with that version" \
+                if older.exists() else ""
+            raise ToolAuthzError(f"no audit store at `{path}`{hint}")
+        url = f"sqlite://{path.absolute()}"
+    store = open_store(url, pool_size=1)
     try:
-        return {"query": _query, "export": _export, "show": _show, "verify": _verify}[args.audit_command](log, args)
+        verbs = {"query": _query, "export": _export, "show": _show, "verify": _verify, "checkpoints": _checkpoints}
+        return verbs[args.audit_command](store.audit_log, args)
     finally:
-        log.close()
+        store.close()
 
 
 def _filters(args) -> AuditQuery:
@@ -79,7 +95,7 @@ def _time(text: str | None) -> float | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _pages(log: SqliteAuditLog, query: AuditQuery, limit: int | None = None):
+def _pages(log: AuditLog, query: AuditQuery, limit: int | None = None):
     after, left = 0, limit
     while left is None or left > 0:
         page = log.query(query, limit=min(MAX_PAGE, left or MAX_PAGE), after_seq=after)
@@ -172,16 +188,32 @@ def _story_line(record: AuditRecord) -> str:
 
 def _verify(log, args) -> int:
     keys = _audit_public_keys(args)
-    findings = verify_chain(log.iter_records(), log.checkpoints(), keys)
+    checkpoints = _exported_checkpoints(args.checkpoints) if args.checkpoints else log.checkpoints()
+    findings = verify_chain(log.iter_records(), checkpoints, keys)
     count, head = log.head()
     if not findings:
-        print(f"ok: {count} records, {len(log.checkpoints())} checkpoints, head {head[:16]}…")
+        source = f"exported in `{shown(args.checkpoints)}`" if args.checkpoints else "stored"
+        print(f"ok: {count} records, {len(checkpoints)} checkpoints ({source}), head {head[:16]}…")
         return 0
     for f in findings:
         where = f"seq {f.seq}" if f.last_seq == f.seq else f"seq {f.seq}-{f.last_seq}"
         print(f"{where}: {display(f.kind)}: {bounded_message(f.message)}")
     print(f"{len(findings)} finding(s): the audit trail was altered", file=sys.stderr)
     return 1
+
+
+def _checkpoints(log, args) -> int:
+    checkpoints = log.checkpoints()
+    pathlib.Path(args.out).write_text("".join(f"{cp.token}\n" for cp in checkpoints), encoding="utf-8")
+    print(f"{len(checkpoints)} checkpoints written to {shown(args.out)}")
+    return 0
+
+
+def _exported_checkpoints(path: str) -> list[Checkpoint]:
+    """The tokens of an export; what each one says is read from it only once its
+    signature verifies (verify_chain), so the placeholders here are never trusted."""
+    lines = pathlib.Path(path).read_text(encoding="utf-8").split()
+    return [Checkpoint(0, "", 0.0, "", token) for token in lines]
 
 
 def _audit_public_keys(args):

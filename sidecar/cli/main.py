@@ -18,6 +18,7 @@ from sidecar.cli.audit import add_audit_command
 from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
+from sidecar.cli.store import add_store_command
 from sidecar.clock import SystemClock
 from sidecar.display import bounded_message, use_escaping_formatter
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
@@ -30,7 +31,8 @@ def cmd_serve(args) -> int:
 
     with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
         settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
-                                 log_format=args.log_format)
+                                 log_format=args.log_format,
+                                 store=args.store, store_migrate=args.migrate or None)
         return serve_workers(settings, args.workers, reloads)
 
 
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", help="HOST:PORT or unix:///PATH, plaintext (default 127.0.0.1:50051)")
     serve.add_argument("--data-dir")
     serve.add_argument("--config")
+    serve.add_argument("--store", help="sqlite:///path or postgresql://... (default: <data-dir>/toolauthz.db)")
+    serve.add_argument("--migrate", action="store_true", help="upgrade an older PostgreSQL schema before serving")
     serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes sharing the address (default: one per core)")
     serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON objects")
@@ -181,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_command(sub)
     add_test_command(sub)
     add_mcp_commands(sub, parse_principal)
+    add_store_command(sub)
     return parser
 
 

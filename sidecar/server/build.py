@@ -3,12 +3,14 @@ the gRPC handlers. No globals, so tests build as many sidecars as they like."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pathlib
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -17,8 +19,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.approvals import ApprovalDesk
-from sidecar.audit.sqlite import SqliteAuditLog
-from sidecar.audit.writer import AuditWriter, Checkpointer
 from sidecar.authorizer import Authorizer
 from sidecar.bundle import BundleHolder
 from sidecar.clock import Clock, SystemClock
@@ -45,8 +45,10 @@ from sidecar.service.http_api import HttpApi, HttpListener
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
-from sidecar.store import SqliteLedger
-from sidecar.store.sqlite_approvals import SqliteApprovals
+from sidecar.store import Store
+from sidecar.store.audit_writer import AuditWriter, Checkpointer
+from sidecar.store.open import open_store
+from sidecar.store.rules import Approvals, AuditLogOf, Ledger
 from sidecar.telemetry import metrics
 from sidecar.tokens import TokenIssuer, TokenVerifier
 from sidecar.tokens.keyring import MANIFEST, KeyRing, load_keyring
@@ -59,15 +61,16 @@ log = logging.getLogger("toolauthz.server")
 class Sidecar:
     settings: Settings
     bundles: BundleHolder
-    ledger: SqliteLedger
-    audit_log: SqliteAuditLog
+    store: Store
+    ledger: Ledger
+    audit_log: AuditLogOf
     audit_writer: AuditWriter
     checkpointer: Checkpointer
     keyring: KeyRing
     audit_key: SigningKey
     authorizer: Authorizer
     approvals: ApprovalDesk
-    approval_store: SqliteApprovals
+    approval_store: Approvals
     pump: DecisionPump
     reloader: BundleReloader
     watches: WatchLimits
@@ -129,9 +132,7 @@ class Sidecar:
             self.board.close()
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
-        self.audit_log.close()
-        self.approval_store.close()
-        self.ledger.close()
+        self.store.close()
 
 
 def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: CallerResolver = caller_of) -> Sidecar:
@@ -142,7 +143,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     bundle = load_bundle_snapshot(settings.bundle)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _refuse_old_layout(data, settings.database_path)
+    if not settings.store:
+        _refuse_old_layout(data, settings.database_path)
     _require_keys(settings)
     keyring = load_keyring(settings.keys_dir, grace_seconds=settings.key_grace_seconds(), clock=clock,
                            create_if_missing=settings.generate_missing_keys)
@@ -152,9 +154,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     audit_key = _audit_key(settings)
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
-    audit_log = SqliteAuditLog(str(settings.database_path))
-    approval_store = SqliteApprovals(str(settings.database_path), audit=audit_log)
-    ledger = SqliteLedger(str(settings.database_path), audit=audit_log, approvals=approval_store)
+    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate)
+    audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
                                 interval=settings.audit.checkpoint_interval_seconds)
@@ -164,6 +165,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                          clock=clock)
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds,
                         id_tokens=id_token_verifier(settings, clock))
+    # Decisions made by other replicas wake this one's watchers (PostgreSQL: LISTEN/NOTIFY).
+    store.listen_for_approvals(lambda _approval_id: desk.poke())
     authorizer = Authorizer(
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
@@ -173,7 +176,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
-    return Sidecar(settings, bundles, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
+    return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, DecisionPump(authorizer), reloader, watches, gate)
 
 
@@ -279,11 +282,12 @@ def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
 
     # SO_REUSEPORT means nothing to a Unix socket, whose path one process binds.
     tcp = not listener.address.startswith("unix:")
-    return _start(sidecar.settings, build, names, listener, reuse_port and tcp)
+    return _start(sidecar.settings, build, names, listener, reuse_port and tcp,
+                  healthy=sidecar.store.available)
 
 
 def _start(settings: Settings, build, names: list[str], listener: ListenerSettings,
-           reuse_port: bool = False) -> tuple[AioServer, str]:
+           reuse_port: bool = False, healthy: Callable[[], bool] | None = None) -> tuple[AioServer, str]:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
@@ -302,13 +306,36 @@ def _start(settings: Settings, build, names: list[str], listener: ListenerSettin
     try:
         bound = open_listener(server, listener)
         server.start()
-        server.run(lambda: _serving(health_servicer, names))
+        server.run(lambda: _serving(health_servicer, names, healthy))
     except BaseException:
         server.stop(None)
         raise
     return server, bound
 
 
-async def _serving(health_servicer, names: list[str]) -> None:
+async def _serving(health_servicer, names: list[str], healthy: Callable[[], bool] | None = None) -> None:
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if healthy is not None:
+        # Runs until the server's loop closes (its tasks are cancelled then).
+        asyncio.get_running_loop().create_task(_follow_the_store(health_servicer, names, healthy))
+
+
+STORE_CHECK_SECONDS = 1.0
+
+
+async def _follow_the_store(health_servicer, names: list[str], healthy: Callable[[], bool]) -> None:
+    """NOT_SERVING while the store cannot be read (every answer would be UNAVAILABLE),
+    SERVING again once it can: a load balancer sends requests to replicas that can
+    answer them, and nothing needs a restart."""
+    loop = asyncio.get_running_loop()
+    serving = True
+    while True:
+        await asyncio.sleep(STORE_CHECK_SECONDS)
+        now = await loop.run_in_executor(None, healthy)
+        if now != serving:
+            serving = now
+            log.warning("the store is %s", "reachable again: serving" if now else "unreachable: NOT_SERVING")
+            status = health_pb2.HealthCheckResponse.SERVING if now else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", *names):
+                await health_servicer.set(name, status)

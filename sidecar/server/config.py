@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sidecar.errors import ToolAuthzError
+from sidecar.store.open import parse_store_url
 
 
 class _Strict(BaseModel):
@@ -139,6 +140,27 @@ class Settings(_Strict):
     callers: tuple[CallerSettings, ...] = ()
     approvers: ApproverSettings = ApproverSettings()
 
+    # Where the ledger, the approvals and the audit trail live: `sqlite:///path` or
+    # `postgresql://...` (shared by a fleet); empty: `sqlite:///<data_dir>/toolauthz.db`.
+    store: str = ""
+    store_pool_size: int = Field(8, ge=1, le=256)  # PostgreSQL connections per process
+    # Serving upgrades an older PostgreSQL schema first (else it refuses to start).
+    store_migrate: bool = False
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        if value:
+            try:
+                parse_store_url(value)
+            except ToolAuthzError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def store_url(self) -> str:
+        return self.store or f"sqlite://{self.database_path.absolute()}"
+
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
         if self.approvals.max_watches >= self.max_concurrent_rpcs:
@@ -187,7 +209,8 @@ class Settings(_Strict):
 
 
 _ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
-        "TOOLAUTHZ_HTTP_LISTEN": "http_listen"}
+        "TOOLAUTHZ_HTTP_LISTEN": "http_listen",
+        "TOOLAUTHZ_STORE": "store"}
 
 
 def load_settings(config_file: str | os.PathLike | None = None, **overrides: Any) -> Settings:

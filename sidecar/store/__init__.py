@@ -1,10 +1,11 @@
-"""Durable state behind interfaces: the call ledger (decisions, single use, outcomes).
-
-The embedded backend is SQLite; the interfaces are written so that a PostgreSQL backend
-shared by several sidecar replicas can implement them unchanged.
+"""Storage: the call ledger, the approvals and the audit trail of one database, written
+in shared transactions (`unit.py` is what a backend implements, `rules.py` what the
+stores mean). Backends: SQLite (`sqlite/`, embedded, the default) and PostgreSQL
+(`postgres/`, shared by a fleet of sidecars).
 """
 
 from sidecar.store.ledger import CallEntry, CallLedger, Reservation
-from sidecar.store.sqlite_ledger import SqliteLedger
+from sidecar.store.rules import Store
+from sidecar.store.sqlite import SqliteAuditLog, SqliteStore
 
-__all__ = ["CallEntry", "CallLedger", "Reservation", "SqliteLedger"]
+__all__ = ["CallEntry", "CallLedger", "Reservation", "SqliteAuditLog", "SqliteStore", "Store"]

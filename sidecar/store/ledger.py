@@ -53,14 +53,16 @@ class CallEntry:
 @dataclass(frozen=True)
 class Reservation:
     """Either the call was new (existing is None) and is now reserved, or it existed
-    already (existing set). The run's counts go to `reserve`'s `decide`."""
+    already (existing set). `moved`: the run's counts changed since the decision was
+    made on them, and nothing was written; these are the counts as they are now."""
 
     existing: CallEntry | None
+    moved: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class RecordedDecision:
-    """The decision fields of a call, as `reserve`'s `decide` returns them."""
+    """The decision fields of a call, as the authorizer made them."""
 
     decision: str
     decision_id: str
@@ -77,20 +79,20 @@ class RecordedDecision:
         return self.decision in BUDGETED_DECISIONS
 
 
-# Called with the run's counts (calls, tool_calls) inside reserve's transaction: its calls
-# that were allowed, or asked for an approval that is pending or approved, of all tools and
-# of the entry's tool.
-Decide = Callable[[int, int], "RecordedDecision | None"]
-
-
 # -- the ledger's writes, as values, so that many requests' writes can share a commit --
 
 @dataclass(frozen=True)
 class ReserveCall:
-    """`reserve(entry, decide)` as an operation; its result is a Reservation."""
+    """Reserve `entry`'s call id, recording `decision` (None: undecided) if the call is
+    new. The decision is a value made by the caller before the transaction, on the run's
+    counts `counts` (calls, tool_calls; see `CallLedger.run_counts`): if the counts read
+    inside the transaction differ, nothing is written and the result says so
+    (`Reservation.moved`), for the caller to decide again. A decision therefore never
+    commits on counts that no longer hold, and storage never runs policy."""
 
     entry: CallEntry
-    decide: Decide | None = None
+    decision: RecordedDecision | None = None
+    counts: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,28 +164,17 @@ class CallLedger(Protocol):
         leaves the others alone; a transaction that fails
         gives each of its operations a StoreUnavailable of its own."""
 
-    def reserve(self, entry: CallEntry, decide: Decide | None = None) -> Reservation:
-        """Atomically: if (tenant, call_id) exists return it; else count the calls of
-        entry.request_id that use the run's budget (all tools, and entry.tool: those
-        allowed and those whose approval is pending or approved) and insert
-        the entry.
+    def reserve(self, entry: CallEntry, decision: RecordedDecision | None = None,
+                counts: tuple[int, int] | None = None) -> Reservation:
+        """Atomically: if (tenant, call_id) exists return it; else, if the run's counts
+        still equal `counts` (when given), insert the entry with `decision`, its approval
+        and its audit record, committed together or not at all. Reservations are
+        serialized (every write transaction appends to the one audit chain), so the
+        counts read in the transaction are those the commit leaves behind."""
 
-        With `decide`, the counts go to `decide` inside the same transaction and the
-        entry is inserted with the decision it returns (undecided if it returns None,
-        and without `decide`): one transaction per decision, and
-        concurrent calls of one run are counted and decided one after the other. An
-        exception from `decide` rolls back: nothing is recorded. (A backend shared by
-        replicas must serialize per (tenant, request_id), e.g. with an advisory lock.)
-
-        The decision's `audit` event is appended to the audit trail, and its `approval`
-        (the pending approval of an APPROVAL_REQUIRED) stored, in the same transaction:
-        a decision, its approval and its record are committed, durably, together or not
-        at all, with one commit.
-
-        `decide` may also be called before the transaction, on the counts the ledger
-        expects, so that its expensive part stays out of the write lock; the decision
-        recorded is the one it returns inside, so it must be cheap to call again with
-        the same counts."""
+    def run_counts(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        """Each entry's run's counts as they are now (one read, outside any write
+        transaction): what a decision is first made on."""
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
 

@@ -1,6 +1,5 @@
-"""Shared SQLite plumbing: WAL, one connection per thread, BEGIN IMMEDIATE transactions
-so that several processes sharing one file stay consistent. Every sqlite3 error leaves as
-StoreUnavailable, which callers turn into a deny."""
+"""SQLite plumbing: one writer at a time across processes, and durability after the
+write lock is released."""
 
 from __future__ import annotations
 
@@ -9,13 +8,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol, TypeVar
 
 from sidecar.errors import StoreUnavailable
-
-T = TypeVar("T")
 
 
 class WriteLock:
@@ -135,94 +131,3 @@ def sync_log(db_path: str, label: str) -> None:
         except OSError as exc:
             raise StoreUnavailable(f"{label} `{db_path}`: cannot sync: {exc.strerror}") from exc
         return
-
-
-class StoredInFile(Protocol):
-    @property
-    def path(self) -> str: ...
-
-
-def require_same_file(path: str, store: StoredInFile | None, name: str) -> None:
-    """A store whose writes join another's transactions must live in the same file."""
-    if store is not None and os.path.realpath(store.path) != os.path.realpath(path):
-        raise ValueError(f"the {name} must live in the same database file: one transaction holds both")
-
-
-class SqliteDatabase:
-    def __init__(self, path: str, schema: str, *, label: str):
-        self._path, self._label = path, label
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        self._closed = False
-        self._write_lock = WriteLock.for_database(path)
-        try:
-            self._conn().executescript(schema)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{label} `{path}`: {exc}") from exc
-
-    @property
-    def path(self) -> str:
-        return self._path
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._path, isolation_level=None, timeout=10.0, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            # NORMAL: no fsync at COMMIT, under the write lock; `transaction` syncs the
-            # log after releasing it (see sync_log).
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=10000")
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE under the write lock), durable on exit.
-        Reads go through `read`."""
-        try:
-            self._write_lock.__enter__()
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
-        try:
-            with self._immediate() as conn:
-                yield conn
-        finally:
-            self._write_lock.__exit__()
-        sync_log(self._path, self._label)  # committed: durable before anyone is answered
-
-    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """One read statement (or several that need not agree), in autocommit: no
-        BEGIN/COMMIT around it."""
-        try:
-            return query(self._conn())
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
-
-    @contextmanager
-    def _immediate(self) -> Iterator[sqlite3.Connection]:
-        try:
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{self._label} `{self._path}`: {exc}") from exc
-
-    def close(self) -> None:
-        with self._all_lock:
-            if self._closed:
-                return
-            self._closed = True
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-        self._local = threading.local()
-        self._write_lock.release_user()

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class AuditWriter:
-    """Group commit of audit records (sidecar/store/group_commit.py): one `append`, one
+    """Group commit of audit records (group_commit.py): one `append`, one
     transaction and one fsync for whatever is queued."""
 
     def __init__(self, log: AuditLog, *, max_batch: int = 256):

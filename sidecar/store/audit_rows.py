@@ -1,0 +1,46 @@
+"""Audit records as table rows, for every backend: one column per AuditEvent field, the
+lists and mappings as JSON text, so that an auditor can recompute the chain from the
+table with any SQL client and no code of ours."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import fields as dataclass_fields
+from typing import Any
+
+from sidecar.audit.records import AuditEvent, AuditRecord
+
+EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))
+JSON_COLUMNS = ("reasons", "error_codes", "fields", "detail")
+COLUMNS = ("seq", *EVENT_COLUMNS, "prev_hash", "hash")
+EQUALITY_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
+
+
+def to_row(record: AuditRecord) -> tuple[Any, ...]:
+    event = record.event
+    values = [getattr(event, name) for name in EVENT_COLUMNS]
+    for i, name in enumerate(EVENT_COLUMNS):
+        if name in JSON_COLUMNS:
+            # Plain JSON is enough here: the hash covers the canonical body recomputed
+            # from the values, and these values (already canonical copies) read back equal.
+            values[i] = _json_text(values[i])
+    return (record.seq, *values, record.prev_hash, record.hash)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True,
+                      allow_nan=False)
+
+
+def from_row(row: Sequence[Any]) -> AuditRecord:
+    values = dict(zip(COLUMNS, row, strict=True))
+    for name in JSON_COLUMNS:
+        try:
+            value = json.loads(values[name])
+        except (TypeError, ValueError):
+            continue  # a tampered cell: keep the raw text, the hash will not match it
+        values[name] = tuple(value) if name in ("reasons", "error_codes") and \
+            isinstance(value, list) else value
+    seq, prev_hash, hash_ = values.pop("seq"), values.pop("prev_hash"), values.pop("hash")
+    return AuditRecord(seq, AuditEvent.from_storage(**values), prev_hash, hash_)

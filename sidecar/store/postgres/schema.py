@@ -1,0 +1,150 @@
+"""The PostgreSQL schema, as numbered migrations.
+
+`toolauthz_schema` holds the version. Each migration runs in the migrating transaction,
+under the same advisory lock as every write, so replicas migrating together apply each
+step once. The audit tables get one column per AuditEvent field: a field added to the
+event gets its column from `_event_columns`, which every migration run applies.
+"""
+
+from __future__ import annotations
+
+from sidecar.audit.records import KINDS
+from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUMNS
+
+# Every write transaction takes this advisory lock first (`pg_advisory_xact_lock`): one
+# writer at a time on the database, so the audit chain has one head and a run's counts
+# read in a transaction are those its commit leaves behind.
+WRITE_LOCK = 0x746F6F6C617574  # "toolaut"
+
+AUDIT_TABLES = ("audit_record", "audit_checkpoint")
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals")
+
+_V1_LEDGER = """
+CREATE TABLE calls (
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    decision TEXT NOT NULL DEFAULT '',
+    decision_id TEXT NOT NULL DEFAULT '',
+    policy_version TEXT NOT NULL DEFAULT '',
+    reasons TEXT NOT NULL DEFAULT '[]',
+    errors TEXT NOT NULL DEFAULT '[]',
+    approval_id TEXT NOT NULL DEFAULT '',
+    verified_jti TEXT NOT NULL DEFAULT '',
+    verified_at DOUBLE PRECISION,
+    outcome TEXT NOT NULL DEFAULT '',
+    outcome_at DOUBLE PRECISION,
+    extra TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (tenant, call_id)
+);
+CREATE INDEX calls_by_run ON calls (tenant, request_id, tool);
+CREATE TABLE consumed_tokens (
+    jti TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    consumed_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE approvals (
+    approval_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    requester_type TEXT NOT NULL,
+    requester_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    group_name TEXT NOT NULL,
+    policy_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    short_code TEXT NOT NULL,
+    decision_id TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    fields TEXT NOT NULL,
+    status TEXT NOT NULL,
+    decided_at DOUBLE PRECISION,
+    approver TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '',
+    token TEXT NOT NULL DEFAULT '',
+    token_jti TEXT NOT NULL DEFAULT '',
+    token_expires_at DOUBLE PRECISION,
+    call_input BYTEA NOT NULL DEFAULT '',
+    call_entities BYTEA NOT NULL DEFAULT '',
+    run_calls INTEGER NOT NULL DEFAULT 0,
+    run_tool_calls INTEGER NOT NULL DEFAULT 0,
+    approved_version TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX approvals_by_tenant ON approvals (tenant, status, group_name);
+"""
+
+_V1_AUDIT = f"""
+CREATE TABLE audit_record (
+    seq BIGINT PRIMARY KEY CHECK (seq >= 1),
+    kind TEXT NOT NULL CHECK (kind IN ({', '.join(f"'{k}'" for k in KINDS)})),
+    time DOUBLE PRECISION NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TABLE audit_checkpoint (
+    id BIGSERIAL PRIMARY KEY,
+    count BIGINT NOT NULL,
+    head_hash TEXT NOT NULL,
+    time DOUBLE PRECISION NOT NULL,
+    kid TEXT NOT NULL,
+    token TEXT NOT NULL
+);
+-- Stops mistakes, not attackers (an owner can drop a trigger): the chain does that, and
+-- the serving role is granted no UPDATE, DELETE or TRUNCATE (`grant_serving`).
+CREATE FUNCTION toolauthz_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'audit records are append-only';
+END $$;
+CREATE TRIGGER audit_record_no_update BEFORE UPDATE OR DELETE ON audit_record
+    FOR EACH ROW EXECUTE FUNCTION toolauthz_append_only();
+CREATE TRIGGER audit_record_no_truncate BEFORE TRUNCATE ON audit_record
+    FOR EACH STATEMENT EXECUTE FUNCTION toolauthz_append_only();
+CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_checkpoint
+    FOR EACH ROW EXECUTE FUNCTION toolauthz_append_only();
+"""
+
+# (version, statements). Append only: a released migration never changes.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, _V1_LEDGER + _V1_AUDIT),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def event_columns() -> list[str]:
+    """Statements that give audit_record a column for every AuditEvent field (and the
+    indexes the queries use), idempotent: run by every migration run."""
+    statements = []
+    for name in EVENT_COLUMNS:
+        if name in ("kind", "time"):
+            continue
+        statements.append(f"ALTER TABLE audit_record ADD COLUMN IF NOT EXISTS {name} TEXT NOT NULL DEFAULT ''")
+    for name in JSON_COLUMNS:
+        statements.append(f"ALTER TABLE audit_record ALTER COLUMN {name} DROP DEFAULT")
+    indexes = [("tenant_time", "tenant, time"), ("time", "time")]
+    indexes += [(name, f"{name}, seq") for name in EQUALITY_FILTERS]
+    statements += [f"CREATE INDEX IF NOT EXISTS audit_record_{name} ON audit_record ({cols})"
+                   for name, cols in indexes]
+    return statements
+
+
+def grant_serving(role: str, schema: str) -> list[str]:
+    """What the serving role may do: read and write the ledger and the approvals, and
+    only read and append the audit trail (no UPDATE, DELETE or TRUNCATE). `role` and
+    `schema` are quoted identifiers."""
+    return [
+        f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {', '.join(LEDGER_TABLES)} TO {role}",
+        f"GRANT SELECT ON toolauthz_schema TO {role}",
+        f"REVOKE UPDATE, DELETE, TRUNCATE ON {', '.join(AUDIT_TABLES)} FROM {role}",
+        f"GRANT SELECT, INSERT ON {', '.join(AUDIT_TABLES)} TO {role}",
+        f"GRANT USAGE ON SEQUENCE audit_checkpoint_id_seq TO {role}",
+    ]

@@ -1,0 +1,337 @@
+"""The PostgreSQL backend: one database shared by a fleet of sidecars.
+
+Connections come from a psycopg_pool pool (`pool_size`), each checked before use so
+that a connection the server dropped is replaced rather than failing a request, in
+autocommit for reads. Statements are prepared on the server from their first use
+(`prepare_threshold=0`). Every write transaction first takes one advisory lock
+(`schema.WRITE_LOCK`), so writes run one at a time across replicas: the audit chain has
+one head, and a run's counts read in a transaction still hold at its commit. PostgreSQL
+commits durably (synchronous_commit) before `transaction()` returns.
+
+Any error of the database, the network or the pool leaves as StoreUnavailable: the
+caller denies, and a transaction cut off midway (the server gone, the backend
+terminated) committed nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
+from sidecar.audit.store import AuditQuery
+from sidecar.errors import StoreUnavailable
+from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
+from sidecar.store.audit_rows import COLUMNS, EQUALITY_FILTERS, from_row, to_row
+from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.postgres.schema import WRITE_LOCK
+from sidecar.store.unit import ApprovalVerdict
+
+_CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
+                 "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
+                 "extra")
+_APPROVAL_COLUMNS = (
+    "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
+    "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
+    "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
+    "run_tool_calls, approved_version")
+_AUDIT_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit_record"
+_AUDIT_INSERT = (f"INSERT INTO audit_record ({', '.join(COLUMNS)}) "
+                 f"VALUES ({', '.join(['%s'] * len(COLUMNS))})")
+_RUN_COUNTS = (
+    "SELECT count(*), coalesce(sum(CASE WHEN tool = %s THEN 1 ELSE 0 END), 0) FROM calls c "
+    "WHERE tenant = %s AND request_id = %s AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a "
+    "WHERE a.approval_id = c.approval_id AND (a.status = 'approved' OR (a.status = 'pending' "
+    "AND a.expires_at >= %s))))")
+_HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+# Calls that ended: their outcome was reported, or they were denied (never executable).
+_ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < %s) "
+          "OR (decision = 'DENY' AND created_at < %s) LIMIT %s")
+APPROVAL_CHANNEL = "toolauthz_approval"
+
+log = logging.getLogger("toolauthz.store")
+
+
+class PgTransaction:
+    """The backend's reads and writes on one connection (inside a transaction holding
+    the write lock, or in autocommit for reads)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]):
+        self._conn = conn
+
+    def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._conn.execute(sql, params).fetchone()
+        return row
+
+    def _all(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._conn.execute(sql, params).fetchall()
+        return rows
+
+    def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
+        row = self._one(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = %s AND call_id = %s", (tenant, call_id))
+        return _call(row) if row is not None else None
+
+    def run_counts(self, entry: CallEntry) -> tuple[int, int]:
+        row = self._one(_RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at))
+        assert row is not None  # an aggregate always has a row
+        return int(row[0]), int(row[1])
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        row = self._one(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))
+        return _approval(row) if row else None
+
+    def count_pending_approvals(self, now: float) -> int:
+        row = self._one("SELECT count(*) FROM approvals WHERE status = 'pending' AND expires_at >= %s", (now,))
+        return int(row[0]) if row is not None else 0
+
+    def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
+                       limit: int) -> list[ApprovalRecord]:
+        where: list[str] = []
+        args: list[object] = []
+        if tenant:
+            where.append("tenant = %s")
+            args.append(tenant)
+        if group:
+            where.append("group_name = %s")
+            args.append(group)
+        if status == EXPIRED:
+            where.append("status = 'pending' AND expires_at < %s")
+            args.append(now)
+        elif status == PENDING:
+            where.append("status = 'pending' AND expires_at >= %s")
+            args.append(now)
+        elif status:
+            where.append("status = %s")
+            args.append(status)
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
+              "ORDER BY approval_id DESC LIMIT %s"
+        return [_approval(r) for r in self._all(sql, (*args, limit))]
+
+    def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
+        clauses = ["seq > %s"]
+        params: list[object] = [after_seq]
+        for name in EQUALITY_FILTERS:  # column names from a fixed list, values bound
+            value = getattr(filters, name)
+            if value is not None:
+                clauses.append(f"{name} = %s")
+                params.append(value)
+        if filters.time_from is not None:
+            clauses.append("time >= %s")
+            params.append(filters.time_from)
+        if filters.time_to is not None:
+            clauses.append("time < %s")
+            params.append(filters.time_to)
+        sql = f"{_AUDIT_SELECT} WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT %s"
+        return [from_row(row) for row in self._all(sql, (*params, limit))]
+
+    def audit_page(self, after_seq: int, limit: int) -> list[AuditRecord]:
+        return [from_row(row) for row in self._all(f"{_AUDIT_SELECT} WHERE seq > %s ORDER BY seq LIMIT %s",
+                                                   (after_seq, limit))]
+
+    def audit_head(self) -> tuple[int, str]:
+        row = self._one(_HEAD, ())
+        return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        rows = self._all("SELECT count, head_hash, time, kid, token FROM audit_checkpoint ORDER BY count, id", ())
+        return [Checkpoint(*row) for row in rows]
+
+    # -- writes --
+
+    def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
+        self._conn.execute(
+            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, decision, "
+            "decision_id, policy_version, reasons, errors, approval_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
+             decided.approval.approval_id if decided.approval is not None else ""))
+
+    def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
+        inserted = self._conn.execute(
+            "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
+        updated = self._conn.execute(
+            "UPDATE calls SET verified_jti = %s, verified_at = %s WHERE tenant = %s AND call_id = %s "
+            "AND verified_jti = ''", (jti, now, tenant, call_id)).rowcount
+        return bool(inserted and updated)
+
+    def set_outcome(self, entry: CallEntry) -> None:
+        self._conn.execute(
+            "UPDATE calls SET outcome = %s, outcome_at = %s, extra = %s WHERE tenant = %s AND call_id = %s",
+            (entry.outcome, entry.outcome_at, json.dumps(entry.extra), entry.tenant, entry.call_id))
+
+    def create_approval(self, r: ApprovalRecord) -> None:
+        self._conn.execute(
+            f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 29)})",
+            (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
+             r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
+             r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
+             r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
+             r.run_calls, r.run_tool_calls, r.approved_version))
+
+    def decide_approval(self, v: ApprovalVerdict) -> bool:
+        return self._conn.execute(
+            "UPDATE approvals SET status = %s, approver = %s, reason = %s, decided_at = %s, token = %s, "
+            "token_jti = %s, token_expires_at = %s, approved_version = %s, call_input = '', call_entities = '' "
+            "WHERE approval_id = %s AND status = 'pending' AND expires_at >= %s",
+            (v.status, v.approver, v.reason, v.now, v.token, v.token_jti, v.token_expires_at, v.approved_version,
+             v.approval_id, v.now)).rowcount == 1
+
+    def erase_expired_inputs(self, now: float) -> None:
+        self._conn.execute("UPDATE approvals SET call_input = '', call_entities = '' WHERE status = 'pending' "
+                           "AND expires_at < %s AND (call_input != '' OR call_entities != '')", (now,))
+
+    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        # The head is read under the write lock this transaction holds.
+        records = chain(list(events), *self.audit_head())
+        with self._conn.cursor() as cursor:
+            cursor.executemany(_AUDIT_INSERT, [to_row(r) for r in records])
+        return records
+
+    def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
+        return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]
+
+    def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        with self._conn.cursor() as cursor:
+            cursor.executemany("DELETE FROM consumed_tokens WHERE tenant = %s AND call_id = %s",
+                               [(t, c) for t, c, _ in calls])
+            cursor.executemany("DELETE FROM approvals WHERE approval_id = %s", [(a,) for _, _, a in calls if a])
+            cursor.executemany("DELETE FROM calls WHERE tenant = %s AND call_id = %s", [(t, c) for t, c, _ in calls])
+
+    def notify_approval(self, approval_id: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, approval_id))
+
+    def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
+        self._conn.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) "
+                           "VALUES (%s, %s, %s, %s, %s)",
+                           (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PgUnit:
+    """`url`: a libpq URL (postgresql://user@host:port/dbname?options). `timeout`: how
+    long a request waits for a connection before it is refused as unavailable."""
+
+    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0):
+        self.url = url
+        self.label = f"database `{shown_url(url)}`"
+        self._closed = False
+        self._lock = threading.Lock()
+        self._listener: _Listener | None = None
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz",
+            kwargs={"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))},
+            check=ConnectionPool.check_connection)
+        self._pool.open(wait=False)
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        if self._closed:
+            raise StoreUnavailable(f"{self.label} is closed")
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"{self.label}: {action} failed: {_first_line(exc)}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[PgTransaction]:
+        with self._errors("write"), self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            yield PgTransaction(conn)
+
+    @contextmanager
+    def reading(self) -> Iterator[PgTransaction]:
+        with self._errors("read"), self._pool.connection() as conn:
+            yield PgTransaction(conn)
+
+    def listen(self, on_approval: Callable[[str], None]) -> None:
+        with self._lock:
+            if self._closed or self._listener is not None:
+                return
+            self._listener = _Listener(self.url, on_approval)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            listener = self._listener
+        if listener is not None:
+            listener.close()
+        self._pool.close()
+
+
+class _Listener:
+    """LISTEN on the approvals channel on a connection of its own, on a thread that
+    calls `on_approval` for each notification (PostgreSQL delivers them at the
+    notifying transaction's commit). A lost connection is opened again, and every
+    watcher is woken then, since decisions made meanwhile were not heard."""
+
+    def __init__(self, url: str, on_approval: Callable[[str], None]):
+        self._url, self._on_approval = url, on_approval
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="approval-listener", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pause = 0.05
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
+                    self._conn = conn
+                    conn.execute(f"LISTEN {APPROVAL_CHANNEL}")
+                    self._on_approval("")  # anything decided while not listening
+                    pause = 0.05
+                    while not self._stop.is_set():
+                        for notify in conn.notifies(timeout=0.5):
+                            self._on_approval(notify.payload)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("approval notifications: %s; listening again in %.2fs", _first_line(exc), pause)
+            self._stop.wait(pause)
+            pause = min(pause * 2, 2.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _call(row: Sequence[Any]) -> CallEntry:
+    (tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, version,
+     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra) = row
+    return CallEntry(tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id,
+                     version, tuple(json.loads(reasons)), tuple(tuple(e) for e in json.loads(errors)),
+                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra))
+
+
+def _approval(row: Sequence[Any]) -> ApprovalRecord:
+    values = list(row)
+    values[16] = json.loads(values[16])
+    values[24], values[25] = bytes(values[24]), bytes(values[25])
+    return ApprovalRecord(*values)

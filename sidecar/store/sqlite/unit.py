@@ -1,0 +1,417 @@
+"""The SQLite backend: one file holds the call ledger, the approvals and the audit trail.
+
+Connections: one per thread, created on first use and all closed by `close()` (meant
+for a bounded thread pool). With WAL, readers see a snapshot and never wait for the
+writer. Writers take the process's WriteLock (threads and processes sharing the file),
+then BEGIN IMMEDIATE, so the audit head and the run counts read in a transaction are
+those its commit leaves behind; the log is synced after the lock is released.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
+from sidecar.audit.store import AuditQuery
+from sidecar.errors import StoreUnavailable
+from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
+from sidecar.store.audit_rows import from_row, to_row
+from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.rules import Store
+from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
+from sidecar.store.sqlite.base import WriteLock, sync_log
+from sidecar.store.unit import ApprovalVerdict
+
+SCHEMA_VERSION = 1
+
+_LEDGER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    decision TEXT NOT NULL DEFAULT '',
+    decision_id TEXT NOT NULL DEFAULT '',
+    policy_version TEXT NOT NULL DEFAULT '',
+    reasons TEXT NOT NULL DEFAULT '[]',
+    errors TEXT NOT NULL DEFAULT '[]',
+    approval_id TEXT NOT NULL DEFAULT '',
+    verified_jti TEXT NOT NULL DEFAULT '',
+    verified_at REAL,
+    outcome TEXT NOT NULL DEFAULT '',
+    outcome_at REAL,
+    extra TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (tenant, call_id)
+);
+CREATE INDEX IF NOT EXISTS calls_by_run ON calls (tenant, request_id, tool);
+CREATE TABLE IF NOT EXISTS consumed_tokens (
+    jti TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    consumed_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    requester_type TEXT NOT NULL,
+    requester_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    group_name TEXT NOT NULL,
+    policy_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    short_code TEXT NOT NULL,
+    decision_id TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    fields TEXT NOT NULL,
+    status TEXT NOT NULL,
+    decided_at REAL,
+    approver TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '',
+    token TEXT NOT NULL DEFAULT '',
+    token_jti TEXT NOT NULL DEFAULT '',
+    token_expires_at REAL,
+    call_input BLOB NOT NULL DEFAULT x'',
+    call_entities BLOB NOT NULL DEFAULT x'',
+    run_calls INTEGER NOT NULL DEFAULT 0,
+    run_tool_calls INTEGER NOT NULL DEFAULT 0,
+    approved_version TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
+"""
+_CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
+                 "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
+                 "extra")
+_APPROVAL_COLUMNS = (
+    "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
+    "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
+    "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
+    "run_tool_calls, approved_version")
+# Columns added after the approvals table's first version: a database file created
+# before them gets them when it is opened.
+_ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
+                  "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
+                  "approved_version": "TEXT NOT NULL DEFAULT ''"}
+# A call's budget share is held while it is allowed, or its approval is pending (not yet
+# expired at the new call's time) or approved.
+_RUN_COUNTS = (
+    "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ? "
+    "AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a WHERE a.approval_id = calls.approval_id "
+    "AND (a.status = 'approved' OR (a.status = 'pending' AND a.expires_at >= ?))))")
+_HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+# Calls that ended: their outcome was reported, or they were denied (never executable).
+_ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < ?) "
+          "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
+
+
+class SqliteTransaction:
+    """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
+    transaction, in autocommit for reads)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
+        row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
+                               (tenant, call_id)).fetchone()
+        return _call(row) if row is not None else None
+
+    def run_counts(self, entry: CallEntry) -> tuple[int, int]:
+        calls, tool_calls = self._db.execute(
+            _RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at)).fetchone()
+        return int(calls), int(tool_calls)
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        row = self._db.execute(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
+                               (approval_id,)).fetchone()
+        return _approval(row) if row else None
+
+    def count_pending_approvals(self, now: float) -> int:
+        row = self._db.execute("SELECT count(*) FROM approvals WHERE status = 'pending' AND expires_at >= ?",
+                               (now,)).fetchone()
+        return int(row[0])
+
+    def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
+                       limit: int) -> list[ApprovalRecord]:
+        where: list[str] = []
+        args: list[object] = []
+        if tenant:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if group:
+            where.append("group_name = ?")
+            args.append(group)
+        if status == EXPIRED:
+            where.append("status = 'pending' AND expires_at < ?")
+            args.append(now)
+        elif status == PENDING:
+            where.append("status = 'pending' AND expires_at >= ?")
+            args.append(now)
+        elif status:
+            where.append("status = ?")
+            args.append(status)
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
+              "ORDER BY approval_id DESC LIMIT ?"
+        return [_approval(r) for r in self._db.execute(sql, (*args, limit)).fetchall()]
+
+    def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
+        sql, params = build_query(filters, after_seq, limit)
+        return [from_row(row) for row in self._db.execute(sql, params).fetchall()]
+
+    def audit_page(self, after_seq: int, limit: int) -> list[AuditRecord]:
+        rows = self._db.execute(f"{SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
+        return [from_row(row) for row in rows]
+
+    def audit_head(self) -> tuple[int, str]:
+        row = self._db.execute(_HEAD).fetchone()
+        return (row[0], row[1]) if row else (0, GENESIS_HASH)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        rows = self._db.execute("SELECT count, head_hash, time, kid, token FROM audit_checkpoint "
+                                "ORDER BY count, id").fetchall()
+        return [Checkpoint(*row) for row in rows]
+
+    # -- writes --
+
+    def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
+        self._db.execute(
+            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, decision, "
+            "decision_id, policy_version, reasons, errors, approval_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
+             decided.approval.approval_id if decided.approval is not None else ""))
+
+    def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
+        inserted = self._db.execute(
+            "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
+        updated = self._db.execute(
+            "UPDATE calls SET verified_jti = ?, verified_at = ? WHERE tenant = ? AND call_id = ? AND verified_jti = ''",
+            (jti, now, tenant, call_id)).rowcount
+        return bool(inserted and updated)
+
+    def set_outcome(self, entry: CallEntry) -> None:
+        self._db.execute("UPDATE calls SET outcome = ?, outcome_at = ?, extra = ? WHERE tenant = ? AND call_id = ?",
+                         (entry.outcome, entry.outcome_at, json.dumps(entry.extra), entry.tenant, entry.call_id))
+
+    def create_approval(self, r: ApprovalRecord) -> None:
+        self._db.execute(
+            f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 29)})",
+            (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
+             r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
+             r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
+             r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
+             r.run_calls, r.run_tool_calls, r.approved_version))
+
+    def decide_approval(self, v: ApprovalVerdict) -> bool:
+        return bool(self._db.execute(
+            "UPDATE approvals SET status = ?, approver = ?, reason = ?, decided_at = ?, token = ?, token_jti = ?, "
+            "token_expires_at = ?, approved_version = ?, call_input = x'', call_entities = x'' "
+            "WHERE approval_id = ? AND status = 'pending' AND expires_at >= ?",
+            (v.status, v.approver, v.reason, v.now, v.token, v.token_jti, v.token_expires_at, v.approved_version,
+             v.approval_id, v.now)).rowcount == 1)
+
+    def erase_expired_inputs(self, now: float) -> None:
+        self._db.execute("UPDATE approvals SET call_input = x'', call_entities = x'' WHERE status = 'pending' "
+                         "AND expires_at < ? AND (call_input != x'' OR call_entities != x'')", (now,))
+
+    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        # The head is read under the write lock this transaction holds: no other writer
+        # can append between this read and the commit.
+        records = chain(list(events), *self.audit_head())
+        self._db.executemany(INSERT, [to_row(r) for r in records])
+        return records
+
+    def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._db.execute(_ENDED, (before, before, limit)).fetchall()
+        return [(str(t), str(c), str(a)) for t, c, a in rows]
+
+    def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        self._db.executemany("DELETE FROM consumed_tokens WHERE tenant = ? AND call_id = ?",
+                            [(t, c) for t, c, _ in calls])
+        self._db.executemany("DELETE FROM approvals WHERE approval_id = ?", [(a,) for _, _, a in calls if a])
+        self._db.executemany("DELETE FROM calls WHERE tenant = ? AND call_id = ?", [(t, c) for t, c, _ in calls])
+
+    def notify_approval(self, approval_id: str) -> None:
+        """Processes sharing a file learn of decisions by looking again (MAX_WATCH_WAIT)."""
+
+    def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
+        self._db.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) VALUES (?, ?, ?, ?, ?)",
+                         (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+
+
+class SqliteUnit:
+    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+        self.path = str(path)
+        self.label = f"database `{self.path}`"
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._closed = False
+        self._write_lock = WriteLock.for_database(self.path)
+        try:
+            with self._errors("open"):
+                self._create_schema(self._conn())
+        except BaseException:
+            self.close()
+            raise
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+            raise sqlite3.OperationalError("cannot switch to WAL mode")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"schema version {version} is newer than this code")
+        # Under the write lock, so replicas starting together create it once.
+        with self._write_lock.held(self._busy_timeout):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _statements(_LEDGER_SCHEMA + audit_schema()):
+                    conn.execute(statement)
+                present = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
+                for name, definition in _ADDED_COLUMNS.items():
+                    if name not in present:
+                        conn.execute(f"ALTER TABLE approvals ADD COLUMN {name} {definition}")
+                # An audit log created before a later AuditEvent field (`caller`) gets its
+                # column, empty for the old rows: an empty field is left out of a record's
+                # hash, so those rows still verify.
+                logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
+                for name in audit_columns_added_later(logged):
+                    conn.execute(f"ALTER TABLE audit_record ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        # The one place where sqlite3's errors become ours: the caller denies, and the
+        # operator reads the cause in the message.
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.label}: {action} failed: {exc}") from exc
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreUnavailable(f"{self.label} is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                   check_same_thread=False)
+            # NORMAL: no fsync at COMMIT, under the write lock; `transaction` syncs the
+            # log after releasing it (see sync_log).
+            conn.execute("PRAGMA synchronous = NORMAL")
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    raise StoreUnavailable(f"{self.label} is closed")
+                self._connections.append(conn)
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteTransaction]:
+        with self._errors("write"):
+            with self._write_lock.held(self._busy_timeout):
+                conn = self._conn()
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield SqliteTransaction(conn)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+        sync_log(self.path, self.label)  # committed: durable before anyone is answered
+
+    @contextmanager
+    def reading(self) -> Iterator[SqliteTransaction]:
+        with self._errors("read"):
+            yield SqliteTransaction(self._conn())
+
+    def listen(self, on_approval: Callable[[str], None]) -> None:
+        """SQLite has no notifications between processes: watchers look again."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._write_lock.release_user()
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a schema script, each run on its own inside the caller's
+    transaction (executescript would commit it)."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return [s for s in statements if s]
+
+
+def _call(row: Sequence[Any]) -> CallEntry:
+    (tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, version,
+     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra) = row
+    return CallEntry(tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id,
+                     version, tuple(json.loads(reasons)), tuple(tuple(e) for e in json.loads(errors)),
+                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra))
+
+
+def _approval(row: Sequence[Any]) -> ApprovalRecord:
+    values = list(row)
+    values[16] = json.loads(values[16])
+    values[24], values[25] = bytes(values[24]), bytes(values[25])
+    return ApprovalRecord(*values)
+
+
+class SqliteStore(Store):
+    """The store in one SQLite file."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+        self.path = str(path)
+        super().__init__(SqliteUnit(self.path, busy_timeout=busy_timeout))
+
+
+class SqliteAuditLog(SqliteStore):
+    """The store of a SQLite file, opened for its audit log (`toolauthz audit`, tools)."""
+
+    def append(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        return self.audit_log.append(events)
+
+    def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
+        return self.audit_log.query(filters, limit=limit, after_seq=after_seq)
+
+    def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
+        return self.audit_log.iter_records(from_seq)
+
+    def head(self) -> tuple[int, str]:
+        return self.audit_log.head()
+
+    def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
+        self.audit_log.add_checkpoint(token, checkpoint)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return self.audit_log.checkpoints()

@@ -1,0 +1,174 @@
+"""PostgreSQL going away: no answer without its committed record, NOT_SERVING while it
+is gone, serving again once it is back (no restart), and a backend terminated in the
+middle of a transaction loses nothing and duplicates nothing."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import psycopg
+import pytest
+from conftest import make_request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.server.build import build_sidecar, create_server
+from sidecar.store.postgres import migrate
+
+WAIT = 30.0
+
+
+class Proxy:
+    """A TCP forwarder to PostgreSQL that the test cuts (every connection closed, new
+    ones closed on arrival) and restores."""
+
+    def __init__(self, target: tuple[str, int]):
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._open = threading.Event()
+        self._open.set()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._open.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self._open.clear()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def restore(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self._listener.close()
+
+
+@pytest.fixture
+def proxied(postgres_url):
+    migrate(postgres_url)
+    proxy = Proxy(("127.0.0.1", 5432))
+    yield postgres_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}", 1), proxy
+    proxy.close()
+
+
+def health_of(channel) -> int:
+    try:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+    except grpc.RpcError:
+        return -1
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} within {WAIT}s"
+        time.sleep(0.05)
+
+
+def rows_of(url: str, call_id: str) -> tuple[int, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        calls = conn.execute("SELECT count(*) FROM calls WHERE call_id = %s", (call_id,)).fetchone()
+        records = conn.execute("SELECT count(*) FROM audit_record WHERE call_id = %s", (call_id,)).fetchone()
+    assert calls is not None and records is not None
+    return calls[0], records[0]
+
+
+def test_unreachable_database_means_unavailable_not_serving_then_recovery(settings, clock, postgres_url, proxied):
+    url, proxy = proxied
+    car = build_sidecar(settings.model_copy(update={"store": url}), clock=clock)
+    server, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            assert stub.Authorize(make_request(call_id="before")).token
+            proxy.cut()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(make_request(call_id="during"), timeout=WAIT)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            until(lambda: health_of(channel) == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+            assert rows_of(postgres_url, "during") == (0, 0)  # nothing answered, nothing half-written
+            proxy.restore()
+            until(lambda: health_of(channel) == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
+            after = stub.Authorize(make_request(call_id="during"))
+            assert after.decision == pb.ALLOW and after.token and not after.replayed
+            assert rows_of(postgres_url, "during") == (1, 1)
+    finally:
+        server.stop(None)
+        car.close()
+
+
+def test_a_backend_terminated_mid_transaction_loses_and_duplicates_nothing(settings, clock, postgres_url,
+                                                                          monkeypatch):
+    from sidecar.store.postgres.unit import PgTransaction
+
+    migrate(postgres_url)
+    car = build_sidecar(settings.model_copy(update={"store": postgres_url}), clock=clock)
+    real_append = PgTransaction.append_audit
+
+    def terminated(self, events):  # the ledger row is written; the record is next
+        with psycopg.connect(postgres_url, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (self._conn.info.backend_pid,))
+        return real_append(self, events)
+
+    server, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            monkeypatch.setattr(PgTransaction, "append_audit", terminated)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(make_request(call_id="c1"))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert rows_of(postgres_url, "c1") == (0, 0)
+            monkeypatch.undo()
+            retried = stub.Authorize(make_request(call_id="c1"))
+            assert retried.decision == pb.ALLOW and retried.token and not retried.replayed
+            assert rows_of(postgres_url, "c1") == (1, 1)
+    finally:
+        server.stop(None)
+        car.close()

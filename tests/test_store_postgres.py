@@ -1,0 +1,182 @@
+"""The PostgreSQL store: choosing it, its migrations, the serving role's privileges, and
+failing closed when the database goes away. (The behaviour shared with SQLite is tested
+on both backends through the `store` fixture.)"""
+
+from __future__ import annotations
+
+import secrets
+
+import psycopg
+import pytest
+
+from sidecar.audit.records import AuditEvent
+from sidecar.errors import StoreUnavailable, ToolAuthzError
+from sidecar.server.config import Settings, load_settings
+from sidecar.store.open import migrate_store, open_store, parse_store_url
+from sidecar.store.postgres import migrate
+from sidecar.store.postgres.schema import SCHEMA_VERSION
+
+
+def event(i: int) -> AuditEvent:
+    return AuditEvent(kind="authorize", time=float(i), call_id=f"c{i}", tenant="acme", result="ALLOW")
+
+
+def test_the_store_is_chosen_by_url_flag_file_or_environment(tmp_path, monkeypatch):
+    assert Settings(data_dir=tmp_path).store_url == f"sqlite://{(tmp_path / 'toolauthz.db').absolute()}"
+    config = tmp_path / "toolauthz.yaml"
+    config.write_text("store: postgresql://db.example/toolauthz\nstore_pool_size: 4\n")
+    assert load_settings(config).store_url == "postgresql://db.example/toolauthz"
+    monkeypatch.setenv("TOOLAUTHZ_STORE", "sqlite:///var/lib/toolauthz/x.db")
+    assert load_settings(config).store_url == "sqlite:///var/lib/toolauthz/x.db"
+    assert load_settings(config, store="postgresql://other/db").store_url == "postgresql://other/db"
+    with pytest.raises(ToolAuthzError, match="store"):
+        load_settings(store="mysql://nope")
+    assert parse_store_url("sqlite:///a/b.db").path == "/a/b.db"
+
+
+def test_migrate_creates_the_schema_once_and_is_idempotent(postgres_url):
+    assert migrate_store(postgres_url) == (0, SCHEMA_VERSION)
+    assert migrate_store(postgres_url) == (SCHEMA_VERSION, SCHEMA_VERSION)
+    with open_store(postgres_url) as store:
+        assert store.audit_log.append([event(1)])[0].seq == 1
+
+
+def test_serving_refuses_a_missing_schema_naming_the_command(postgres_url):
+    with pytest.raises(StoreUnavailable, match="no toolauthz schema.*toolauthz store migrate --store URL"):
+        open_store(postgres_url)
+    open_store(postgres_url, migrate=True).close()  # serve --migrate makes it first
+    open_store(postgres_url).close()
+
+
+def test_serving_refuses_a_newer_schema(postgres_url):
+    migrate(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE toolauthz_schema SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreUnavailable, match="newer than this toolauthz"):
+        open_store(postgres_url)
+    with pytest.raises(StoreUnavailable, match="newer than this toolauthz"):
+        open_store(postgres_url, migrate=True)
+
+
+def test_the_cli_migrates_and_serve_takes_the_store(postgres_url, capsys):
+    from sidecar.cli.main import main
+
+    assert main(["store", "migrate", "--store", postgres_url]) == 0
+    assert "schema version 1 (created)" in capsys.readouterr().out
+    assert main(["store", "--store", postgres_url, "migrate"]) == 0
+    assert "already current" in capsys.readouterr().out
+
+
+@pytest.fixture
+def serving_role(postgres_database):
+    """A login role of its own, dropped at the end (roles belong to the whole server)."""
+    role = f"toolauthz_serving_{secrets.token_hex(4)}"
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    yield role
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(f'DROP OWNED BY "{role}"')
+        conn.execute(f'DROP ROLE "{role}"')
+
+
+def as_role(url: str, role: str) -> str:
+    return url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+
+
+def test_the_serving_role_appends_to_the_trail_and_cannot_edit_it(postgres_url, serving_role):
+    migrate(postgres_url, serving_role=serving_role)
+    served = as_role(postgres_url, serving_role)
+    with open_store(served) as store:  # serves: the ledger, approvals and appends work
+        from sidecar.store.ledger import CallEntry
+
+        store.ledger.reserve(CallEntry("acme", "c1", "run", "t", "d" * 64, 'User::"a"', 1.0))
+        assert store.ledger.consume("acme", "c1", "jti", 2.0) == "ok"
+        store.audit_log.append([event(1), event(2)])
+    with psycopg.connect(served, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM audit_record").fetchone() == (2,)
+        for statement in ("UPDATE audit_record SET result = 'DENY'", "DELETE FROM audit_record",
+                          "TRUNCATE audit_record", "UPDATE audit_checkpoint SET count = 0",
+                          "DELETE FROM audit_checkpoint"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # the owner's mistakes: the triggers
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute("UPDATE audit_record SET result = 'DENY'")
+        assert conn.execute("SELECT count(*) FROM audit_record").fetchone() == (2,)
+
+
+def test_an_unreachable_database_is_store_unavailable_and_never_an_answer(postgres_url):
+    migrate(postgres_url)
+    closed_port = postgres_url.replace("127.0.0.1:5432", "127.0.0.1:1", 1)
+    with pytest.raises(StoreUnavailable, match="cannot read the schema version"):
+        open_store(closed_port)
+
+
+def test_the_prune_command_refuses_recent_dates_and_prunes_old_ones(store_url, capsys):
+    from sidecar.cli.main import main
+
+    assert main(["store", "prune", "--store", store_url, "--before", "2999-01-01"]) == 1
+    assert "at least an hour ago" in capsys.readouterr().err
+    assert main(["store", "prune", "--store", store_url, "--before", "2020-01-01", "--batch", "10"]) == 0
+    assert "removed the ledger rows of 0 ended calls" in capsys.readouterr().out
+
+
+def owner_sql(store_url: str, statements: list[tuple[str, tuple]]) -> None:
+    """What the owner of the database (or of the file) can do, triggers out of the way."""
+    if store_url.startswith("sqlite://"):
+        import sqlite3
+
+        conn = sqlite3.connect(store_url[len("sqlite://"):], isolation_level=None)
+        conn.execute("DROP TRIGGER IF EXISTS audit_record_no_update")
+        for sql, params in statements:
+            conn.execute(sql.replace("%s", "?"), params)
+        conn.close()
+        return
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE audit_record DISABLE TRIGGER USER")
+        conn.execute("ALTER TABLE audit_checkpoint DISABLE TRIGGER USER")
+        for sql, params in statements:
+            conn.execute(sql, params)
+
+
+def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrite(store_url, tmp_path, capsys):
+    """An edit is named; a writer holding the database and the audit key who re-hashes
+    the chain and re-signs the stored checkpoints passes `verify` against the store, but
+    not against the checkpoints exported before."""
+    from conftest import key_pair
+
+    from sidecar.audit.checkpoint import sign_checkpoint
+    from sidecar.audit.records import chain
+    from sidecar.cli.main import main
+
+    private, public = key_pair()
+    key_file = tmp_path / "audit.pub"
+    key_file.write_text(public.to_paserk())
+    with open_store(store_url) as store:
+        store.audit_log.append([event(i) for i in range(1, 4)])
+        count, head = store.audit_log.head()
+        store.audit_log.add_checkpoint(sign_checkpoint(count, head, 10.0, private, "k1").token,
+                                       sign_checkpoint(count, head, 10.0, private, "k1"))
+    base = ["audit", "--store", store_url]
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 0
+    assert "ok: 3 records, 1 checkpoints" in capsys.readouterr().out
+    exported = tmp_path / "checkpoints.txt"
+    assert main([*base, "checkpoints", "--out", str(exported)]) == 0
+    assert len(exported.read_text().split()) == 1
+
+    owner_sql(store_url, [("UPDATE audit_record SET result = 'DENY' WHERE seq = %s", (2,))])
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 1
+    assert "seq 2: edited" in capsys.readouterr().out
+
+    with open_store(store_url) as store:  # the rewrite: re-hashed, re-signed
+        records = list(store.audit_log.iter_records())
+        rewritten = chain([r.event for r in records], 0, "0" * 64)
+        owner_sql(store_url, [("UPDATE audit_record SET prev_hash = %s, hash = %s WHERE seq = %s",
+                               (r.prev_hash, r.hash, r.seq)) for r in rewritten]
+                  + [("DELETE FROM audit_checkpoint", ())])
+        forged = sign_checkpoint(3, rewritten[-1].hash, 20.0, private, "k1")
+        store.audit_log.add_checkpoint(forged.token, forged)
+    assert main([*base, "verify", "--public-key", str(key_file)]) == 0
+    capsys.readouterr()
+    assert main([*base, "verify", "--public-key", str(key_file), "--checkpoints", str(exported)]) == 1
+    assert "checkpoint_mismatch" in capsys.readouterr().out
