@@ -196,3 +196,34 @@ def test_a_plaintext_listener_answers_no_dns_name():
     assert address_host_header("10.0.0.5:8080") and address_host_header("[fd00::1]:8080")
     assert address_host_header("localhost:8080")
     assert not address_host_header("attacker.example:8080") and not address_host_header("")
+
+
+def test_with_workers_the_unix_socket_is_served_by_worker_0_and_the_tcp_port_by_all(bundle_dir, tmp_path, sock_dir):
+    """One process binds a socket path (a second worker binding it would fail to start);
+    every worker binds the TCP port the parent chose."""
+    import re
+    import signal
+
+    import yaml
+    from test_workers import Workers
+
+    path = sock_dir / "http.sock"
+    config = tmp_path / "toolauthz.yaml"
+    config.write_text(yaml.safe_dump({"generate_missing_keys": True, "http_listeners": [
+        {"address": "127.0.0.1:0"}, {"address": f"unix://{path}", "identity": RUNTIME}]}))
+    workers = Workers("--config", str(config), "--bundle", str(bundle_dir), "--listen", "127.0.0.1:0",
+                      "--data-dir", str(tmp_path / "d"), "--workers", "2")
+    try:
+        assert len(workers.wait_serving()) == 2
+        line = next(x for x in workers.out if "serving" in x)
+        port = int(re.search(r"HTTP on 127\.0\.0\.1:(\d+), unix://", line).group(1))
+        assert port != 0
+        for _ in range(4):  # fresh connections, spread over the workers by the kernel
+            assert _exchange(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "GET", "/healthz") == \
+                (200, {"status": "SERVING"})
+        assert _exchange(_UnixConnection(path), "GET", "/healthz") == (200, {"status": "SERVING"})
+        workers.proc.send_signal(signal.SIGTERM)
+        assert workers.wait() == 0
+        assert not os.path.lexists(path)
+    finally:
+        workers.kill()

@@ -124,10 +124,10 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
 
     use_log_format(settings.log_format)
     listeners = planned_listeners(settings)  # a wrong address or TLS file is reported before anything starts
-    planned_http_listeners(settings)  # likewise for the HTTP API's
+    http_listeners = planned_http_listeners(settings)  # likewise for the HTTP API's
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if (notice := unauthenticated_notice(listeners)) is not None:
+    if (notice := unauthenticated_notice((*listeners, *http_listeners))) is not None:
         log.warning("%s", notice)
     shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
     if workers == 1 or not shared:
@@ -151,15 +151,15 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                 with contextlib.ExitStack() as reserved:
                     resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
                     http_listen = reserved.enter_context(_reserved_http_port(settings.http_listen))
-                    http_listeners = tuple(_with_reserved_port(reserved, listener)
-                                           for listener in settings.http_listeners)
+                    reserved_http = tuple(_with_reserved_port(reserved, listener)
+                                          for listener in settings.http_listeners)
                     group.settings = worker_settings.model_copy(update={"http_listen": http_listen,
-                                                                        "http_listeners": http_listeners})
+                                                                        "http_listeners": reserved_http})
                     status = group.start(resolved)
                 if status is not None:
                     return status
                 # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-                http_addresses = [http_listen] if http_listen else [_shown(x.address) for x in http_listeners]
+                http_addresses = [http_listen] if http_listen else [_shown(x.address) for x in reserved_http]
                 http = f", HTTP on {', '.join(http_addresses)}" if http_addresses else ""
                 print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
                       f"{', '.join(_shown(listener.address) for listener in resolved)}{http}, "
