@@ -216,7 +216,7 @@ def test_every_worker_serves_http_on_one_port_chosen_by_the_parent(bundle_dir, t
 
 
 def test_with_callers_configured_the_unauthenticated_http_api_may_fetch_keys_alone(settings, clock):
-    """The HTTP API proves no caller yet: it must not be a way around the roles that a
+    """Plaintext `http_listen` proves no caller: it must not be a way around the roles that a
     production config sets for gRPC."""
     from sidecar.server.build import build_sidecar, create_server
 

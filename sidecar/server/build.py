@@ -30,7 +30,17 @@ from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import SERVICES, ListenerSettings, Settings
-from sidecar.server.listeners import check_listener, open_listener, port_of, transport_of
+from sidecar.server.listeners import (
+    TcpAddress,
+    bind_http_socket,
+    check_listener,
+    http_ssl_context,
+    open_listener,
+    parse_address,
+    planned_http_listeners,
+    port_of,
+    transport_of,
+)
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.server.roles import id_token_verifier, role_policy
@@ -41,7 +51,7 @@ from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import TransportRegistration, caller_of
 from sidecar.service.common import TolerantRegistration
-from sidecar.service.http_api import HttpApi, HttpListener
+from sidecar.service.http_api import HttpApi, HttpListener, host_rule
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
@@ -227,24 +237,42 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
     services = tuple(s for s in SERVICES if s != "approvals" or not approvals_apart)
     server, bound = create_listener_server(sidecar, ListenerSettings(address=address or settings.listen,
                                                                      services=services), reuse_port=reuse_port)
-    if settings.http_listen:
-        try:
-            start_http(sidecar, server, settings.http_listen, reuse_port)
-        except BaseException:
-            server.stop(None)
-            raise
+    try:
+        start_http(sidecar, server, planned_http_listeners(settings), reuse_port)
+    except BaseException:
+        server.stop(None)
+        raise
     return server, port_of(bound)
 
 
-def start_http(sidecar: Sidecar, server: AioServer, address: str, reuse_port: bool) -> None:
-    """The HTTP/JSON API on a gRPC server's loop, handing its work to the same pump;
-    it stops with that server. Its port is `server.http_port`."""
+def start_http(sidecar: Sidecar, server: AioServer, listeners: tuple[ListenerSettings, ...],
+               reuse_port: bool) -> tuple[str, ...]:
+    """The HTTP/JSON API on each of `listeners`, on a gRPC server's loop, handing its work
+    to the same pump; they stop with that server (Unix socket files removed then). Returns
+    the addresses served (port 0 resolved); the first TCP one's port is `server.http_port`."""
+    if not listeners:
+        return ()
     settings = sidecar.settings
     api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate,
                   max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs)
-    listener = server.run(lambda: HttpListener.start(api, address, reuse_port=reuse_port))
-    server.add_companion(listener.stop)
-    server.http_port = listener.port
+    served = tuple(_serve_http(server, api, listener, reuse_port) for listener in listeners)
+    server.http_port = next((port_of(address) for address in served if port_of(address)), None)
+    return served
+
+
+def _serve_http(server: AioServer, api: HttpApi, listener: ListenerSettings, reuse_port: bool) -> str:
+    """Serves `api` on `listener`; returns the address served (port 0 resolved)."""
+    address = parse_address(listener.address)
+    tcp = isinstance(address, TcpAddress)
+    tls = http_ssl_context(listener.tls) if listener.tls is not None else None
+    sock, remove = bind_http_socket(listener, reuse_port and tcp)
+    server.after_stop(remove)
+    answers_host = host_rule(plaintext=tcp and tls is None,
+                             loopback=isinstance(address, TcpAddress) and address.loopback)
+    serving = server.run(lambda: HttpListener.start(api, sock, transport=transport_of(listener),
+                                                    answers_host=answers_host, tls=tls))
+    server.add_companion(serving.stop)
+    return f"{address.host}:{serving.port}" if isinstance(address, TcpAddress) else str(address)
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:

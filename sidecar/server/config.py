@@ -116,9 +116,12 @@ class Settings(_Strict):
     approvals_listen: str = ""
     # Addresses with their services and TLS; empty: `listen` (and `approvals_listen`).
     listeners: tuple[ListenerSettings, ...] = ()
-    # The HTTP/JSON API (sidecar/service/http_api.py), e.g. 127.0.0.1:8080; empty: off.
-    # Loopback only: it has no authentication of its own yet.
+    # The HTTP/JSON API (sidecar/service/http_api.py) on one plaintext loopback address,
+    # e.g. 127.0.0.1:8080; empty: off. Its callers are unauthenticated.
     http_listen: str = ""
+    # The HTTP/JSON API's addresses with TLS (mTLS authenticates callers) or as Unix
+    # sockets with an identity, checked as `listeners` are; replaces `http_listen`.
+    http_listeners: tuple[ListenerSettings, ...] = ()
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True

@@ -16,6 +16,9 @@ and is then hard-linked into place, which fails rather than replaces anything th
 appeared at the path meanwhile. Something already at the path is removed only if it is
 a socket nobody answers on (a sidecar that was killed left it); anything else is refused.
 The socket file is removed when its server stops, if it is still ours.
+
+The HTTP/JSON API's listeners (`http_listeners`, or `http_listen`) are the same
+settings under the same checks; `bind_http_socket` binds them, Unix sockets the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import pathlib
 import socket
+import ssl
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
@@ -36,7 +40,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from sidecar.errors import ToolAuthzError
-from sidecar.server.config import SERVICES, ListenerSettings, Settings, TlsSettings
+from sidecar.server.config import SERVICES, ListenerSettings, Service, Settings, TlsSettings
 from sidecar.service.callers import Transport
 from sidecar.service.running import AioServer
 
@@ -145,7 +149,8 @@ def check_listener(listener: ListenerSettings) -> Address:
         raise ToolAuthzError(
             f"{where} is off loopback without TLS: anyone who reaches it could act as any principal and "
             f"approver. Give it `tls:` (with `client_ca:` to authenticate callers), listen on 127.0.0.1 or a "
-            f"Unix socket, or say `insecure: true` in its entry of `listeners:` (see README, Threat model)")
+            f"Unix socket, or say `insecure: true` in its entry of `listeners:` or `http_listeners:` (see README, "
+            f"Threat model)")
     if listener.tls is not None:
         load_tls(listener.tls)
     return address
@@ -271,6 +276,13 @@ def remove_stale_socket(path: pathlib.Path) -> None:
 def bind_unix_socket(server: AioServer, path: pathlib.Path, mode: int) -> Callable[[], None]:
     """Binds `server` to a Unix socket at `path` with `mode` (see the module's doc);
     returns the function that removes the file."""
+    return place_unix_socket(path, mode, lambda staged: server.add_insecure_port(f"unix:{staged}"))
+
+
+def place_unix_socket(path: pathlib.Path, mode: int, bind_at: Callable[[pathlib.Path], object]) -> Callable[[], None]:
+    """Creates a Unix socket at `path` with `mode` (see the module's doc): `bind_at`
+    binds the socket at a path in a fresh private directory, which then gets `mode` and
+    is hard-linked into place. Returns the function that removes the file."""
     remove_stale_socket(path)
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".tz", dir=path.parent))  # mode 0700
@@ -281,7 +293,7 @@ def bind_unix_socket(server: AioServer, path: pathlib.Path, mode: int) -> Callab
         if len(os.fsencode(staged)) > MAX_UNIX_PATH_BYTES:
             raise ToolAuthzError(f"the directory of the Unix socket `{path}` is too long a path "
                                  f"(the socket is created in `{staging}` first)")
-        server.add_insecure_port(f"unix:{staged}")
+        bind_at(staged)
         os.chmod(staged, mode)
         try:
             os.link(staged, path)
@@ -303,3 +315,91 @@ def bind_unix_socket(server: AioServer, path: pathlib.Path, mode: int) -> Callab
                 os.unlink(path)
 
     return remove
+
+
+# -- the HTTP/JSON API's listeners ----------------------------------------------------------
+
+def planned_http_listeners(settings: Settings) -> tuple[ListenerSettings, ...]:
+    """Where the HTTP/JSON API listens: `http_listeners`, or else `http_listen` as one
+    plaintext loopback listener; every one checked. Raises ToolAuthzError."""
+    if settings.http_listeners and settings.http_listen:
+        raise ToolAuthzError("`http_listeners` replaces `http_listen` (and TOOLAUTHZ_HTTP_LISTEN): give the HTTP "
+                             "addresses in one place")
+    listeners = settings.http_listeners or (
+        (ListenerSettings(address=settings.http_listen, services=HTTP_SERVICES),) if settings.http_listen else ())
+    seen: set[Address] = set()
+    for listener in listeners:
+        address = check_http_listener(listener)
+        if address in seen and not (isinstance(address, TcpAddress) and address.port == 0):
+            raise ToolAuthzError(f"two HTTP listeners on `{address}`")
+        seen.add(address)
+    return listeners
+
+
+# The HTTP API serves the authorizer's RPCs (Authorize, Verify, ReportOutcome, GetKeys).
+HTTP_SERVICES: tuple[Service, ...] = ("authorizer",)
+
+
+def check_http_listener(listener: ListenerSettings) -> Address:
+    """`check_listener` for an entry of `http_listeners`, whose `services` (if given) may
+    name the authorizer only."""
+    if "services" in listener.model_fields_set and listener.services != HTTP_SERVICES:
+        raise ToolAuthzError(f"HTTP listener `{listener.address}`: the HTTP API serves the authorizer only; "
+                             "leave out `services` or say [authorizer]")
+    return check_listener(listener)
+
+
+def http_ssl_context(tls: TlsSettings) -> ssl.SSLContext:
+    """The HTTP listener's TLS, checked as `load_tls` checks gRPC's. With a client CA the
+    handshake requires a client certificate that CA signed and that is valid now, as
+    gRPC's does: a caller without one never reaches a handler."""
+    files = load_tls(tls)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert, tls.key)
+    if files.client_ca is not None:
+        # The CA's bytes as checked, not the file read again.
+        context.load_verify_locations(cadata=files.client_ca.decode("ascii", "replace"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def bind_http_socket(listener: ListenerSettings, reuse_port: bool) -> tuple[socket.socket, Callable[[], None]]:
+    """A listening socket for an HTTP listener (port 0 picks one), with the function that
+    removes its Unix socket file (nothing for TCP). Raises ToolAuthzError or OSError."""
+    address = check_http_listener(listener)
+    if isinstance(address, UnixAddress):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            remove = place_unix_socket(address.path, listener.mode, lambda staged: sock.bind(os.fspath(staged)))
+            sock.listen(2048)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, remove
+    return _bind_tcp(address, listener, reuse_port), lambda: None
+
+
+def _bind_tcp(address: TcpAddress, listener: ListenerSettings, reuse_port: bool) -> socket.socket:
+    host = address.host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, address.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
+    family, _type, _proto, _name, sockaddr = infos[0]
+    if (address.loopback and listener.tls is None and not listener.insecure
+            and not ipaddress.ip_address(sockaddr[0]).is_loopback):  # `localhost` resolving elsewhere
+        raise ToolAuthzError(f"HTTP listener `{address}` resolves to `{sockaddr[0]}`, not a loopback address")
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # the workers of `--workers N` share the port, as they share the gRPC one
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(sockaddr)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
+    return sock

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sidecar.server.build import Sidecar, create_listener_server, start_http
 from sidecar.server.config import ListenerSettings
+from sidecar.server.listeners import planned_http_listeners
 from sidecar.service.running import AioServer
 
 
@@ -16,6 +17,7 @@ from sidecar.service.running import AioServer
 class Serving:
     servers: tuple[AioServer, ...]
     addresses: tuple[str, ...]  # as served: port 0 resolved, Unix sockets as unix:///path
+    http_addresses: tuple[str, ...] = ()  # the HTTP/JSON API's, likewise
 
     def stop(self, grace: float | None) -> None:
         """Stops every server at once (each lets its calls finish for up to `grace` s) and
@@ -33,12 +35,13 @@ def start_listeners(sidecar: Sidecar, listeners: Iterable[ListenerSettings], *,
     """A started server per listener; on any failure the ones started are stopped (their
     socket files removed) and the error raised."""
     started: list[tuple[AioServer, str]] = []
+    http: tuple[str, ...] = ()
     try:
         for listener in listeners:
             started.append(create_listener_server(sidecar, listener, reuse_port=reuse_port))
-        if sidecar.settings.http_listen and started:  # on the first server's loop, stopped with it
-            start_http(sidecar, started[0][0], sidecar.settings.http_listen, reuse_port)
+        if started:  # on the first server's loop, stopped with it
+            http = start_http(sidecar, started[0][0], planned_http_listeners(sidecar.settings), reuse_port)
     except BaseException:
         Serving(tuple(s for s, _ in started), ()).stop(None)
         raise
-    return Serving(tuple(s for s, _ in started), tuple(a for _, a in started))
+    return Serving(tuple(s for s, _ in started), tuple(a for _, a in started), http)

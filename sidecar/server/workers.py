@@ -50,6 +50,7 @@ from sidecar.server.heap import keep_bundles_frozen
 from sidecar.server.listeners import (
     UNIX_PREFIX,
     parse_address,
+    planned_http_listeners,
     planned_listeners,
     split_listen,
     unauthenticated_notice,
@@ -123,9 +124,10 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
 
     use_log_format(settings.log_format)
     listeners = planned_listeners(settings)  # a wrong address or TLS file is reported before anything starts
+    http_listeners = planned_http_listeners(settings)  # likewise for the HTTP API's
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if (notice := unauthenticated_notice(listeners)) is not None:
+    if (notice := unauthenticated_notice((*listeners, *http_listeners))) is not None:
         log.warning("%s", notice)
     shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
     if workers == 1 or not shared:
@@ -149,12 +151,16 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                 with contextlib.ExitStack() as reserved:
                     resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
                     http_listen = reserved.enter_context(_reserved_http_port(settings.http_listen))
-                    group.settings = worker_settings.model_copy(update={"http_listen": http_listen})
+                    reserved_http = tuple(_with_reserved_port(reserved, listener)
+                                          for listener in settings.http_listeners)
+                    group.settings = worker_settings.model_copy(update={"http_listen": http_listen,
+                                                                        "http_listeners": reserved_http})
                     status = group.start(resolved)
                 if status is not None:
                     return status
                 # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
-                http = f", HTTP on {group.settings.http_listen}" if group.settings.http_listen else ""
+                http_addresses = [http_listen] if http_listen else [_shown(x.address) for x in reserved_http]
+                http = f", HTTP on {', '.join(http_addresses)}" if http_addresses else ""
                 print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
                       f"{', '.join(_shown(listener.address) for listener in resolved)}{http}, "
                       f"data in {settings.data_dir}, {workers} workers "
@@ -224,8 +230,7 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
             raise
         reloads.route_to(_reload_of(sidecar))
         keep_bundles_frozen(sidecar)
-        http_port = serving.servers[0].http_port if serving.servers else None
-        http = f", HTTP on {split_listen(settings.http_listen)[0]}:{http_port}" if http_port else ""
+        http = f", HTTP on {', '.join(serving.http_addresses)}" if serving.http_addresses else ""
         print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
               f"{', '.join(serving.addresses)}{http}, data in {settings.data_dir}", flush=True)
         _announce_metrics(settings, metrics_server)
@@ -454,6 +459,9 @@ def _worker_main(settings: Settings, listeners: tuple[ListenerSettings, ...], in
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_stop)
     use_log_format(settings.log_format, index)
+    if index:  # worker 0 serves the HTTP API's Unix sockets, as it serves gRPC's
+        settings = settings.model_copy(update={"http_listeners": tuple(
+            listener for listener in settings.http_listeners if not listener.address.startswith(UNIX_PREFIX))})
     from sidecar.server.build import build_sidecar
 
     try:

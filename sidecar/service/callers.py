@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,8 +67,14 @@ def caller_of(context: Any) -> Caller:
     transport = context.transport if isinstance(context, TransportContext) else None
     if transport is None:
         return UNAUTHENTICATED
+    return caller_through(transport, context.auth_context().get("x509_pem_cert") or []
+                          if transport.verifies_clients else [])
+
+
+def caller_through(transport: Transport, certificates: Sequence[bytes]) -> Caller:
+    """The caller of a connection through `transport`, given the PEM client certificates
+    its TLS handshake verified (the gRPC and the HTTP listeners alike)."""
     if transport.verifies_clients:
-        certificates = context.auth_context().get("x509_pem_cert") or []
         # The handshake verified the certificate; without one no call gets this far.
         return caller_of_certificate(certificates[0]) if len(certificates) == 1 else UNAUTHENTICATED
     if transport.identity:

@@ -14,23 +14,27 @@ received (service/json_body.py): the digest, the strict parsing and the schema s
 text the runtime sent, as gRPC's `input_json` does. Errors map through the one table of
 service/failures.py; the body is `{"error": {"code": <gRPC status name>, "message"}}`.
 
-The listener binds loopback only: it has no authentication of its own yet and will take
-the gRPC listeners' (mTLS or a Unix socket). Requests must name a loopback `Host` and
-send `Content-Type: application/json`, so that a web page the machine's browser opens
-can neither rebind a name to it nor post to it without a CORS preflight it never passes.
-OpenAPI: docs/openapi.yaml.
+Callers are authenticated as on the gRPC listeners (service/callers.py): on a TLS
+listener with a client CA, the verified client certificate's URI SAN (else its CN); on a
+Unix socket, the listener's identity; on plaintext TCP no one (`unauthenticated`). The
+listener puts the connection's `HttpPeer` in each request's scope (`_IdentifyingH11`),
+and the roles gate reads the caller from there. Plaintext TCP is the listener a web page
+in the machine's browser can reach: its requests must name a loopback `Host` (or, off
+loopback, an IP address), so that no DNS name can be rebound to it. Every body must be
+`Content-Type: application/json`, which a page cannot post without a CORS preflight the
+API never passes. OpenAPI: docs/openapi.yaml.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,22 +44,24 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
 from sidecar.digest import MAX_DEPTH
 from sidecar.display import shown
-from sidecar.errors import InputError, RequestError, ToolAuthzError
+from sidecar.errors import InputError, RequestError
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.server.pump import DecisionPump
 from sidecar.service.access import About, Gate
-from sidecar.service.callers import UNAUTHENTICATED
+from sidecar.service.callers import UNAUTHENTICATED, Caller, Transport, caller_through
 from sidecar.service.failures import Failure, Status, failure_of
 from sidecar.service.json_body import JsonPath, RawJson, parse_body
-from sidecar.service.loopback import loopback_host, loopback_host_header
+from sidecar.service.loopback import address_host_header, loopback_host_header
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens.keyring import KeyRing
 
-__all__ = ["HttpApi", "HttpListener"]
+__all__ = ["HttpApi", "HttpListener", "HttpPeer", "HostRule"]
 
 log = logging.getLogger("toolauthz.http")
 
@@ -84,6 +90,34 @@ def _error_response(http_status: int, failure: Failure) -> JSONResponse:
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+# Which `Host` a request must name: any (TLS and Unix sockets, which no web page can
+# reach under a name of its choosing), a loopback one (plaintext loopback), or a
+# loopback one or an IP address (plaintext off loopback, `insecure: true`).
+HostRule = Callable[[str], bool]
+
+
+def any_host(_host: str) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class HttpPeer:
+    """What the listener proved about a connection: its caller, and the `Host` rule."""
+
+    caller: Caller
+    answers_host: HostRule
+
+
+# A request without the listener's peer (an app driven by something else) proves no
+# caller and gets the strictest Host rule.
+_UNPROVEN = HttpPeer(UNAUTHENTICATED, loopback_host_header)
+_PEER = "toolauthz.peer"
+
+
+def peer_of(request: Request) -> HttpPeer:
+    peer = request.scope.get(_PEER)
+    return peer if isinstance(peer, HttpPeer) else _UNPROVEN
+
 
 class HttpApi:
     """The Starlette application; one per sidecar process, on the gRPC server's loop."""
@@ -91,9 +125,8 @@ class HttpApi:
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, *, gate: Gate,
                  max_body_bytes: int, max_concurrent: int):
         self._authorizer = authorizer
-        # The HTTP API proves no caller yet: every request passes the roles as an
-        # unauthenticated caller, so with `callers` configured it may fetch the keys alone.
-        self._gate = replace(gate, callers=lambda _request: UNAUTHENTICATED)
+        # The caller is the one the connection's listener proved (see the module's doc).
+        self._gate = replace(gate, callers=lambda request: peer_of(request).caller)
         self._pump = pump
         self._keyring = keyring
         self._max_body_bytes = max_body_bytes
@@ -112,14 +145,15 @@ class HttpApi:
             exception_handlers={HTTPException: _http_exception})
 
     def _answering(self, endpoint: Endpoint) -> Endpoint:
-        """The error boundary of every route: loopback Host, at most `max_concurrent`
-        requests at once, and every exception through the shared table."""
+        """The error boundary of every route: the listener's Host rule, at most
+        `max_concurrent` requests at once, and every exception through the shared table."""
         where = f"HTTP {endpoint.__name__}"
 
         async def answer(request: Request) -> Response:
-            if not loopback_host_header(request.headers.get("host", "")):
+            if not peer_of(request).answers_host(request.headers.get("host", "")):
                 return _error_response(403, Failure(Status.PERMISSION_DENIED,
-                                                    "the HTTP API answers requests for a loopback host only"))
+                                                    "this HTTP listener answers requests for a loopback host "
+                                                    "or an IP address only"))
             if self._in_flight >= self._max_concurrent:
                 return _error_response(429, Failure(Status.RESOURCE_EXHAUSTED,
                                                     f"more than {self._max_concurrent} requests at once"))
@@ -324,6 +358,35 @@ class _Server(uvicorn.Server):
         self.listening.set()
 
 
+def host_rule(*, plaintext: bool, loopback: bool) -> HostRule:
+    if not plaintext:
+        return any_host
+    return loopback_host_header if loopback else address_host_header
+
+
+def _identifying(app: ASGIApp, peer: HttpPeer) -> ASGIApp:
+    async def with_peer(scope: Scope, receive: Receive, send: Send) -> None:
+        scope[_PEER] = peer
+        await app(scope, receive, send)
+    return with_peer
+
+
+def _identifying_protocol(transport: Transport, answers_host: HostRule) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, which puts the connection's HttpPeer in each request's
+    scope. asyncio calls `connection_made` once the TLS handshake has verified the client
+    certificate, so the certificate is read once per connection."""
+
+    class _IdentifyingH11(H11Protocol):
+        def connection_made(self, connection: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(connection)
+            ssl_object = connection.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if isinstance(ssl_object, ssl.SSLObject) else None
+            certificates = [ssl.DER_cert_to_PEM_cert(der).encode("ascii")] if der else []
+            self.app = _identifying(self.app, HttpPeer(caller_through(transport, certificates), answers_host))
+
+    return _IdentifyingH11
+
+
 class HttpListener:
     """uvicorn serving an HttpApi on the running event loop (the gRPC server's), so that
     both transports share one loop and one decision pump."""
@@ -334,13 +397,15 @@ class HttpListener:
         self.port = port
 
     @classmethod
-    async def start(cls, api: HttpApi, address: str, *, reuse_port: bool = False) -> HttpListener:
-        """Binds `address` (loopback only; port 0 picks one) and serves; raises
-        ToolAuthzError or OSError when it cannot."""
-        sock = _bind(address, reuse_port)
-        config = uvicorn.Config(api.app, http="h11", ws="none", lifespan="off", log_config=None,
-                                access_log=False, proxy_headers=False, server_header=False,
-                                timeout_graceful_shutdown=5)
+    async def start(cls, api: HttpApi, sock: socket.socket, *, transport: Transport, answers_host: HostRule,
+                    tls: ssl.SSLContext | None = None) -> HttpListener:
+        """Serves on `sock` (bound and listening; the listener owns it from here), with
+        `tls` if given; callers are proven as `transport` says. Raises OSError when it
+        cannot serve."""
+        config = uvicorn.Config(api.app, http=_identifying_protocol(transport, answers_host), ws="none",
+                                lifespan="off", log_config=None, access_log=False, proxy_headers=False,
+                                server_header=False, timeout_graceful_shutdown=5,
+                                ssl_context_factory=None if tls is None else (lambda _config, _default: tls))
         server = _Server(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         listening = asyncio.create_task(server.listening.wait())
@@ -349,8 +414,9 @@ class HttpListener:
             listening.cancel()
             sock.close()
             task.result()  # raises what stopped it
-            raise OSError(f"cannot serve HTTP on {address}")
-        return cls(server, task, sock.getsockname()[1])
+            raise OSError(f"cannot serve HTTP on {transport.address}")
+        name = sock.getsockname()
+        return cls(server, task, name[1] if isinstance(name, tuple) else 0)
 
     async def stop(self, grace: float | None) -> None:
         """Stops taking requests; those in flight get `grace` seconds (None: none)."""
@@ -359,27 +425,3 @@ class HttpListener:
         if grace is None:
             self._server.force_exit = True
         await self._task
-
-
-def _bind(address: str, reuse_port: bool) -> socket.socket:
-    host, port = loopback_host(address)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
-    family, _type, _proto, _name, sockaddr = infos[0]
-    if not ipaddress.ip_address(sockaddr[0]).is_loopback:  # `localhost` resolving elsewhere
-        raise ToolAuthzError(f"http_listen `{address}` resolves to `{sockaddr[0]}`, not a loopback address")
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:  # the workers of `--workers N` share the port, as they share the gRPC one
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(sockaddr)
-        sock.listen(2048)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
-    return sock
-
