@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from sidecar.server.serving import Serving
 
 log = logging.getLogger("toolauthz.workers")
+# How often a waiting main thread looks for signals that another thread received.
+SIGNAL_CHECK_SECONDS = 0.2
 
 START_TIMEOUT_SECONDS = 600.0  # a worker loads the bundle; 10,000 policies take ~30 s
 # Beyond the drain grace, what a worker may take to sign its final checkpoint and close.
@@ -235,7 +237,11 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
               f"{', '.join(serving.addresses)}{http}, data in {settings.data_dir}", flush=True)
         _announce_metrics(settings, metrics_server)
         try:
-            stop.wait()
+            # Never a wait without a timeout: the kernel may deliver SIGHUP or SIGTERM to
+            # one of gRPC's threads, and CPython then runs the handler only when the main
+            # thread next runs Python code, which a lock wait with no end never does.
+            while not stop.wait(SIGNAL_CHECK_SECONDS):
+                pass
         finally:
             reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
             drain(serving, sidecar)
