@@ -25,6 +25,7 @@ from sidecar.bundle.catalog import MAX_INPUT_BYTES_CEILING, resolve_pointer
 from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import InputLimits, digest_call
+from sidecar.display import display
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
 from sidecar.errors import InputError, RequestError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
@@ -47,6 +48,10 @@ from sidecar.telemetry import metrics, tracing
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
 
 T = TypeVar("T")
+# The refusals a runtime may report (`plan_report_refusal`): each one a check the runtime
+# makes before Authorize, which the sidecar cannot make itself.
+REPORTABLE_REFUSALS = frozenset({"tool_changed"})
+MAX_REFUSAL_DETAIL_CHARS = 512
 # Tries at recording a decision whose run's counts moved meanwhile (see `_write_all`).
 _MAX_ROUNDS = 16
 
@@ -448,6 +453,36 @@ class Authorizer:
                            refused=refused)
         return Plan(op, lambda entry: OutcomeResult(entry.decision_id, unverified=not entry.verified_jti),
                     trace=tracing.current())
+
+    # -- ReportRefusal -----------------------------------------------------------------
+
+    def report_refusal(self, ctx: TrustedContext, call_id: str, tool: str, code: str, detail: str = "", *,
+                       caller: str = "") -> str:
+        return self.run(self.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller))
+
+    def plan_report_refusal(self, ctx: TrustedContext, call_id: str, tool: str, code: str, detail: str = "", *,
+                            caller: str = "") -> Plan[str]:
+        """A call the runtime refused before asking Authorize, as one audit record of kind
+        `authorize`, result `refused`; the answer is the record's id. The call gets no
+        ledger row: the same call id proposed later is decided as any new call. The
+        runtime controls every value here, so the code is allow-listed, the tool is named
+        as given only when the catalog has it, and the detail is bounded and escaped."""
+        ctx.check()
+        ProposedCall(call_id, tool, b"").check()
+        if code not in REPORTABLE_REFUSALS:
+            raise RequestError(f"code must be one of {', '.join(sorted(REPORTABLE_REFUSALS))}")
+        if len(detail) > MAX_REFUSAL_DETAIL_CHARS:
+            raise RequestError(f"detail must be at most {MAX_REFUSAL_DETAIL_CHARS} characters")
+        bundle = self.bundles.current
+        catalogued = tool in bundle.tools
+        # A name the catalog lacks is any string the runtime chose: cut short, then escaped.
+        shown_tool = tool if catalogued else display(tool[:64])
+        record = replace(CallRecord.of("authorize", ctx, call_id, tool, caller), tool=shown_tool,
+                         decision_id=self.new_id(), policy_version=bundle.version)
+        event = record.event(self.clock.now(), "refused", error_codes=(code,),
+                             detail={"reported_by": "runtime", "detail": display(detail),
+                                     "catalogued_tool": catalogued})
+        return Plan(AppendAudit(event), lambda _: record.decision_id, trace=tracing.current())
 
     # -- audit helpers -----------------------------------------------------------------
 

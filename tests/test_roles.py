@@ -158,6 +158,24 @@ def test_a_runtime_outside_its_tenant_is_refused_and_audited(stub, sidecar):
     assert event.detail == {"rpc": "Authorize"} and event.principal == 'User::"alice"'
 
 
+def test_only_a_runtime_of_the_tenant_may_report_a_refusal_and_its_record_names_it(stub, sidecar):
+    request = make_request()
+    report = pb.ReportRefusalRequest(context=request.context, call_id="toolu_1", tool="issue_refund",
+                                     code="tool_changed", detail="changed=description")
+    for outsider in (CONSOLE, AUDITOR, GLOBEX_AGENT, STRANGER):
+        denied(stub.ReportRefusal, report, metadata=as_(outsider))
+    denied(stub.ReportRefusal, report)  # unauthenticated
+    assert [(e.caller, e.error_codes, e.detail) for e in refused(sidecar)] == [
+        (CONSOLE, ("role_not_permitted",), {"rpc": "ReportRefusal"}),
+        (AUDITOR, ("role_not_permitted",), {"rpc": "ReportRefusal"}),
+        (GLOBEX_AGENT, ("tenant_not_permitted",), {"rpc": "ReportRefusal"}),
+        (STRANGER, ("caller_unknown",), {"rpc": "ReportRefusal"}),
+        ("unauthenticated", ("caller_unknown",), {"rpc": "ReportRefusal"})]
+    stub.ReportRefusal(report, metadata=as_(AGENT))
+    [event] = [e for e in refused(sidecar) if e.error_codes == ("tool_changed",)]
+    assert (event.kind, event.caller, event.tool) == ("authorize", AGENT, "issue_refund")
+
+
 def test_a_runtime_cannot_approve_list_approvals_or_query_the_audit(stub, approvals, audit, sidecar):
     _request, response = pending(stub)
     denied(approvals.DecideApproval, apb.DecideApprovalRequest(

@@ -53,6 +53,11 @@ def outcome_request(context, call_id: str, status, error_code: str, output_diges
                                    output_digest=output_digest)
 
 
+def refusal_request(context, call_id: str, tool: str, code: str, detail: str) -> pb.ReportRefusalRequest:
+    return pb.ReportRefusalRequest(context=context_msg(context), call_id=call_id, tool=tool, code=code,
+                                   detail=detail)
+
+
 def get_approval_request(approval_id: str, context) -> apb.GetApprovalRequest:
     request = apb.GetApprovalRequest(approval_id=approval_id)
     msg = context_msg(context)

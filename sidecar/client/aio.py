@@ -118,6 +118,12 @@ class AsyncAuthzClient:
             raise
         return OutcomeReport(response.decision_id, response.unverified)
 
+    async def report_refusal(self, context, call_id: str, tool: str, code: str, detail: str = "", *,
+                             timeout: float | None = None) -> str:
+        request = cv.refusal_request(context, call_id, tool, code, detail)
+        response, _ = await self._unary("ReportRefusal", self._authz.ReportRefusal, request, timeout)
+        return response.decision_id
+
     async def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
         return (await self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout))[0]
 

@@ -12,6 +12,8 @@ never retried: the server may have acted. Per RPC:
                   The client cannot tell that the recorded outcome is the one it sent
                   (the response carries no outcome); within one Guard it always is,
                   because a Guard reports each call once.
+    ReportRefusal up to `max_attempts`: it writes one audit record and nothing else, so a
+                  retry after a lost response at worst records the refusal twice.
     Authorize     at most ONE retry, only on UNAVAILABLE (no response was received).
                   Authorize is idempotent by design: the sidecar keeps one decision per
                   (tenant, call_id) and answers the same call (same digest) with the

@@ -147,6 +147,14 @@ class AuthzClient:
             raise
         return OutcomeReport(response.decision_id, response.unverified)
 
+    def report_refusal(self, context, call_id: str, tool: str, code: str, detail: str = "", *,
+                       timeout: float | None = None) -> str:
+        """Audits a call the runtime refused on its own before Authorize (`code`: one the
+        sidecar allow-lists, `tool_changed`); `detail`: at most 512 characters, never
+        argument values. Returns the audit record's id."""
+        request = cv.refusal_request(context, call_id, tool, code, detail)
+        return self._unary("ReportRefusal", self._authz.ReportRefusal, request, timeout)[0].decision_id
+
     def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
         return self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout)[0]
 

@@ -26,7 +26,8 @@ import rfc8785
 from sidecar.errors import BundleError, Problem
 from sidecar.tool_files import check_mcp_block, tool_documents
 
-__all__ = ["PinnedTool", "load_pins", "schema_sha256", "drift", "catalog_signature", "DRAFT_2020_12"]
+__all__ = ["PinnedTool", "load_pins", "schema_sha256", "advertised_sha256", "drift", "catalog_signature",
+           "DRAFT_2020_12"]
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
@@ -50,6 +51,16 @@ class PinnedTool:
 
 def schema_sha256(value: Any) -> str:
     return hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
+def advertised_sha256(upstream_name: str, description: str | None, input_schema: Mapping[str, Any]) -> str:
+    """One digest of what the upstream advertises for a tool, to record next to the pin
+    it broke (the upstream's text itself is never recorded); "" when it has no canonical
+    JSON form."""
+    try:
+        return schema_sha256({"n": upstream_name, "d": description or "", "s": dict(input_schema)})
+    except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError):
+        return ""
 
 
 def drift(tool: PinnedTool, description: str | None, input_schema: Mapping[str, Any]) -> str | None:

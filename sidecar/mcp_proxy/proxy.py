@@ -35,7 +35,7 @@ from ulid import ULID
 from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolError, ToolSet, TrustedContext
 from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from sidecar.display import display
-from sidecar.mcp_proxy.pins import PinnedTool, catalog_signature, drift, load_pins
+from sidecar.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
 
 __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
@@ -61,6 +61,20 @@ class ProxySettings:
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
 
 
+@dataclass(frozen=True)
+class _Drift:
+    """A catalogued tool whose upstream advertisement broke its pin: `pin` is the pin it
+    broke, `changed` what differs, `advertised` the digest of what the upstream showed."""
+
+    pin: str
+    changed: str
+    advertised: str
+
+    def detail(self) -> str:
+        """For the sidecar's audit record: digests and a field name, never upstream text."""
+        return f"changed={self.changed} pinned={self.pin} advertised={self.advertised or '-'}"
+
+
 @dataclass
 class _Call:
     """A tools/call in flight whose client asked for progress notifications."""
@@ -84,7 +98,7 @@ class McpProxy:
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._pins: dict[str, PinnedTool] = {}
         self._tools = ToolSet()
-        self._drifted: dict[str, str] = {}  # catalog name -> the pin that the upstream broke
+        self._drifted: dict[str, _Drift] = {}  # catalog name -> the pin that the upstream broke
         self._guards: dict[str, AsyncGuard] = {}
         self._progress: dict[str, _Call] = {}
         self._pending_approvals: dict[tuple[str, str, str], str] = {}  # (session, tool, args) -> call id
@@ -129,11 +143,13 @@ class McpProxy:
                 tool = advertised.get(pinned.upstream_name)
                 if tool is None:
                     continue
-                if self._drifted.get(name) == pinned.pin:
+                broken = self._drifted.get(name)
+                if broken is not None and broken.pin == pinned.pin:
                     continue  # refused until the catalog is updated, even if the upstream reverted
                 why = drift(pinned, tool.description, tool.input_schema)
                 if why is not None:
-                    self._drifted[name] = pinned.pin
+                    self._drifted[name] = _Drift(pinned.pin, why, advertised_sha256(
+                        tool.name, tool.description, tool.input_schema))
                     log.warning("tool_changed: upstream tool %s changed its %s since the catalog pinned it; "
                                 "calls are refused until tools/%s is updated", display(pinned.upstream_name), why,
                                 display(name))
@@ -200,8 +216,10 @@ class McpProxy:
             return _error("This connection has no session; the call was not executed.")
         exposed = await self.refresh()
         name = params.name
-        if name in self._drifted and name in self._pins:
+        broken = self._drifted.get(name)
+        if broken is not None and name in self._pins:
             log.warning("tool_changed: refused a call of %s in session %s", display(name), session)
+            await self._audit_refusal(session, ctx.request_id, name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
@@ -222,6 +240,17 @@ class McpProxy:
             self._progress.pop(call_id, None)
         self._remember_pending(session, name, input_json, result)
         return self._to_mcp(result, self._pins[name])
+
+    async def _audit_refusal(self, session: str, request_id: Any, name: str, broken: _Drift) -> None:
+        """Records the refusal in the sidecar's audit trail. The refusal stands whether or
+        not that succeeds (fail closed); a failure is logged."""
+        context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
+        try:
+            await self.authz.report_refusal(context, self._request_call_id(session, request_id), name, TOOL_CHANGED,
+                                            broken.detail(), timeout=self.settings.rpc_timeout)
+        except Exception:  # logged; the call is refused either way
+            log.exception("could not record the tool_changed refusal of %s in the sidecar's audit trail",
+                          display(name))
 
     async def _run_guarded(self, guard: AsyncGuard, call_id: str, name: str, input_json: str) -> CallResult:
         """The Guard runs in its own task: when the MCP client cancels the request, the
@@ -249,6 +278,10 @@ class McpProxy:
         pending = self._pending_approvals.get((session, name, input_json))
         if pending is not None:
             return pending  # the same call again while its approval is pending: resume it
+        return self._request_call_id(session, request_id)
+
+    @staticmethod
+    def _request_call_id(session: str, request_id: Any) -> str:
         text = str(request_id)
         part = "s" + text if _PLAIN_REQUEST_ID.fullmatch(text) else "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
         return f"mcp-{session}-{part}"

@@ -45,7 +45,7 @@ def _about(ctx: TrustedContext, call_id: str) -> About:
 
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
-    """Authorize, Verify and ReportOutcome are coroutines on the server's event loop that
+    """Authorize, Verify, ReportOutcome and ReportRefusal are coroutines on the server's event loop that
     hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
@@ -152,6 +152,24 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             metrics.RPC_SECONDS.labels(rpc="ReportOutcome").observe(time.perf_counter() - started)
             tracing.annotate(span, decision_id=result.decision_id, result=status)
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
+
+    @status_mapped
+    async def ReportRefusal(self, request: pb.ReportRefusalRequest, context) -> pb.ReportRefusalResponse:
+        ctx, call_id = trusted_context(request.context), request.call_id
+        caller = (await self._gate.admit_async(context, "ReportRefusal", _about(ctx, call_id))).caller.id
+        tool, code, detail = request.tool, request.code, request.detail
+        started = time.perf_counter()
+        with tracing.rpc_span("ReportRefusal", lambda: context.invocation_metadata()) as span:
+            trace = tracing.current()
+
+            def plan():
+                with tracing.attached(trace):
+                    return self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)
+
+            decision_id = await self._pump.answer(plan)
+            metrics.RPC_SECONDS.labels(rpc="ReportRefusal").observe(time.perf_counter() - started)
+            tracing.annotate(span, decision_id=decision_id, tool=self._tool_label(tool), result="refused")
+        return pb.ReportRefusalResponse(decision_id=decision_id)
 
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:

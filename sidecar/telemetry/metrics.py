@@ -27,8 +27,9 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 DECISIONS = Counter("toolauthz_decisions", "Authorize answers by tool and decision",
                     ["tool", "result"])
-RPC_SECONDS = Histogram("toolauthz_rpc_duration_seconds", "Time to answer Authorize, Verify and ReportOutcome",
-                        ["rpc"], buckets=_LATENCY_BUCKETS)
+RPC_SECONDS = Histogram("toolauthz_rpc_duration_seconds",
+                        "Time to answer Authorize, Verify, ReportOutcome and ReportRefusal", ["rpc"],
+                        buckets=_LATENCY_BUCKETS)
 VERIFICATIONS = Counter("toolauthz_verifications", "Verify answers by code", ["code"])
 APPROVALS_PENDING = Gauge("toolauthz_approvals_pending", "Approvals waiting for a decision (sampled from the store)",
                           multiprocess_mode="livemostrecent")

@@ -170,6 +170,26 @@ class ReportOutcomeResponse(_message.Message):
     unverified: bool
     def __init__(self, decision_id: _Optional[str] = ..., unverified: _Optional[bool] = ...) -> None: ...
 
+class ReportRefusalRequest(_message.Message):
+    __slots__ = ("context", "call_id", "tool", "code", "detail")
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    context: TrustedContext
+    call_id: str
+    tool: str
+    code: str
+    detail: str
+    def __init__(self, context: _Optional[_Union[TrustedContext, _Mapping]] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., code: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ReportRefusalResponse(_message.Message):
+    __slots__ = ("decision_id",)
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    def __init__(self, decision_id: _Optional[str] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class ToolAuthorizerStub:
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeRequest.SerializeToString,
                 response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeResponse.FromString,
                 _registered_method=True)
+        self.ReportRefusal = channel.unary_unary(
+                '/toolauthz.v1.ToolAuthorizer/ReportRefusal',
+                request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.SerializeToString,
+                response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/toolauthz.v1.ToolAuthorizer/GetStatus',
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusRequest.SerializeToString,
@@ -95,6 +100,15 @@ class ToolAuthorizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRefusal(self, request, context):
+        """The runtime reports a call it refused on its own before asking Authorize (the MCP
+        proxy refusing a tool whose upstream drifted from its catalog pin): one audit record
+        of kind `authorize`, result `refused`. No decision, no ledger row, no token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """The loaded policy version, when it was loaded, and the last reload error.
         """
@@ -124,6 +138,11 @@ def add_ToolAuthorizerServicer_to_server(servicer, server):
                     servicer.ReportOutcome,
                     request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeRequest.FromString,
                     response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeResponse.SerializeToString,
+            ),
+            'ReportRefusal': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRefusal,
+                    request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.FromString,
+                    response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -239,6 +258,33 @@ class ToolAuthorizer:
             '/toolauthz.v1.ToolAuthorizer/ReportOutcome',
             toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeRequest.SerializeToString,
             toolauthz_dot_v1_dot_authorizer__pb2.ReportOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRefusal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolauthz.v1.ToolAuthorizer/ReportRefusal',
+            toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.SerializeToString,
+            toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.FromString,
             options,
             channel_credentials,
             insecure,
