@@ -90,22 +90,17 @@ class AioServer:
     def add_insecure_port(self, address: str) -> int:
         """The bound port; OSError when the address cannot be bound (grpc.aio raises a
         RuntimeError where the thread-pool server returned 0)."""
-        async def add() -> int:
-            return self._server.add_insecure_port(address)
-        try:
-            port = self._loop.run(add)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {address}") from exc
-        if port == 0:
-            raise OSError(f"cannot listen on {address}")
-        return port
+        return self._add_port(address, lambda: self._server.add_insecure_port(address))
 
     def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
         """As `add_insecure_port`, with TLS."""
-        async def add() -> int:
-            return self._server.add_secure_port(address, credentials)
+        return self._add_port(address, lambda: self._server.add_secure_port(address, credentials))
+
+    def _add_port(self, address: str, add: Callable[[], int]) -> int:
+        async def on_the_loop() -> int:
+            return add()
         try:
-            port = self._loop.run(add)
+            port = self._loop.run(on_the_loop)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address}") from exc
         if port == 0:

@@ -76,3 +76,29 @@ class ApprovalStore(Protocol):
         it was no longer pending (someone else decided first, or it expired). `audit(won)`
         builds the record of this attempt, committed in the same transaction: an approval
         never changes without its record, nor is one recorded that did not happen."""
+
+
+def approvals_filter(*, tenant: str, status: str, group: str, now: float,
+                     mark: str) -> tuple[str, list[object]]:
+    """The WHERE clause (empty, or starting with `WHERE`) and its values that select
+    the approvals a listing asks for; `mark` is the backend's placeholder (`?`, `%s`).
+    `pending` and `expired` are read against `now`: the stored status stays `pending`
+    until an approval is decided."""
+    where: list[str] = []
+    args: list[object] = []
+    if tenant:
+        where.append(f"tenant = {mark}")
+        args.append(tenant)
+    if group:
+        where.append(f"group_name = {mark}")
+        args.append(group)
+    if status == EXPIRED:
+        where.append(f"status = 'pending' AND expires_at < {mark}")
+        args.append(now)
+    elif status == PENDING:
+        where.append(f"status = 'pending' AND expires_at >= {mark}")
+        args.append(now)
+    elif status:
+        where.append(f"status = {mark}")
+        args.append(status)
+    return ("WHERE " + " AND ".join(where)) if where else "", args

@@ -30,10 +30,11 @@ from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
-from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
+from sidecar.store.approvals import ApprovalRecord, approvals_filter
 from sidecar.store.audit_rows import COLUMNS, EQUALITY_FILTERS, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
+from sidecar.store.rows import approval_of, call_of
 from sidecar.store.unit import ApprovalVerdict
 
 _CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
@@ -78,7 +79,7 @@ class PgTransaction:
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
         row = self._one(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = %s AND call_id = %s", (tenant, call_id))
-        return _call(row) if row is not None else None
+        return call_of(row) if row is not None else None
 
     def run_counts(self, entry: CallEntry) -> tuple[int, int]:
         row = self._one(_RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at))
@@ -87,7 +88,7 @@ class PgTransaction:
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._one(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))
-        return _approval(row) if row else None
+        return approval_of(row) if row else None
 
     def count_pending_approvals(self, now: float) -> int:
         row = self._one("SELECT count(*) FROM approvals WHERE status = 'pending' AND expires_at >= %s", (now,))
@@ -95,26 +96,9 @@ class PgTransaction:
 
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
                        limit: int) -> list[ApprovalRecord]:
-        where: list[str] = []
-        args: list[object] = []
-        if tenant:
-            where.append("tenant = %s")
-            args.append(tenant)
-        if group:
-            where.append("group_name = %s")
-            args.append(group)
-        if status == EXPIRED:
-            where.append("status = 'pending' AND expires_at < %s")
-            args.append(now)
-        elif status == PENDING:
-            where.append("status = 'pending' AND expires_at >= %s")
-            args.append(now)
-        elif status:
-            where.append("status = %s")
-            args.append(status)
-        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
-              "ORDER BY approval_id DESC LIMIT %s"
-        return [_approval(r) for r in self._all(sql, (*args, limit))]
+        where, args = approvals_filter(tenant=tenant, status=status, group=group, now=now, mark="%s")
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT %s"
+        return [approval_of(r) for r in self._all(sql, (*args, limit))]
 
     def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
         clauses = ["seq > %s"]
@@ -322,16 +306,3 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _call(row: Sequence[Any]) -> CallEntry:
-    (tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, version,
-     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra) = row
-    return CallEntry(tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id,
-                     version, tuple(json.loads(reasons)), tuple(tuple(e) for e in json.loads(errors)),
-                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra))
-
-
-def _approval(row: Sequence[Any]) -> ApprovalRecord:
-    values = list(row)
-    values[16] = json.loads(values[16])
-    values[24], values[25] = bytes(values[24]), bytes(values[25])
-    return ApprovalRecord(*values)

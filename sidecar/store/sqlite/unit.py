@@ -14,15 +14,15 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
-from sidecar.store.approvals import EXPIRED, PENDING, ApprovalRecord
+from sidecar.store.approvals import ApprovalRecord, approvals_filter
 from sidecar.store.audit_rows import from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.rows import approval_of, call_of
 from sidecar.store.rules import Store
 from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
 from sidecar.store.sqlite.base import WriteLock, sync_log
@@ -127,7 +127,7 @@ class SqliteTransaction:
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
         row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
                                (tenant, call_id)).fetchone()
-        return _call(row) if row is not None else None
+        return call_of(row) if row is not None else None
 
     def run_counts(self, entry: CallEntry) -> tuple[int, int]:
         calls, tool_calls = self._db.execute(
@@ -137,7 +137,7 @@ class SqliteTransaction:
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._db.execute(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
                                (approval_id,)).fetchone()
-        return _approval(row) if row else None
+        return approval_of(row) if row else None
 
     def count_pending_approvals(self, now: float) -> int:
         row = self._db.execute("SELECT count(*) FROM approvals WHERE status = 'pending' AND expires_at >= ?",
@@ -146,26 +146,9 @@ class SqliteTransaction:
 
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
                        limit: int) -> list[ApprovalRecord]:
-        where: list[str] = []
-        args: list[object] = []
-        if tenant:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if group:
-            where.append("group_name = ?")
-            args.append(group)
-        if status == EXPIRED:
-            where.append("status = 'pending' AND expires_at < ?")
-            args.append(now)
-        elif status == PENDING:
-            where.append("status = 'pending' AND expires_at >= ?")
-            args.append(now)
-        elif status:
-            where.append("status = ?")
-            args.append(status)
-        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {'WHERE ' + ' AND '.join(where) if where else ''} " \
-              "ORDER BY approval_id DESC LIMIT ?"
-        return [_approval(r) for r in self._db.execute(sql, (*args, limit)).fetchall()]
+        where, args = approvals_filter(tenant=tenant, status=status, group=group, now=now, mark="?")
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT ?"
+        return [approval_of(r) for r in self._db.execute(sql, (*args, limit)).fetchall()]
 
     def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
         sql, params = build_query(filters, after_seq, limit)
@@ -370,21 +353,6 @@ def _statements(script: str) -> list[str]:
             statements.append(current.strip())
             current = ""
     return [s for s in statements if s]
-
-
-def _call(row: Sequence[Any]) -> CallEntry:
-    (tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, version,
-     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra) = row
-    return CallEntry(tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id,
-                     version, tuple(json.loads(reasons)), tuple(tuple(e) for e in json.loads(errors)),
-                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra))
-
-
-def _approval(row: Sequence[Any]) -> ApprovalRecord:
-    values = list(row)
-    values[16] = json.loads(values[16])
-    values[24], values[25] = bytes(values[24]), bytes(values[25])
-    return ApprovalRecord(*values)
 
 
 class SqliteStore(Store):
