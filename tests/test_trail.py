@@ -108,6 +108,35 @@ def test_query_decisions_rpc_filters_and_pages(history, channel):
     assert nobody == []
 
 
+def test_query_filter_values_any_case_or_refused_naming_the_allowed_ones(history, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "query", "--result", "allow", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["call_id"], r["result"]) for r in rows] == [("call_small", "ALLOW"), ("call_lookup", "ALLOW")]
+    for flag, value, named in (("--result", "allowed", "ALLOW, DENY"), ("--kind", "approvals", "approval, outcome"),
+                               ("--principal", "alice", 'User::"alice"')):
+        with pytest.raises(SystemExit) as exited:
+            main(["audit", "--data-dir", data, "query", flag, value])
+        assert exited.value.code == 2
+        assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("request_fields, named", [
+    ({"result": "allowed"}, "ALLOW, DENY"), ({"kind": "approvals"}, "approval, outcome"),
+    ({"principal": "alice"}, 'User::"alice"')])
+def test_query_decisions_refuses_a_filter_value_no_record_holds(channel, request_fields, named):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        list(aupb_grpc.AuditStub(channel).QueryDecisions(aupb.QueryDecisionsRequest(**request_fields)))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and named in info.value.details()
+
+
+def test_query_decisions_reads_a_result_in_any_case(history, channel):
+    allowed = list(aupb_grpc.AuditStub(channel).QueryDecisions(aupb.QueryDecisionsRequest(result="allow")))
+    assert [r.call_id for r in allowed] == ["call_small", "call_lookup"]
+
+
 def test_query_decisions_rejects_a_bad_page_token(channel):
     import grpc
 

@@ -11,14 +11,31 @@ Rules a backend must keep, whatever its storage:
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.audit.checkpoint import Checkpoint
-from sidecar.audit.records import AuditEvent, AuditRecord
+from sidecar.audit.records import KINDS, AuditEvent, AuditRecord
+from sidecar.display import shown
+from sidecar.errors import RequestError
+from sidecar.model import PRINCIPAL_ID, PRINCIPAL_TYPE
 
 MAX_PAGE = 10_000
+
+# Every `result` a record holds: a decision (ALLOW, DENY, APPROVAL_REQUIRED), an approver's
+# verdict (APPROVE, REJECT), a refusal or a lost race (refused, superseded), a verify code,
+# an outcome. tests/test_audit_filters.py checks this against the modules that write them.
+RESULTS = ("ALLOW", "DENY", "APPROVAL_REQUIRED", "APPROVE", "REJECT", "refused", "superseded",
+           "ok", "already_used", "malformed", "unknown_key", "bad_signature", "expired",
+           "not_yet_valid", "wrong_audience", "claims_mismatch",
+           "completed", "failed", "cancelled", "outcome_unknown")
+# No two results differ only in case, so `allow` can only mean ALLOW.
+_RESULT_OF = {result.lower(): result for result in RESULTS}
+_KIND_OF = {kind.lower(): kind for kind in KINDS}
+_UID = re.compile(r'(.*?)::"(.*)"', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -34,6 +51,40 @@ class AuditQuery:
     kind: str | None = None
     time_from: float | None = None
     time_to: float | None = None
+
+
+def checked_result(text: str) -> str:
+    """`text` as records spell it (`allow` is ALLOW); RequestError naming the allowed values."""
+    return _one_of(text, _RESULT_OF, RESULTS, "result")
+
+
+def checked_kind(text: str) -> str:
+    return _one_of(text, _KIND_OF, KINDS, "kind")
+
+
+def checked_uid(text: str, what: str = "principal") -> str:
+    """A principal as records hold it, `Type::"id"`; anything else can match no record."""
+    uid = _UID.fullmatch(text)
+    if uid is None or not PRINCIPAL_TYPE.fullmatch(uid.group(1)) or not PRINCIPAL_ID.fullmatch(uid.group(2)):
+        raise RequestError(f'{what} must be a Cedar uid such as `User::"alice"`, not `{shown(text[:300])}`')
+    return text
+
+
+def _one_of(text: str, known: dict[str, str], allowed: Sequence[str], what: str) -> str:
+    try:
+        return known[text.lower()]
+    except KeyError:
+        raise RequestError(f"{what} must be one of {', '.join(allowed)}, not `{shown(text[:100])}`") from None
+
+
+def checked_query(query: AuditQuery) -> AuditQuery:
+    """`query` with its values spelled as records hold them. A value no record can hold
+    is a RequestError, so that a typo is an answer rather than an empty result."""
+    return dataclasses.replace(
+        query,
+        result=None if query.result is None else checked_result(query.result),
+        kind=None if query.kind is None else checked_kind(query.kind),
+        principal=None if query.principal is None else checked_uid(query.principal))
 
 
 class AuditLog(Protocol):

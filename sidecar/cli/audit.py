@@ -14,18 +14,33 @@ import json
 import os
 import pathlib
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
-from sidecar.audit.store import MAX_PAGE, AuditLog
+from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
 from sidecar.cli.options import add_anywhere, principal_filter
 from sidecar.display import bounded_message, display, display_uid, shown
-from sidecar.errors import ToolAuthzError
+from sidecar.errors import RequestError, ToolAuthzError
 from sidecar.server.config import DATABASE_FILE
 from sidecar.store.open import open_store
 
 _FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
 STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
+
+
+def _argument(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type from an audit value check: a bad value exits 2 naming the allowed ones."""
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except RequestError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+_FILTER_TYPES: dict[str, Callable[[str], str]] = {
+    "principal": principal_filter, "result": _argument(checked_result), "kind": _argument(checked_kind)}
 
 
 def add_audit_command(sub) -> None:
@@ -37,7 +52,7 @@ def add_audit_command(sub) -> None:
         p = verbs.add_parser(name, help=help_text)
         parsers.append(p)
         for f in _FILTERS:
-            p.add_argument(f"--{f.replace('_', '-')}", **({"type": principal_filter} if f == "principal" else {}))
+            p.add_argument(f"--{f.replace('_', '-')}", type=_FILTER_TYPES.get(f, str))
         p.add_argument("--since", help="ISO 8601 time, inclusive")
         p.add_argument("--until", help="ISO 8601 time, exclusive")
         if name == "query":

@@ -9,7 +9,7 @@ import json
 import re
 
 from sidecar.audit.records import AuditRecord
-from sidecar.audit.store import MAX_PAGE, AuditLog, AuditQuery
+from sidecar.audit.store import MAX_PAGE, AuditLog, AuditQuery, checked_query
 from sidecar.errors import RequestError
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
@@ -34,10 +34,11 @@ def query_of(request: aupb.QueryDecisionsRequest) -> AuditQuery:
     def when(field: str) -> float | None:
         return getattr(request, field).ToNanoseconds() / 1e9 if request.HasField(field) else None
 
-    return AuditQuery(tenant=text(request.tenant), principal=text(request.principal), tool=text(request.tool),
-                      call_id=text(request.call_id), request_id=text(request.request_id),
-                      result=text(request.result), kind=text(request.kind),
-                      time_from=when("time_from"), time_to=when("time_to"))
+    query = AuditQuery(tenant=text(request.tenant), principal=text(request.principal), tool=text(request.tool),
+                       call_id=text(request.call_id), request_id=text(request.request_id),
+                       result=text(request.result), kind=text(request.kind),
+                       time_from=when("time_from"), time_to=when("time_to"))
+    return checked_query(query)
 
 
 _SEQ = re.compile(r"0|[1-9][0-9]{0,18}")  # ASCII digits only: str.isdigit also accepts "²"
