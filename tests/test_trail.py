@@ -59,6 +59,24 @@ def test_show_tells_one_calls_story_in_order(history, capsys):
     assert SECRET not in out
 
 
+def test_show_is_chronological_and_gives_the_approvers_reason(stub, channel, sidecar, capsys):
+    request = make_request(call_id="call_replayed", args={"order_id": "ord_1", "amount_cents": 7000, "reason": "late"})
+    pending = stub.Authorize(request)
+    apb_grpc.ApprovalsStub(channel).DecideApproval(apb.DecideApprovalRequest(
+        approval_id=pending.approval_id, verdict=apb.APPROVE, reason="customer called\x1b[2J, ok\nby finance",
+        approver=pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="ui")))
+    replayed = stub.Authorize(request)  # the same call again, after the approval: a replay
+    assert replayed.token
+    data = closed(sidecar)
+    assert main(["audit", "--data-dir", data, "show", "call_replayed"]) == 0
+    out = capsys.readouterr().out
+    story = out.splitlines()[2:]
+    assert [line.split()[1] for line in story] == ["decision", "approval", "decision"], out
+    assert "(replayed)" in story[2]
+    assert 'APPROVE by User::"bob": customer called' in story[1] and "by finance" in story[1]
+    assert "\x1b" not in out and len(story) == 3  # the reason's escape and newline are shown escaped
+
+
 def test_verify_passes_untouched_and_names_an_edited_record(history, capsys):
     data = closed(history)
     assert main(["audit", "--data-dir", data, "verify"]) == 0

@@ -26,7 +26,6 @@ from sidecar.server.config import DATABASE_FILE
 from sidecar.store.open import open_store
 
 _FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
-STORY_ORDER = {"authorize": 0, "approval": 1, "verify": 2, "outcome": 3}
 
 
 def _argument(check: Callable[[str], str]) -> Callable[[str], str]:
@@ -175,8 +174,8 @@ def _show(log, args) -> int:
     print(f"call {display(first.call_id)} in tenant {display(first.tenant)}: {display(first.tool)}"
           f" by {display_uid(first.principal)} on {display_uid(first.resource) if first.resource else '-'}")
     print(f"digest {display(first.digest) or '-'}  policy version {display(first.policy_version)}")
-    # Stable story order: decision, approval, verification, outcome (seq within each).
-    for record in sorted(records, key=lambda r: (STORY_ORDER.get(r.event.kind, 9), r.seq)):
+    # In the order it happened (seq): a replayed decision after an approval shows after it.
+    for record in records:
         print("  " + _story_line(record))
     return 0
 
@@ -193,7 +192,9 @@ def _story_line(record: AuditRecord) -> str:
         return f"{at}  decision     {display(e.result)}{replay} because {why}{extra}  {decision}"
     if e.kind == "approval":
         why = f" ({display(', '.join(e.error_codes))})" if e.error_codes else ""
-        return f"{at}  approval     {display(e.result)}{why} by {display_uid(e.approver)}"
+        reason = e.detail.get("reason")
+        said = f": {display(reason)}" if isinstance(reason, str) and reason else ""
+        return f"{at}  approval     {display(e.result)}{why} by {display_uid(e.approver)}{said}"
     if e.kind == "verify":
         return f"{at}  verification {display(e.result)}" + (f" token {display(e.jti[:8])}…" if e.jti else "")
     flags = display(" ".join(str(flag) for flag in e.detail.get("flags", [])))
