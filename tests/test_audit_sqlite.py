@@ -121,14 +121,21 @@ FILTERS = {
     "request_id": ("r-7", "audit_record_request_id"),
     "result": ("DENY", "audit_record_result"),
     "kind": ("outcome", "audit_record_kind"),
+    "resource": ('Order::"o-2"', "audit_record_resource"),
+    "approver": ('User::"carol"', "audit_record_approver"),
+    "approval_id": ("ap-9", "audit_record_approval_id"),
+    "decision_id": ("d-7", "audit_record_decision_id"),
 }
+UNINDEXED = {"policy_version": "v2", "caller": "spiffe://acme/agent"}
 
 
 def _fill_mixed(log):
     """30 records; every third one differs from the default in every filterable field."""
     log.append([
-        event(i, tenant="globex", principal='User::"bob"', tool="delete_user",
-              result="DENY", kind="outcome") if i % 3 == 0 else event(i)
+        event(i, tenant="globex", principal='User::"bob"', tool="delete_user", result="DENY", kind="outcome",
+              resource='Order::"o-2"', approver='User::"carol"', approval_id="ap-9", policy_version="v2",
+              caller="spiffe://acme/agent", reasons=("forbid-large", "p-7"), error_codes=("e-1", "not_call_owner"))
+        if i % 3 == 0 else event(i, reasons=("permit-small",), error_codes=("e-1",))
         for i in range(1, 31)])
     return log
 
@@ -178,6 +185,27 @@ def plan_of(log: SqliteAuditLog, sql: str, params) -> str:
     plan = " | ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
     conn.close()
     return plan
+
+
+@pytest.mark.parametrize("name", UNINDEXED)
+def test_each_unindexed_filter_selects_its_records(mixed, name):
+    value = UNINDEXED[name]
+    got = mixed.query(AuditQuery(**{name: value}), limit=100)
+    assert [r.seq for r in got] == list(range(3, 31, 3))
+
+
+@pytest.mark.parametrize("filters, seqs", [
+    ({"error_code": "not_call_owner"}, list(range(3, 31, 3))),
+    ({"error_code": "e-1"}, list(range(1, 31))),
+    ({"error_code": "e-"}, []),  # an element, not a substring
+    ({"error_code": '"e-1"'}, []),  # an element's value, not its JSON text
+    ({"error_code": "%"}, []),
+    ({"policy_id": "p-7"}, list(range(3, 31, 3))),
+    ({"policy_id": "permit-small", "tenant": "acme", "time_to": T0 + 5}, [1, 2, 4]),
+    ({"policy_id": "forbid-large", "error_code": "e-1", "approver": 'User::"carol"'}, list(range(3, 31, 3))),
+])
+def test_list_filters_match_one_element(mixed, filters, seqs):
+    assert [r.seq for r in mixed.query(AuditQuery(**filters), limit=100)] == seqs
 
 
 def test_filters_combine(mixed):

@@ -233,6 +233,9 @@ def test_an_auditor_of_acme_sees_nothing_of_globex(stub, audit, sidecar):
     mine = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(), metadata=as_(AUDITOR)))
     assert mine and {r.tenant for r in mine} == {"acme"}
     denied(audit.QueryDecisions, aupb.QueryDecisionsRequest(tenant="globex"), metadata=as_(AUDITOR))
+    globex_call = aupb.QueryDecisionsRequest(call_id="toolu_gx", caller=GLOBEX_AGENT)
+    assert list(audit.QueryDecisions(globex_call, metadata=as_(AUDITOR))) == []  # a filter widens no tenant
+    assert [r.tenant for r in audit.QueryDecisions(globex_call, metadata=as_(SEC_AUDITOR))] == ["globex"]
     everyone = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(), metadata=as_(SEC_AUDITOR)))
     assert {"acme", "globex"} <= {r.tenant for r in everyone}
     denied(stub.Authorize, make_request(), metadata=as_(SEC_AUDITOR))

@@ -155,6 +155,49 @@ def test_query_decisions_reads_a_result_in_any_case(history, channel):
     assert [r.call_id for r in allowed] == ["call_small", "call_lookup"]
 
 
+def test_who_approved_the_refund_on_an_order_and_did_it_run(history, capsys):
+    data = closed(history)
+    assert main(["audit", "--data-dir", data, "query", "--resource", "Order::ord_1", "--tool", "issue_refund",
+                 "--approver", "User::bob", "--json"]) == 0
+    approved = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["call_id"], r["kind"], r["result"]) for r in approved] == [("call_large", "approval", "APPROVE")]
+    approval_id, decision_id = approved[0]["approval_id"], approved[0]["decision_id"]
+    assert main(["audit", "--data-dir", data, "query", "--approval-id", approval_id, "--json"]) == 0
+    story = [json.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()]
+    assert story == ["authorize", "approval", "outcome"]  # a verify record names the decision, not the approval
+    assert main(["audit", "--data-dir", data, "query", "--decision-id", decision_id, "--kind", "outcome",
+                 "--policy-version", approved[0]["policy_version"], "--json"]) == 0
+    assert [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines()] == ["failed"]
+    assert main(["audit", "--data-dir", data, "query", "--policy", "refund-own-order-large-needs-finance",
+                 "--json"]) == 0
+    assert [json.loads(line)["call_id"] for line in capsys.readouterr().out.splitlines()] == ["call_large"]
+    assert main(["audit", "--data-dir", data, "query", "--resource", 'Order::"ord_2"']) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # the header alone
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "--data-dir", data, "query", "--approver", "bob"])
+    assert exited.value.code == 2 and 'User::"alice"' in capsys.readouterr().err
+
+
+def test_query_decisions_rpc_takes_the_new_filters(history, channel):
+    from sidecar.client._convert import query_request
+
+    audit = aupb_grpc.AuditStub(channel)
+    approved = list(audit.QueryDecisions(query_request(resource='Order::"ord_1"', approver='User::"bob"')))
+    assert [(r.call_id, r.kind) for r in approved] == [("call_large", "approval")]
+    same_call = list(audit.QueryDecisions(query_request(approval_id=approved[0].approval_id, kind="outcome")))
+    assert [(r.call_id, r.result) for r in same_call] == [("call_large", "failed")]
+    by_decision = list(audit.QueryDecisions(query_request(decision_id=approved[0].decision_id)))
+    assert len(by_decision) == 4 and {r.call_id for r in by_decision} == {"call_large"}
+    by_policy = list(audit.QueryDecisions(query_request(policy_id="refund-own-order-large-needs-finance")))
+    assert [r.call_id for r in by_policy] == ["call_large"]
+    assert list(audit.QueryDecisions(query_request(error_code="not_call_owner"))) == []
+    callers = {r.caller for r in audit.QueryDecisions(query_request(tenant="acme"))}
+    for caller in callers:
+        assert list(audit.QueryDecisions(query_request(caller=caller)))
+    assert list(audit.QueryDecisions(query_request(caller="spiffe://nobody"))) == []
+    assert list(audit.QueryDecisions(query_request(policy_version="no-such-version"))) == []
+
+
 def test_query_decisions_rejects_a_bad_page_token(channel):
     import grpc
 

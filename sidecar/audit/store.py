@@ -49,6 +49,14 @@ class AuditQuery:
     request_id: str | None = None
     result: str | None = None
     kind: str | None = None
+    resource: str | None = None
+    approver: str | None = None
+    approval_id: str | None = None
+    decision_id: str | None = None
+    policy_version: str | None = None
+    caller: str | None = None
+    error_code: str | None = None  # one of the record's error codes
+    policy_id: str | None = None  # one of the record's reasons: the policies that decided it
     time_from: float | None = None
     time_to: float | None = None
 
@@ -84,7 +92,8 @@ def checked_query(query: AuditQuery) -> AuditQuery:
         query,
         result=None if query.result is None else checked_result(query.result),
         kind=None if query.kind is None else checked_kind(query.kind),
-        principal=None if query.principal is None else checked_uid(query.principal))
+        principal=None if query.principal is None else checked_uid(query.principal),
+        approver=None if query.approver is None else checked_uid(query.approver, "approver"))
 
 
 class AuditLog(Protocol):

@@ -19,13 +19,15 @@ from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
 from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
-from sidecar.cli.options import add_anywhere, principal_filter
+from sidecar.cli.options import add_anywhere, principal_filter, resource_filter
 from sidecar.display import bounded_message, display, display_uid, shown
 from sidecar.errors import RequestError, ToolAuthzError
 from sidecar.server.config import DATABASE_FILE
 from sidecar.store.open import open_store
 
-_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
+_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind", "resource", "approver",
+            "approval_id", "decision_id", "error_code", "policy_id", "policy_version", "caller")
+_FLAGS = {"policy_id": "--policy"}  # a policy's id is what records hold as a reason
 
 
 def _argument(check: Callable[[str], str]) -> Callable[[str], str]:
@@ -39,7 +41,8 @@ def _argument(check: Callable[[str], str]) -> Callable[[str], str]:
 
 
 _FILTER_TYPES: dict[str, Callable[[str], str]] = {
-    "principal": principal_filter, "result": _argument(checked_result), "kind": _argument(checked_kind)}
+    "principal": principal_filter, "approver": principal_filter, "resource": resource_filter,
+    "result": _argument(checked_result), "kind": _argument(checked_kind)}
 
 
 def add_audit_command(sub) -> None:
@@ -51,7 +54,7 @@ def add_audit_command(sub) -> None:
         p = verbs.add_parser(name, help=help_text)
         parsers.append(p)
         for f in _FILTERS:
-            p.add_argument(f"--{f.replace('_', '-')}", type=_FILTER_TYPES.get(f, str))
+            p.add_argument(_FLAGS.get(f, f"--{f.replace('_', '-')}"), dest=f, type=_FILTER_TYPES.get(f, str))
         p.add_argument("--since", help="ISO 8601 time, inclusive")
         p.add_argument("--until", help="ISO 8601 time, exclusive")
         if name == "query":
@@ -126,7 +129,7 @@ def as_json(record: AuditRecord) -> dict:
             "decision_id": e.decision_id, "request_id": e.request_id, "call_id": e.call_id, "tenant": e.tenant,
             "principal": e.principal, "tool": e.tool, "resource": e.resource, "reasons": list(e.reasons),
             "error_codes": list(e.error_codes), "digest": e.digest, "policy_version": e.policy_version,
-            "jti": e.jti, "approval_id": e.approval_id, "approver": e.approver, "fields": e.fields,
+            "jti": e.jti, "approval_id": e.approval_id, "approver": e.approver, "caller": e.caller, "fields": e.fields,
             "detail": e.detail, "hash": record.hash}
 
 

@@ -39,6 +39,17 @@ def parse_principal(text: str) -> Principal:
     raise argparse.ArgumentTypeError(f'principal must look like `User::"alice"` or `User::alice`, not `{shown(text)}`')
 
 
+def resource_filter(text: str) -> str:
+    """An audit filter on the resource as records hold it, `Order::"ord_1"`; `Order::ord_1`
+    is read as that too. A resource id is whatever the tool's input held, so any id is taken."""
+    if _QUOTED_PRINCIPAL.fullmatch(text):
+        return text
+    bare = _BARE_PRINCIPAL.fullmatch(text)
+    if bare and '"' not in bare.group(2):
+        return f'{bare.group(1)}::"{bare.group(2)}"'
+    raise argparse.ArgumentTypeError(f'resource must look like `Order::"ord_1"` or `Order::ord_1`, not `{shown(text)}`')
+
+
 def principal_filter(text: str) -> str:
     """An audit filter on the principal, in the form the audit trail records it."""
     return str(parse_principal(text))

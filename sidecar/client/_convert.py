@@ -78,9 +78,15 @@ def list_request(tenant: str, status, group: str, limit: int) -> apb.ListApprova
 
 
 def query_request(*, tenant="", principal="", tool="", call_id="", request_id="", result="", kind="",
-                  time_from=None, time_to=None, limit=0, page_token="") -> aupb.QueryDecisionsRequest:
+                  resource="", approver="", approval_id="", decision_id="", error_code="", policy_id="",
+                  policy_version="", caller="", time_from=None, time_to=None, limit=0,
+                  page_token="") -> aupb.QueryDecisionsRequest:
     request = aupb.QueryDecisionsRequest(tenant=tenant, principal=str(principal) if principal else "", tool=tool,
                                          call_id=call_id, request_id=request_id, result=result, kind=kind,
+                                         resource=str(resource) if resource else "",
+                                         approver=str(approver) if approver else "", approval_id=approval_id,
+                                         decision_id=decision_id, error_code=error_code, policy_id=policy_id,
+                                         policy_version=policy_version, caller=caller,
                                          limit=limit, page_token=str(page_token or ""))
     for name, value in (("time_from", time_from), ("time_to", time_to)):
         if value is not None:

@@ -24,7 +24,8 @@ def record_message(r: AuditRecord) -> aupb.AuditRecord:
         call_id=e.call_id, tenant=e.tenant, principal=e.principal, tool=e.tool, resource=e.resource,
         result=e.result, reasons=list(e.reasons), error_codes=list(e.error_codes), digest=e.digest,
         policy_version=e.policy_version, jti=e.jti, approval_id=e.approval_id, approver=e.approver,
-        fields_json=json.dumps(e.fields, sort_keys=True), detail_json=json.dumps(e.detail, sort_keys=True), hash=r.hash)
+        fields_json=json.dumps(e.fields, sort_keys=True), detail_json=json.dumps(e.detail, sort_keys=True), hash=r.hash,
+        caller=e.caller)
 
 
 def query_of(request: aupb.QueryDecisionsRequest) -> AuditQuery:
@@ -37,6 +38,10 @@ def query_of(request: aupb.QueryDecisionsRequest) -> AuditQuery:
     query = AuditQuery(tenant=text(request.tenant), principal=text(request.principal), tool=text(request.tool),
                        call_id=text(request.call_id), request_id=text(request.request_id),
                        result=text(request.result), kind=text(request.kind),
+                       resource=text(request.resource), approver=text(request.approver),
+                       approval_id=text(request.approval_id), decision_id=text(request.decision_id),
+                       error_code=text(request.error_code), policy_id=text(request.policy_id),
+                       policy_version=text(request.policy_version), caller=text(request.caller),
                        time_from=when("time_from"), time_to=when("time_to"))
     return checked_query(query)
 

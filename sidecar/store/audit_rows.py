@@ -14,7 +14,14 @@ from sidecar.audit.records import AuditEvent, AuditRecord
 EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))
 JSON_COLUMNS = ("reasons", "error_codes", "fields", "detail")
 COLUMNS = ("seq", *EVENT_COLUMNS, "prev_hash", "hash")
-EQUALITY_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind")
+# AuditQuery fields matched by equality on the column of the same name: each has an index.
+EQUALITY_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind", "resource",
+                    "approver", "approval_id", "decision_id")
+# Matched by equality without an index of their own: few distinct values (a policy version, a
+# caller identity), asked together with a tenant or a time window, which an index narrows.
+UNINDEXED_FILTERS = ("policy_version", "caller")
+# AuditQuery fields matched against one element of a JSON list column.
+LIST_FILTERS = (("error_code", "error_codes"), ("policy_id", "reasons"))
 
 
 def to_row(record: AuditRecord) -> tuple[Any, ...]:

@@ -31,7 +31,7 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import COLUMNS, EQUALITY_FILTERS, from_row, to_row
+from sidecar.store.audit_rows import COLUMNS, EQUALITY_FILTERS, LIST_FILTERS, UNINDEXED_FILTERS, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
 from sidecar.store.rows import approval_of, call_of
@@ -103,10 +103,16 @@ class PgTransaction:
     def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
         clauses = ["seq > %s"]
         params: list[object] = [after_seq]
-        for name in EQUALITY_FILTERS:  # column names from a fixed list, values bound
+        for name in (*EQUALITY_FILTERS, *UNINDEXED_FILTERS):  # column names from a fixed list, values bound
             value = getattr(filters, name)
             if value is not None:
                 clauses.append(f"{name} = %s")
+                params.append(value)
+        for name, column in LIST_FILTERS:
+            value = getattr(filters, name)
+            if value is not None:
+                # The column holds a JSON list of strings as text: `?` is jsonb's "has this element".
+                clauses.append(f"{column}::jsonb ? %s")
                 params.append(value)
         if filters.time_from is not None:
             clauses.append("time >= %s")

@@ -15,6 +15,8 @@ from sidecar.store.audit_rows import COLUMNS as _COLUMNS
 from sidecar.store.audit_rows import EQUALITY_FILTERS as _EQUALITY_FILTERS
 from sidecar.store.audit_rows import EVENT_COLUMNS as _EVENT_COLUMNS
 from sidecar.store.audit_rows import JSON_COLUMNS as _JSON_COLUMNS
+from sidecar.store.audit_rows import LIST_FILTERS as _LIST_FILTERS
+from sidecar.store.audit_rows import UNINDEXED_FILTERS as _UNINDEXED_FILTERS
 
 SELECT = f"SELECT {', '.join(_COLUMNS)} FROM audit_record"
 INSERT = (f"INSERT INTO audit_record ({', '.join(_COLUMNS)}) "
@@ -77,7 +79,8 @@ def audit_schema() -> str:
 # gathers with ANALYZE are kept.
 _STATS = {"tenant_time": "100000 1", "time": "1", "tenant": "100000", "principal": "100",
           "tool": "5000", "call_id": "2", "request_id": "2", "result": "300000",
-          "kind": "300000"}
+          "kind": "300000", "resource": "100", "approver": "1000", "approval_id": "2",
+          "decision_id": "5"}
 _PLANNER_STATS = "\n".join([
     "ANALYZE sqlite_master;",  # creates sqlite_stat1 without scanning anything
     "INSERT INTO sqlite_stat1 (tbl, idx, stat) SELECT * FROM (VALUES",
@@ -93,10 +96,18 @@ def build_query(filters: AuditQuery, after_seq: int, limit: int) -> tuple[str, l
     """The SELECT for `query`; column names come from a fixed list, values are bound."""
     clauses = ["seq > ?"]
     params: list[object] = [after_seq]
-    for name in _EQUALITY_FILTERS:
+    for name in (*_EQUALITY_FILTERS, *_UNINDEXED_FILTERS):
         value = getattr(filters, name)
         if value is not None:
             clauses.append(f"{name} = ?")
+            params.append(value)
+    for name, column in _LIST_FILTERS:
+        value = getattr(filters, name)
+        if value is not None:
+            # A cell that is not JSON (edited outside this code) matches nothing rather
+            # than failing every query: `verify` is what names it.
+            clauses.append(f"EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid({column}) THEN {column} "
+                           f"ELSE '[]' END) WHERE value = ?)")
             params.append(value)
     if filters.time_from is not None or filters.time_to is not None:
         # Always both bounds: the planner then treats the window as narrow and reads it
