@@ -111,6 +111,24 @@ def test_export_writes_every_record_without_secrets(history, tmp_path, capsys):
     assert SECRET not in target.read_text()
 
 
+def test_export_as_csv_one_row_per_record_formulas_defused(history, tmp_path, capsys):
+    import csv
+
+    data = closed(history)
+    target = tmp_path / "audit.csv"
+    assert main(["audit", "--data-dir", data, "export", "--format", "csv", "--kind", "outcome",
+                 "--output", str(target)]) == 0
+    rows = list(csv.DictReader(target.read_text(encoding="utf-8").splitlines()))
+    assert [(r["call_id"], r["result"]) for r in rows] == [("call_small", "completed"), ("call_large", "failed")]
+    assert json.loads(rows[1]["detail"])["error_code"] == "gateway_timeout" and SECRET not in target.read_text()
+    assert main(["audit", "--data-dir", data, "export", "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("seq,time,kind,result,") and len(lines) == 9
+    from sidecar.cli.audit import _csv_cell
+
+    assert _csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and _csv_cell(["a"]) == '["a"]' and _csv_cell("ok") == "ok"
+
+
 def test_query_decisions_rpc_filters_and_pages(history, channel):
     audit = aupb_grpc.AuditStub(channel)
     denied_or_allowed = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="acme", kind="authorize")))

@@ -10,6 +10,7 @@ database and the audit key cannot silently rewrite history exported before.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import pathlib
@@ -50,7 +51,7 @@ def add_audit_command(sub) -> None:
     verbs = audit.add_subparsers(dest="audit_command", required=True)
     parsers: list[argparse.ArgumentParser] = []
     for name, help_text in (("query", "matching records as a table (or JSON lines)"),
-                            ("export", "matching records as JSON lines")):
+                            ("export", "matching records as JSON lines or CSV")):
         p = verbs.add_parser(name, help=help_text)
         parsers.append(p)
         for f in _FILTERS:
@@ -62,6 +63,8 @@ def add_audit_command(sub) -> None:
             p.add_argument("--json", action="store_true")
         else:
             p.add_argument("--output", help="a file; default standard output")
+            p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
+                           help="JSON lines (default) or CSV with a header row")
     show = verbs.add_parser("show", help="one call's whole story")
     show.add_argument("call_id")
     show.add_argument("--tenant")
@@ -158,14 +161,40 @@ def _query(log, args) -> int:
 
 
 def _export(log, args) -> int:
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
     try:
-        for record in _pages(log, _filters(args)):
+        records = _pages(log, _filters(args))
+        if args.format == "csv":
+            _write_csv(out, records)
+            return 0
+        for record in records:
             out.write(json.dumps(as_json(record), sort_keys=True) + "\n")
     finally:
         if args.output:
             out.close()
     return 0
+
+
+CSV_COLUMNS = ("seq", "time", "kind", "result", "tenant", "principal", "tool", "resource", "call_id", "request_id",
+               "decision_id", "approval_id", "approver", "caller", "reasons", "error_codes", "digest",
+               "policy_version", "jti", "fields", "detail", "hash")
+# A spreadsheet runs a cell that starts with one of these as a formula; records hold
+# strings a model or runtime wrote, so such a cell is written with a leading `'`.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _write_csv(out, records) -> None:
+    """One row per record, lists and mappings as JSON text."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for record in records:
+        values = as_json(record)
+        writer.writerow([_csv_cell(values[name]) for name in CSV_COLUMNS])
+
+
+def _csv_cell(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 def _show(log, args) -> int:
