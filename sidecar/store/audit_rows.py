@@ -5,11 +5,12 @@ table with any SQL client and no code of ours."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from sidecar.audit.records import AuditEvent, AuditRecord
+from sidecar.audit.store import AuditQuery
 
 EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))
 JSON_COLUMNS = ("reasons", "error_codes", "fields", "detail")
@@ -51,3 +52,25 @@ def from_row(row: Sequence[Any]) -> AuditRecord:
             isinstance(value, list) else value
     seq, prev_hash, hash_ = values.pop("seq"), values.pop("prev_hash"), values.pop("hash")
     return AuditRecord(seq, AuditEvent.from_storage(**values), prev_hash, hash_)
+
+
+def filter_clauses(filters: AuditQuery, after_seq: int, *, mark: str,
+                   has_element: Callable[[str], str]) -> tuple[list[str], list[object]]:
+    """The WHERE clauses and values that every backend shares for a query: the page's
+    start, the equality filters and the list filters. `mark` is the placeholder, and
+    `has_element(column)` the backend's test that a JSON list column holds a value.
+    Column names come from the fixed lists above; values are always bound. Each backend
+    adds its own time window."""
+    clauses = [f"seq > {mark}"]
+    params: list[object] = [after_seq]
+    for name in (*EQUALITY_FILTERS, *UNINDEXED_FILTERS):
+        value = getattr(filters, name)
+        if value is not None:
+            clauses.append(f"{name} = {mark}")
+            params.append(value)
+    for name, column in LIST_FILTERS:
+        value = getattr(filters, name)
+        if value is not None:
+            clauses.append(has_element(column))
+            params.append(value)
+    return clauses, params

@@ -9,7 +9,34 @@ from collections.abc import Sequence
 from typing import Any
 
 from sidecar.store.approvals import ApprovalRecord
-from sidecar.store.ledger import CallEntry
+from sidecar.store.ledger import CallEntry, RecordedDecision
+
+# The columns `call_of` and `approval_of` read, in their order.
+CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
+                "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
+                "extra")
+APPROVAL_COLUMNS = (
+    "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
+    "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
+    "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
+    "run_tool_calls, approved_version")
+# The columns a new call's row is inserted with, in the order of `call_values`.
+CALL_INSERT_COLUMNS = ("tenant", "call_id", "request_id", "tool", "digest", "principal", "created_at", "decision",
+                       "decision_id", "policy_version", "reasons", "errors", "approval_id")
+
+
+def insert_call_sql(mark: str) -> str:
+    """The INSERT of a new call's row, with the backend's placeholder `mark`."""
+    marks = ", ".join([mark] * len(CALL_INSERT_COLUMNS))
+    return f"INSERT INTO calls ({', '.join(CALL_INSERT_COLUMNS)}) VALUES ({marks})"
+
+
+def call_values(entry: CallEntry, decided: RecordedDecision) -> tuple[Any, ...]:
+    """A new call's row, as `call_of` reads it back."""
+    return (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
+            entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
+            json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
+            decided.approval.approval_id if decided.approval is not None else "")
 
 
 def call_of(row: Sequence[Any]) -> CallEntry:

@@ -31,20 +31,13 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import COLUMNS, EQUALITY_FILTERS, LIST_FILTERS, UNINDEXED_FILTERS, from_row, to_row
+from sidecar.store.audit_rows import COLUMNS, filter_clauses, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
-from sidecar.store.rows import approval_of, call_of
+from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
 from sidecar.store.unit import ApprovalVerdict
 
-_CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
-                 "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
-                 "extra")
-_APPROVAL_COLUMNS = (
-    "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
-    "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
-    "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
-    "run_tool_calls, approved_version")
+_INSERT_CALL = insert_call_sql("%s")
 _AUDIT_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit_record"
 _AUDIT_INSERT = (f"INSERT INTO audit_record ({', '.join(COLUMNS)}) "
                  f"VALUES ({', '.join(['%s'] * len(COLUMNS))})")
@@ -78,7 +71,7 @@ class PgTransaction:
         return rows
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
-        row = self._one(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = %s AND call_id = %s", (tenant, call_id))
+        row = self._one(f"SELECT {CALL_COLUMNS} FROM calls WHERE tenant = %s AND call_id = %s", (tenant, call_id))
         return call_of(row) if row is not None else None
 
     def run_counts(self, entry: CallEntry) -> tuple[int, int]:
@@ -87,7 +80,7 @@ class PgTransaction:
         return int(row[0]), int(row[1])
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        row = self._one(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))
+        row = self._one(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))
         return approval_of(row) if row else None
 
     def count_pending_approvals(self, now: float) -> int:
@@ -97,23 +90,13 @@ class PgTransaction:
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
                        limit: int) -> list[ApprovalRecord]:
         where, args = approvals_filter(tenant=tenant, status=status, group=group, now=now, mark="%s")
-        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT %s"
+        sql = f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT %s"
         return [approval_of(r) for r in self._all(sql, (*args, limit))]
 
     def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
-        clauses = ["seq > %s"]
-        params: list[object] = [after_seq]
-        for name in (*EQUALITY_FILTERS, *UNINDEXED_FILTERS):  # column names from a fixed list, values bound
-            value = getattr(filters, name)
-            if value is not None:
-                clauses.append(f"{name} = %s")
-                params.append(value)
-        for name, column in LIST_FILTERS:
-            value = getattr(filters, name)
-            if value is not None:
-                # The column holds a JSON list of strings as text: `?` is jsonb's "has this element".
-                clauses.append(f"{column}::jsonb ? %s")
-                params.append(value)
+        # The list columns hold JSON text: `?` is jsonb's "has this element".
+        clauses, params = filter_clauses(filters, after_seq, mark="%s",
+                                         has_element=lambda column: f"{column}::jsonb ? %s")
         if filters.time_from is not None:
             clauses.append("time >= %s")
             params.append(filters.time_from)
@@ -138,14 +121,7 @@ class PgTransaction:
     # -- writes --
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
-        self._conn.execute(
-            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, decision, "
-            "decision_id, policy_version, reasons, errors, approval_id) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
-             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
-             decided.approval.approval_id if decided.approval is not None else ""))
+        self._conn.execute(_INSERT_CALL, call_values(entry, decided))
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
         inserted = self._conn.execute(
@@ -163,7 +139,7 @@ class PgTransaction:
 
     def create_approval(self, r: ApprovalRecord) -> None:
         self._conn.execute(
-            f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 29)})",
+            f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 29)})",
             (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
              r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
              r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,

@@ -15,8 +15,7 @@ from sidecar.store.audit_rows import COLUMNS as _COLUMNS
 from sidecar.store.audit_rows import EQUALITY_FILTERS as _EQUALITY_FILTERS
 from sidecar.store.audit_rows import EVENT_COLUMNS as _EVENT_COLUMNS
 from sidecar.store.audit_rows import JSON_COLUMNS as _JSON_COLUMNS
-from sidecar.store.audit_rows import LIST_FILTERS as _LIST_FILTERS
-from sidecar.store.audit_rows import UNINDEXED_FILTERS as _UNINDEXED_FILTERS
+from sidecar.store.audit_rows import filter_clauses
 
 SELECT = f"SELECT {', '.join(_COLUMNS)} FROM audit_record"
 INSERT = (f"INSERT INTO audit_record ({', '.join(_COLUMNS)}) "
@@ -94,21 +93,7 @@ _PLANNER_STATS = "\n".join([
 
 def build_query(filters: AuditQuery, after_seq: int, limit: int) -> tuple[str, list[Any]]:
     """The SELECT for `query`; column names come from a fixed list, values are bound."""
-    clauses = ["seq > ?"]
-    params: list[object] = [after_seq]
-    for name in (*_EQUALITY_FILTERS, *_UNINDEXED_FILTERS):
-        value = getattr(filters, name)
-        if value is not None:
-            clauses.append(f"{name} = ?")
-            params.append(value)
-    for name, column in _LIST_FILTERS:
-        value = getattr(filters, name)
-        if value is not None:
-            # A cell that is not JSON (edited outside this code) matches nothing rather
-            # than failing every query: `verify` is what names it.
-            clauses.append(f"EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid({column}) THEN {column} "
-                           f"ELSE '[]' END) WHERE value = ?)")
-            params.append(value)
+    clauses, params = filter_clauses(filters, after_seq, mark="?", has_element=_has_element)
     if filters.time_from is not None or filters.time_to is not None:
         # Always both bounds: the planner then treats the window as narrow and reads it
         # from the (tenant, time) or (time) index, instead of walking seq from the start
@@ -119,6 +104,13 @@ def build_query(filters: AuditQuery, after_seq: int, limit: int) -> tuple[str, l
     # a page is small and walks seq order rather than read a time window by its index.
     where = " AND ".join(clauses)
     return f"{SELECT} WHERE {where} ORDER BY seq LIMIT {int(limit)}", params
+
+
+def _has_element(column: str) -> str:
+    # A cell that is not JSON (edited outside this code) matches nothing rather than
+    # failing every query: `verify` is what names it.
+    return (f"EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid({column}) THEN {column} ELSE '[]' END) "
+            "WHERE value = ?)")
 
 
 def _or(value: float | None, default: float) -> float:

@@ -22,7 +22,7 @@ from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
 from sidecar.store.audit_rows import from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
-from sidecar.store.rows import approval_of, call_of
+from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
 from sidecar.store.rules import Store
 from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
 from sidecar.store.sqlite.base import WriteLock, sync_log
@@ -92,14 +92,7 @@ CREATE TABLE IF NOT EXISTS approvals (
 );
 CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
 """
-_CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
-                 "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
-                 "extra")
-_APPROVAL_COLUMNS = (
-    "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
-    "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
-    "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
-    "run_tool_calls, approved_version")
+_INSERT_CALL = insert_call_sql("?")
 # Columns added after the approvals table's first version: a database file created
 # before them gets them when it is opened.
 _ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
@@ -125,7 +118,7 @@ class SqliteTransaction:
         self._db = db
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
-        row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
+        row = self._db.execute(f"SELECT {CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
                                (tenant, call_id)).fetchone()
         return call_of(row) if row is not None else None
 
@@ -135,7 +128,7 @@ class SqliteTransaction:
         return int(calls), int(tool_calls)
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        row = self._db.execute(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
+        row = self._db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
                                (approval_id,)).fetchone()
         return approval_of(row) if row else None
 
@@ -147,7 +140,7 @@ class SqliteTransaction:
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
                        limit: int) -> list[ApprovalRecord]:
         where, args = approvals_filter(tenant=tenant, status=status, group=group, now=now, mark="?")
-        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT ?"
+        sql = f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY approval_id DESC LIMIT ?"
         return [approval_of(r) for r in self._db.execute(sql, (*args, limit)).fetchall()]
 
     def audit_query(self, filters: AuditQuery, *, limit: int, after_seq: int) -> list[AuditRecord]:
@@ -170,13 +163,7 @@ class SqliteTransaction:
     # -- writes --
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
-        self._db.execute(
-            "INSERT INTO calls (tenant, call_id, request_id, tool, digest, principal, created_at, decision, "
-            "decision_id, policy_version, reasons, errors, approval_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
-             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
-             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
-             decided.approval.approval_id if decided.approval is not None else ""))
+        self._db.execute(_INSERT_CALL, call_values(entry, decided))
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
         inserted = self._db.execute(
@@ -193,7 +180,7 @@ class SqliteTransaction:
 
     def create_approval(self, r: ApprovalRecord) -> None:
         self._db.execute(
-            f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 29)})",
+            f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 29)})",
             (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
              r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
              r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
