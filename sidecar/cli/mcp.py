@@ -11,7 +11,6 @@ The upstream is the words after the options: a URL (Streamable HTTP) or a comman
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import pathlib
 import sys
@@ -24,8 +23,7 @@ import yaml
 
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV
 from sidecar.errors import RequestError
-
-_LOOPBACK_NAMES = ("localhost",)
+from sidecar.service.loopback import is_loopback_host
 
 
 def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -72,9 +70,9 @@ def loopback_http(listen: str) -> tuple[str, int]:
     host = url.hostname or ""
     try:
         port = url.port
-        loopback = host in _LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
     except ValueError:
-        loopback, port = False, None
+        port = None
+    loopback = is_loopback_host(host)
     if url.scheme != "http" or not loopback or port is None:
         raise RequestError("--listen must be `stdio` or http://127.0.0.1:PORT (loopback only)")
     return host, port

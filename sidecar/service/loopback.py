@@ -14,12 +14,14 @@ import ipaddress
 
 from sidecar.errors import ToolAuthzError
 
-__all__ = ["address_host_header", "loopback_host", "loopback_host_header"]
+__all__ = ["address_host_header", "is_loopback_host", "loopback_host", "loopback_host_header"]
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """`localhost` (any case) or a loopback IP address; a host name that might resolve
+    anywhere is not."""
     if host.lower() in _LOOPBACK_NAMES:
         return True
     try:
@@ -36,7 +38,7 @@ def loopback_host(address: str) -> tuple[str, int]:
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ToolAuthzError(f"http_listen must be HOST:PORT, not `{address}`")
-    if not _is_loopback(host):
+    if not is_loopback_host(host):
         raise ToolAuthzError(
             f"http_listen `{address}` is not a loopback address: `http_listen` serves loopback only, "
             "since it authenticates no caller (use 127.0.0.1, ::1 or localhost, or `http_listeners` with "
@@ -49,13 +51,13 @@ def _host_of(value: str) -> str:
 
 
 def loopback_host_header(value: str) -> bool:
-    return _is_loopback(_host_of(value))
+    return is_loopback_host(_host_of(value))
 
 
 def address_host_header(value: str) -> bool:
     """A loopback name or an IP address: a `Host` no DNS name can be rebound to."""
     host = _host_of(value)
-    if _is_loopback(host):
+    if is_loopback_host(host):
         return True
     try:
         ipaddress.ip_address(host)
