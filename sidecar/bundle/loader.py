@@ -76,7 +76,6 @@ class Bundle:
     schema_text: str
     schema: cedarpy.Schema = field(repr=False)
     static_graph: StaticGraph = field(repr=False)  # entities.json
-    static_uids: frozenset[tuple[str, str]] = field(repr=False)
     approve: cedarpy.PolicySet | None = field(repr=False, default=None)  # who may approve
     approve_reach: frozenset[UID] = field(repr=False, default=frozenset())  # as ToolSlice.policy_reach
     # The entity types without the generated tool actions: what per-request entities are
@@ -169,7 +168,7 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
     slices = {name: _slice(tool, by_action, graph) for name, tool in tools.items()}
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
     return Bundle(root, version, time.time(), tuple(principal_types), slices,
-                  {i.policy_id: i for i in infos}, schema_text, schema, graph, graph.uids,
+                  {i.policy_id: i for i in infos}, schema_text, schema, graph,
                   policy_set(approvers) if approvers else None, _reach(graph, approvers), entity_schema,
                   runtime_groups=runtime_groups)
 
