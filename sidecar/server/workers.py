@@ -152,7 +152,9 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
             with _forwarded_signals(group):
                 with contextlib.ExitStack() as reserved:
                     resolved = tuple(_with_reserved_port(reserved, listener) for listener in listeners)
-                    http_listen = reserved.enter_context(_reserved_http_port(settings.http_listen))
+                    # Every worker binds the HTTP API's address too (SO_REUSEPORT), so the kernel
+                    # spreads HTTP connections over them as it does gRPC's.
+                    http_listen = _reserved_address(reserved, settings.http_listen) if settings.http_listen else ""
                     reserved_http = tuple(_with_reserved_port(reserved, listener)
                                           for listener in settings.http_listeners)
                     group.settings = worker_settings.model_copy(update={"http_listen": http_listen,
@@ -182,27 +184,19 @@ def _announce_metrics(settings: Settings, server: MetricsServer | None) -> None:
         print(f"toolauthz metrics on http://{host}:{server.port}/metrics", flush=True)
 
 
-@contextlib.contextmanager
-def _reserved_http_port(http_listen: str) -> Iterator[str]:
-    """The HTTP API's address for every worker: each one binds it with SO_REUSEPORT, as
-    it binds the gRPC address, so the kernel spreads HTTP connections over the workers
-    too and any worker answers (they share the ledger)."""
-    if not http_listen:
-        yield ""
-        return
-    host, port = split_listen(http_listen)
-    with _reserved_port(host, port) as port:
-        yield f"{host}:{port}"
-
-
 def _with_reserved_port(reserved: contextlib.ExitStack, listener: ListenerSettings) -> ListenerSettings:
     """The listener with its port held for the workers (port 0 resolved); a Unix socket
     listener as it is."""
     if listener.address.startswith(UNIX_PREFIX):
         return listener
-    host, port = split_listen(listener.address)
-    port = reserved.enter_context(_reserved_port(host, port))
-    return listener.model_copy(update={"address": f"{host}:{port}"})
+    return listener.model_copy(update={"address": _reserved_address(reserved, listener.address)})
+
+
+def _reserved_address(reserved: contextlib.ExitStack, address: str) -> str:
+    """`HOST:PORT` with its port held for the workers until `reserved` closes (port 0
+    resolved to the port chosen)."""
+    host, port = split_listen(address)
+    return f"{host}:{reserved.enter_context(_reserved_port(host, port))}"
 
 
 def _shown(address: str) -> str:
