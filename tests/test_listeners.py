@@ -33,10 +33,11 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.build import create_listener_server, create_server
 from sidecar.server.config import ListenerSettings, Settings
-from sidecar.server.listeners import planned_listeners, unauthenticated_notice
+from sidecar.server.listeners import parse_address, planned_listeners, unauthenticated_notice
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import UNAUTHENTICATED, Caller, caller_of
+from sidecar.service.loopback import is_loopback_host
 
 SPIFFE = "spiffe://acme.example/agent/support"
 NOW = datetime.datetime.now(datetime.UTC)
@@ -227,6 +228,16 @@ def test_a_plaintext_listener_off_loopback_refuses_to_start(sidecar, address):
         create_listener_server(sidecar, ListenerSettings(address=address))
     with pytest.raises(ToolAuthzError, match="off loopback without TLS"):
         planned_listeners(Settings(listen=address))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.9.9.9", "[::1]", "localhost", "LOCALHOST", "LocalHost",
+                                  "0.0.0.0", "[::]", "10.0.0.1", "localhost.example", "sidecar.example"])
+def test_the_listeners_and_the_http_api_agree_on_what_is_loopback(host):
+    # One rule (service/loopback.py): a gRPC listener and the HTTP API's Host check
+    # never disagree about whether an address may serve unauthenticated callers.
+    assert parse_address(f"{host}:50051").loopback == is_loopback_host(host.strip("[]"))
+    assert parse_address(f"{host}:50051").loopback == (host.strip("[]").lower() == "localhost"
+                                                      or host.startswith(("127.", "[::1]")))
 
 
 def test_a_plaintext_listener_off_loopback_starts_when_it_says_insecure(serve):

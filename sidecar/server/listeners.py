@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives import serialization
 from sidecar.errors import ToolAuthzError
 from sidecar.server.config import SERVICES, ListenerSettings, Service, Settings, TlsSettings
 from sidecar.service.callers import Transport
+from sidecar.service.loopback import is_loopback_host
 from sidecar.service.running import AioServer
 
 log = logging.getLogger("toolauthz.server")
@@ -64,13 +65,7 @@ class TcpAddress:
 
     @property
     def loopback(self) -> bool:
-        host = self.host.strip("[]")
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:  # a host name: it may resolve anywhere
-            return False
+        return is_loopback_host(self.host.strip("[]"))
 
 
 @dataclass(frozen=True)
