@@ -307,7 +307,10 @@ class Console:
                 approval_id, approver, verdict, reason, caller=f"console:{person.via}", id_token=person.id_token))
         except Exception as exc:  # noqa: BLE001 - shown on the approval's page, with its status
             failure = failure_of(exc, "console decide")
-            return await self.approval(visit, failure.message, failure.status.http_status)
+            try:
+                return await self.approval(visit, failure.message, failure.status.http_status)
+            except (ForbiddenError, NotFoundError):  # a page they may not see: the desk's answer alone
+                return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
         return RedirectResponse(f"/approvals/{approval_id}", 303)
 
     # -- audit ------------------------------------------------------------------------
