@@ -257,3 +257,11 @@ def test_serve_runs_the_console_beside_its_grpc_listener(sidecar):
     finally:
         srv.stop(None)
     assert (sidecar.settings.data_dir / "console-secret").stat().st_mode & 0o077 == 0
+
+
+def test_an_oversized_form_is_refused_as_a_bad_request(sidecar, console):
+    client = browser(console)
+    token = csrf_of(client.get("/signin").text)
+    fields = {f"f{i}": "x" for i in range(40)}
+    answer = client.post("/signin", data={"csrf_token": token, **fields})
+    assert answer.status_code == 400

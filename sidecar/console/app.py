@@ -188,6 +188,8 @@ class Console:
                 if auditor and not self.is_auditor(visit.person):
                     raise ForbiddenError("the audit pages are for auditors (console.auditor_groups)")
                 response = await handler(self, visit)
+            except HTTPException as exc:  # Starlette's own refusals, e.g. a form with too many fields
+                response = self.render(visit, "error.html", {"message": str(exc.detail)}, exc.status_code)
             except Exception as exc:  # noqa: BLE001 - the boundary: every error becomes a page
                 failure = failure_of(exc, f"console {request.url.path}")
                 response = self.render(visit, "error.html", {"message": failure.message},
