@@ -71,3 +71,11 @@ def test_a_bad_or_expired_id_token_signs_nobody_in(sidecar, clock):
 def test_with_approvers_proven_by_id_tokens_the_console_must_sign_in_with_them(settings):
     with pytest.raises(ValidationError, match="console.sign_in must be `oidc`"):
         Settings.model_validate({**settings.model_dump(), "console_listen": "127.0.0.1:0"})
+
+
+def test_an_id_token_too_large_for_a_cookie_is_refused_at_sign_in(sidecar):
+    client = browser(oidc_console(sidecar))
+    large = id_token(groups=[f"group-{i:04d}" for i in range(250)])
+    refused = post_form(client, "/signin", "/signin", id_token=large)
+    assert refused.status_code == 403 and "Authorization: Bearer" in refused.text
+    assert client.get("/inbox", headers={"Authorization": f"Bearer {large}"}).status_code == 200
