@@ -11,7 +11,8 @@ the answers back to the loop in one wake-up per batch.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
-awaiting coroutine).
+awaiting coroutine). A group job (`answer_group`, AuthorizeBatch) returns many plans,
+which always run in the same `run_many`, so their writes share one transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.authorizer import Authorizer, Plan
@@ -30,10 +31,11 @@ log = logging.getLogger("toolauthz.pump")
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop")
+    __slots__ = ("make_plan", "future", "loop", "group")
 
-    def __init__(self, make_plan: Callable[[], Plan], future: asyncio.Future, loop: asyncio.AbstractEventLoop):
-        self.make_plan, self.future, self.loop = make_plan, future, loop
+    def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
+                 group: bool = False):
+        self.make_plan, self.future, self.loop, self.group = make_plan, future, loop, group
 
 
 class DecisionPump:
@@ -51,12 +53,23 @@ class DecisionPump:
 
     async def answer(self, make_plan: Callable[[], Plan]) -> Any:
         """`make_plan()` is called on the pump's thread; returns the plan's answer."""
+        return await self._queued(make_plan, group=False)
+
+    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]]) -> list[Any]:
+        """`make_plans()` is called on the pump's thread and gives each member's plan, or
+        the exception that member failed with; returns each member's answer or exception,
+        in order. The members' plans run in one `run_many`: one transaction. An exception
+        `make_plans` raises is raised here, for the whole group."""
+        answers: list[Any] = await self._queued(make_plans, group=True)
+        return answers
+
+    async def _queued(self, make: Callable[[], Any], *, group: bool) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._cond:
             if self._closed:
                 raise StoreUnavailable("the decision pump is closed")
-            self._jobs.append(_Job(make_plan, future, loop))
+            self._jobs.append(_Job(make, future, loop, group))
             self._cond.notify()
         return await future
 
@@ -103,15 +116,28 @@ class DecisionPump:
 
     def _answers(self, batch: list[_Job]) -> list[Any]:
         answers: list[Any] = [None] * len(batch)
-        plans, planned = [], []
+        plans: list[Plan] = []
+        planned: list[tuple[int, int | None]] = []  # each plan's job, and its place in a group job
         for i, job in enumerate(batch):
             try:
-                plans.append(job.make_plan())
-                planned.append(i)
+                made = job.make_plan()
             except Exception as exc:  # noqa: BLE001 - this request's answer
                 answers[i] = exc
-        for i, answer in zip(planned, self._authorizer.run_many(plans), strict=True):
-            answers[i] = answer
+                continue
+            if not job.group:
+                plans.append(made)
+                planned.append((i, None))
+                continue
+            answers[i] = members = list(made)  # a member that failed planning keeps its exception
+            for place, member in enumerate(members):
+                if isinstance(member, Plan):
+                    plans.append(member)
+                    planned.append((i, place))
+        for (i, m), answer in zip(planned, self._authorizer.run_many(plans), strict=True):
+            if m is None:
+                answers[i] = answer
+            else:
+                answers[i][m] = answer
         return answers
 
     @staticmethod

@@ -48,6 +48,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
+from sidecar.batch import DEFAULT_LIMITS, BatchLimits
 from sidecar.digest import MAX_DEPTH
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
@@ -123,8 +124,9 @@ class HttpApi:
     """The Starlette application; one per sidecar process, on the gRPC server's loop."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, *, gate: Gate,
-                 max_body_bytes: int, max_concurrent: int):
+                 max_body_bytes: int, max_concurrent: int, batch_limits: BatchLimits = DEFAULT_LIMITS):
         self._authorizer = authorizer
+        self._batch_limits = batch_limits
         # The caller is the one the connection's listener proved (see the module's doc).
         self._gate = replace(gate, callers=lambda request: peer_of(request).caller)
         self._pump = pump
