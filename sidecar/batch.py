@@ -52,15 +52,20 @@ class BatchCall:
         return len(self.call.input_json) + len(self.entities_json)
 
 
+def check_count(count: int, limits: BatchLimits) -> None:
+    """How many calls a batch holds; a transport checks it before converting the calls."""
+    if not count:
+        raise RequestError("a batch needs at least one call")
+    if count > limits.max_calls:
+        raise RequestError(f"a batch holds at most {limits.max_calls} calls, not {count}")
+
+
 def check_batch(ctx: TrustedContext, calls: Sequence[BatchCall], limits: BatchLimits) -> None:
     """The batch's envelope; raises RequestError for the whole batch."""
     ctx.check()
     if ctx.entities_json:
         raise RequestError("a batch's context carries no entities: give each call its own `entities_json`")
-    if not calls:
-        raise RequestError("a batch needs at least one call")
-    if len(calls) > limits.max_calls:
-        raise RequestError(f"a batch holds at most {limits.max_calls} calls, not {len(calls)}")
+    check_count(len(calls), limits)
     if sum(item.size for item in calls) > limits.max_bytes:
         raise RequestError(f"a batch's arguments and entities hold at most {limits.max_bytes} bytes")
     seen: set[str] = set()

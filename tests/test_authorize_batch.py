@@ -234,3 +234,16 @@ def test_a_batch_is_one_run_of_one_tenant_by_its_shape(stub, sidecar):
     alone = stub.Authorize(make_request(tenant="globex", call_id="g2"))
     assert (answer.decision, list(answer.reasons)) == (alone.decision, list(alone.reasons))
     assert sidecar.ledger.get("globex", "g1") is not None and sidecar.ledger.get("acme", "g1") is None
+
+
+def test_a_flood_of_calls_is_refused_before_any_call_is_read(stub, sidecar, monkeypatch):
+    import sidecar.service.authorizer as handlers
+
+    def never(_msg):
+        raise AssertionError("a call of a refused batch was converted")
+
+    monkeypatch.setattr(handlers, "batch_call", never)
+    flood = batch(*(pb.BatchCall(call=pb.ToolCall(call_id=f"f{i}")) for i in range(20_000)))
+    details = refused_with(stub.AuthorizeBatch, flood, grpc.StatusCode.INVALID_ARGUMENT)
+    assert details == "a batch holds at most 64 calls, not 20000"
+    assert sidecar.audit_log.head()[0] == 0

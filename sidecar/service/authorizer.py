@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
-from sidecar.batch import DEFAULT_LIMITS, BatchLimits, plan_batch
+from sidecar.batch import DEFAULT_LIMITS, BatchLimits, check_count, plan_batch
 from sidecar.errors import RequestError
 from sidecar.model import Decision, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -92,10 +92,11 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
     async def AuthorizeBatch(self, request: pb.AuthorizeBatchRequest, context) -> pb.AuthorizeBatchResponse:
         started = time.perf_counter()
         with tracing.rpc_span("AuthorizeBatch", lambda: context.invocation_metadata()) as span:
-            ctx, calls = trusted_context(request.context), [batch_call(c) for c in request.calls]
-            gone = threading.Event()
+            ctx, limits, gone = trusted_context(request.context), self._batch_limits, threading.Event()
             access = await self._gate.admit_async(context, "AuthorizeBatch", _about(ctx, ""))
-            wanted, caller, limits = still_wanted(context, gone), access.caller.id, self._batch_limits
+            check_count(len(request.calls), limits)  # before converting what may be a flood of calls
+            calls = [batch_call(c) for c in request.calls]
+            wanted, caller = still_wanted(context, gone), access.caller.id
             trace = tracing.current()
 
             def plans():
