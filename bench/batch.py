@@ -2,7 +2,9 @@
 decision of a model turn's parallel tool calls (4 by default), through the gRPC handlers
 (called directly with a stand-in context, request message in, response out) and the
 real decision pump, on one event loop. CPU time of the whole process (the pump's thread
-included), so that other load on a shared machine does not count.
+included), so that other load on a shared machine does not count. `run_served` (and
+`python -m bench.batch`) also measures a served sidecar: the CPU of its process, gRPC
+included.
 
     singles, one after another   4 x await Authorize: 4 pump hand-offs, 4 commits
     singles, 4 at once           gather(4 x Authorize): as a runtime firing them together
@@ -159,6 +161,68 @@ def run_batch(bundle: pathlib.Path, *, tools: int, turns: int, per_turn: int = 4
     return result
 
 
+def run_served(bundle: pathlib.Path, *, tools: int, turns: int, per_turn: int = 4, rounds: int = 3,
+               data_root: str | None = None) -> dict:
+    """The same comparison against a served sidecar (its own process, over 127.0.0.1):
+    the server process's CPU per decision, gRPC's transport and (de)serialization
+    included; the client is this process."""
+    import grpc
+
+    from bench import servers
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+    with tempfile.TemporaryDirectory(prefix="bench-batch-served-", dir=data_root) as tmp:
+        server = servers.start_sidecar({"bundle": str(bundle), "data_dir": str(pathlib.Path(tmp) / "data"),
+                                        "listen": "127.0.0.1:0", "tokens": {"lifetime_seconds": 600}})
+        try:
+            with grpc.insecure_channel(server.address) as channel:
+                stub = pb_grpc.ToolAuthorizerStub(channel)
+
+                def single(ctx, call, entities) -> pb.AuthorizeRequest:
+                    msg = pb.TrustedContext()
+                    msg.CopyFrom(ctx)
+                    msg.entities_json = entities
+                    return pb.AuthorizeRequest(context=msg, call=call)
+
+                def one_after_another(turn) -> list[int]:
+                    return [stub.Authorize(single(*item), timeout=30).decision for item in turn]
+
+                def at_once(turn) -> list[int]:
+                    pending = [stub.Authorize.future(single(*item), timeout=30) for item in turn]
+                    return [f.result().decision for f in pending]
+
+                def batch(turn) -> list[int]:
+                    request = pb.AuthorizeBatchRequest(context=turn[0][0], calls=[
+                        pb.BatchCall(call=call, entities_json=entities) for _ctx, call, entities in turn])
+                    return [a.response.decision for a in stub.AuthorizeBatch(request, timeout=30).answers]
+
+                measured: dict[str, list[dict]] = {}
+                for r in range(rounds):
+                    for m, (mode, run) in enumerate(zip(MODES, (one_after_another, at_once, batch), strict=True)):
+                        all_turns = _turns(turns + 1, per_turn, tools, f"s{r}{m}")
+                        run(all_turns[0])  # warm
+                        decisions, wall = [], []
+                        cpu = server.cpu_seconds()
+                        for turn in all_turns[1:]:
+                            began = time.perf_counter_ns()
+                            decisions += run(turn)
+                            wall.append(time.perf_counter_ns() - began)
+                        cpu = server.cpu_seconds() - cpu
+                        measured.setdefault(mode, []).append({
+                            "decisions": len(decisions), "allowed": decisions.count(pb.ALLOW),
+                            "cpu_us_per_decision": cpu * 1e6 / len(decisions),
+                            "wall_ms_per_turn_p50": statistics.median(wall) / 1e6})
+        finally:
+            server.stop()
+    rows = {}
+    for mode, runs in measured.items():
+        rows[mode] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        rows[mode]["decisions"] = sum(r["decisions"] for r in runs)
+        rows[mode]["allowed"] = sum(r["allowed"] for r in runs)
+    return {"per_turn": per_turn, "rounds": rounds, "modes": rows}
+
+
 def render(result: dict, policies: int) -> list[str]:
     modes = result["modes"]
     base = modes[MODES[0]]["cpu_us_per_decision"]
@@ -170,6 +234,14 @@ def render(result: dict, policies: int) -> list[str]:
         row = modes[mode]
         lines.append(f"  {mode:28} {row['cpu_us_per_decision']:>15.0f} {row['cpu_us_per_decision'] / base:>10.2f} "
                      f"{row['wall_ms_per_turn_p50']:>11.2f} {row['commits_per_turn']:>12.2f}")
+    served = result.get("served")
+    if served:
+        base = served["modes"][MODES[0]]["cpu_us_per_decision"]
+        lines.append("  served (a sidecar process over 127.0.0.1; CPU of the server process):")
+        for mode in MODES:
+            row = served["modes"][mode]
+            lines.append(f"  {mode:28} {row['cpu_us_per_decision']:>15.0f} "
+                         f"{row['cpu_us_per_decision'] / base:>10.2f} {row['wall_ms_per_turn_p50']:>11.2f}")
     return lines
 
 
@@ -188,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="toolauthz-bench-batch-")
     try:
         bundle = bundles.generate_bundle(pathlib.Path(root) / "bundle", args.policies)
-        result = run_batch(bundle, tools=bundles.tool_count(args.policies), turns=args.turns,
-                           per_turn=args.per_turn, rounds=args.rounds, data_root=root)
+        options = {"tools": bundles.tool_count(args.policies), "turns": args.turns, "per_turn": args.per_turn,
+                   "rounds": args.rounds, "data_root": root}
+        result = run_batch(bundle, **options)
+        result["served"] = run_served(bundle, **options)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print("\n".join(render(result, args.policies)))
