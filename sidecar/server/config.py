@@ -48,8 +48,9 @@ class ApprovalSettings(_Strict):
 
 class BatchSettings(_Strict):
     # AuthorizeBatch: the most calls in one batch, and the most bytes their arguments and
-    # entities may hold together; beyond either, the batch is INVALID_ARGUMENT.
-    max_calls: int = Field(DEFAULT_MAX_CALLS, ge=1, le=1024)
+    # entities may hold together; beyond either, the batch is INVALID_ARGUMENT. At most 256,
+    # the most plans the decision pump runs together: a batch always commits in one transaction.
+    max_calls: int = Field(DEFAULT_MAX_CALLS, ge=1, le=256)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024)
 
     def limits(self) -> BatchLimits:

@@ -12,7 +12,9 @@ the answers back to the loop in one wake-up per batch.
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
 awaiting coroutine). A group job (`answer_group`, AuthorizeBatch) returns many plans,
-which always run in the same `run_many`, so their writes share one transaction.
+which always run in the same `run_many`, so their writes share one transaction: a batch
+takes jobs up to `max_batch` plans (a group counts its members), the most the ledger's
+group commit puts in one transaction.
 """
 
 from __future__ import annotations
@@ -26,20 +28,21 @@ from typing import Any
 
 from sidecar.authorizer import Authorizer, Plan
 from sidecar.errors import StoreUnavailable
+from sidecar.store.group_commit import MAX_BATCH
 
 log = logging.getLogger("toolauthz.pump")
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop", "group")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans")
 
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
-                 group: bool = False):
-        self.make_plan, self.future, self.loop, self.group = make_plan, future, loop, group
+                 group: bool = False, plans: int = 1):
+        self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
 
 
 class DecisionPump:
-    def __init__(self, authorizer: Authorizer, *, max_batch: int = 256):
+    def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH):
         self._authorizer = authorizer
         self._max_batch = max_batch
         self._jobs: deque[_Job] = deque()
@@ -53,25 +56,26 @@ class DecisionPump:
 
     async def answer(self, make_plan: Callable[[], Plan]) -> Any:
         """`make_plan()` is called on the pump's thread; returns the plan's answer."""
-        return await self._queued(make_plan, group=False)
+        loop = asyncio.get_running_loop()
+        return await self._queued(_Job(make_plan, loop.create_future(), loop))
 
-    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]]) -> list[Any]:
-        """`make_plans()` is called on the pump's thread and gives each member's plan, or
-        the exception that member failed with; returns each member's answer or exception,
-        in order. The members' plans run in one `run_many`: one transaction. An exception
-        `make_plans` raises is raised here, for the whole group."""
-        answers: list[Any] = await self._queued(make_plans, group=True)
+    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]], members: int) -> list[Any]:
+        """`make_plans()` is called on the pump's thread and gives each of the `members`
+        plans, or the exception that member failed with; returns each member's answer or
+        exception, in order. The members' plans run in one `run_many`: one transaction
+        while `members` is at most `max_batch`. An exception `make_plans` raises is raised
+        here, for the whole group."""
+        loop = asyncio.get_running_loop()
+        answers: list[Any] = await self._queued(_Job(make_plans, loop.create_future(), loop, True, members))
         return answers
 
-    async def _queued(self, make: Callable[[], Any], *, group: bool) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+    async def _queued(self, job: _Job) -> Any:
         with self._cond:
             if self._closed:
                 raise StoreUnavailable("the decision pump is closed")
-            self._jobs.append(_Job(make, future, loop, group))
+            self._jobs.append(job)
             self._cond.notify()
-        return await future
+        return await job.future
 
     @property
     def batches(self) -> int:
@@ -102,7 +106,11 @@ class DecisionPump:
                 self._cond.wait_for(lambda: self._jobs or self._closed)
                 if not self._jobs:
                     return  # closed and drained
-                batch = [self._jobs.popleft() for _ in range(min(len(self._jobs), self._max_batch))]
+                batch = [self._jobs.popleft()]
+                plans = batch[0].plans  # then as many jobs as fit in one transaction with it
+                while self._jobs and plans + self._jobs[0].plans <= self._max_batch:
+                    plans += self._jobs[0].plans
+                    batch.append(self._jobs.popleft())
             try:
                 answers = self._answers(batch)
             except BaseException as exc:  # never leave a caller waiting

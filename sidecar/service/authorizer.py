@@ -104,7 +104,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                     return plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)
 
             try:
-                settled = settle_batch(await self._pump.answer_group(plans))
+                settled = settle_batch(await self._pump.answer_group(plans, len(calls)))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: decisions still to be made get no token
                 raise

@@ -202,7 +202,7 @@ class HttpApi:
                 return not gone.is_set()
 
             answers = settle_batch(await self._pump.answer_group(
-                lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)))
+                lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller), len(calls)))
         return JSONResponse({"answers": [
             {"error": {"code": a.status.name, "message": a.message}} if isinstance(a, Failure)
             else {"response": authorize_json(a)} for a in answers]})
