@@ -13,6 +13,7 @@ Measured (closed loop: N calls in flight from separate client processes):
   Verify      tokens minted by Authorize before the timed phase, each verified once
   workers     `python -m sidecar.server.workers --workers N` (SO_REUSEPORT), against N no-op servers
   in-process  Authorizer.authorize called directly, and engine.decide alone
+  batch       AuthorizeBatch of 4 calls against 4 single Authorize calls, CPU per decision (bench/batch.py)
   open loop   Authorize at a fixed offered rate, latency from each call's due time
 and then the audit trail of every sidecar is checked: one record per response.
 Every load targets 127.0.0.1, is bounded in calls and seconds, and stops by itself.
@@ -34,10 +35,10 @@ from dataclasses import asdict, dataclass, field, replace
 if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import bundles, inproc, load, pki, servers, stats
+from bench import batch, bundles, inproc, load, pki, servers, stats
 from sidecar.server.config import DATABASE_FILE
 
-PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc"})
+PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc", "batch"})
 TARGET_THROUGHPUT_RATIO = 0.5
 TARGET_COST_RATIO = 1.3
 TARGET_OPEN_P99_MS = 5.0
@@ -85,6 +86,7 @@ class Results:
     inproc: list = field(default_factory=list)
     startup: list = field(default_factory=list)
     profile: dict | None = None
+    batch: dict | None = None
     targets: list = field(default_factory=list)
 
     def find(self, **match) -> dict | None:
@@ -345,6 +347,11 @@ class Bench:
             self.workers()
         if "inproc" in phases:
             self.in_process(profile)
+        if "batch" in phases:
+            turns = 300 if self.plan.mode == "full" else 5
+            self.results.batch = {"policies": self.default_size, **batch.run_batch(
+                self.bundles[self.default_size], tools=bundles.tool_count(self.default_size), turns=turns,
+                data_root=str(self.root))}
         self.targets()
         return self.results
 
@@ -399,6 +406,8 @@ def render(results: Results) -> str:
                          f"{a1['p50_ms']:>16.2f} {a1['p99_ms']:>7.2f} {a1['throughput_per_s']:>7.0f} "
                          f"{a1['cpu_ms_per_call']:>7.2f} {an['throughput_per_s']:>18.0f} {an['p99_ms']:>8.2f} "
                          f"{an['cpu_ms_per_call']:>7.2f}")
+    if results.batch:
+        lines += ["", *batch.render(results.batch, results.batch["policies"])]
     if results.startup:
         lines += ["", "startup (process start to serving): " + ", ".join(
             f"{s['policies']} policies / {s['workers']} worker(s) {s['seconds']:.1f} s" for s in results.startup)]

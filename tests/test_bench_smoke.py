@@ -51,6 +51,11 @@ def test_every_measurement_is_reported(quick_run):
         assert row["decision"] == "ALLOW"
         assert LATENCY_FIELDS | {"cpu_ms_per_call"} <= set(row["decide"])
         assert LATENCY_FIELDS | {"cpu_ms_per_call", "throughput_per_s"} <= set(row["authorizer_4"])
+    modes = results["batch"]["modes"]
+    assert list(modes) == ["singles, one after another", "singles, 4 at once", "batch"]
+    for row in modes.values():
+        assert row["decisions"] == row["allowed"] > 0 and row["cpu_us_per_decision"] > 0
+    assert modes["batch"]["commits_per_turn"] == 1
     stages = {s["stage"] for s in results["profile"]["stages"]}
     assert {"authorizer: plan + run", "Cedar evaluate", "token issue (PASETO, Ed25519)"} <= stages
 

@@ -21,6 +21,7 @@ from sidecar.client import (
     RetryPolicy,
     TrustedContext,
 )
+from sidecar.client import _convert as cv
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
@@ -115,9 +116,15 @@ def test_every_rpc_of_the_three_services_with_a_deadline_on_each(client, recorde
         [r.kind for r in client.query_decisions(tenant="acme")]
     assert client.query_decisions(kind="approval", result="APPROVE")[0].approver == 'User::"bob"'
 
+    first, second = client.authorize_batch(ALICE, [call("toolu_3"), call("bad id")],
+                                           entities=[[order_entity("ord_1", "alice")], None])
+    assert first.response.decision == pb.ALLOW and first.response.token
+    assert (second.WhichOneof("answer"), second.error.code) == ("error", "INVALID_ARGUMENT")
+    assert client.verify(first.response.token, alice(), call("toolu_3")).valid
+
     methods = {m for m, _ in recorder.calls}
-    assert methods == {"GetStatus", "GetKeys", "Authorize", "Verify", "ReportOutcome", "ListApprovals",
-                       "WatchApproval", "DecideApproval", "GetApproval", "QueryDecisions"}
+    assert methods == {"GetStatus", "GetKeys", "Authorize", "AuthorizeBatch", "Verify", "ReportOutcome",
+                       "ListApprovals", "WatchApproval", "DecideApproval", "GetApproval", "QueryDecisions"}
     assert all(timeout is not None and 0 < timeout <= 10 for _, timeout in recorder.calls)
 
 
@@ -137,11 +144,13 @@ def test_verify_is_never_retried_and_authorize_at_most_once(dead, recorder):
     with pytest.raises(grpc.RpcError):
         dead.authorize(alice(), call())
     with pytest.raises(grpc.RpcError):
+        dead.authorize_batch(ALICE, [call()])
+    with pytest.raises(grpc.RpcError):
         dead.decide_approval("a1", BOB, "approve")
     with pytest.raises(grpc.RpcError):
         dead.report_outcome(ALICE, "toolu_1", "failed", error_code="denied")
-    assert (recorder.count("Verify"), recorder.count("Authorize"), recorder.count("DecideApproval"),
-            recorder.count("ReportOutcome")) == (1, 2, 1, 3)
+    assert (recorder.count("Verify"), recorder.count("Authorize"), recorder.count("AuthorizeBatch"),
+            recorder.count("DecideApproval"), recorder.count("ReportOutcome")) == (1, 2, 2, 1, 3)
 
 
 def test_the_deadline_bounds_the_whole_call_retries_included(recorder, dead_port):
@@ -178,6 +187,9 @@ class LosingProxy(pb_grpc.ToolAuthorizerServicer):
 
     def Authorize(self, request, context):
         return self._forward("Authorize", request, context)
+
+    def AuthorizeBatch(self, request, context):
+        return self._forward("AuthorizeBatch", request, context)
 
     def Verify(self, request, context):
         return self._forward("Verify", request, context)
@@ -217,6 +229,18 @@ def test_authorize_retried_after_a_lost_response_replays_the_same_decision(proxy
         assert client.verify(response.token, alice(), call()).valid
 
 
+def test_a_batch_retried_after_a_lost_response_replays_every_decision(proxy, sidecar):
+    servicer, client = proxy({"AuthorizeBatch"})
+    with client:
+        answers = client.authorize_batch(ALICE, [call("toolu_1"), call("toolu_2", LARGE)],
+                                         entities=[[order_entity("ord_1", "alice")]] * 2)
+        assert servicer.seen == ["AuthorizeBatch", "AuthorizeBatch"]
+        assert [a.response.replayed for a in answers] == [True, True]
+        assert [a.response.decision_id for a in answers] == \
+            [sidecar.ledger.get("acme", c).decision_id for c in ("toolu_1", "toolu_2")]
+        assert client.verify(answers[0].response.token, alice(), call()).valid
+
+
 def test_report_outcome_retried_after_a_lost_response_gets_the_first_answer(proxy, sidecar):
     servicer, client = proxy({"ReportOutcome"})
     with client:
@@ -250,6 +274,18 @@ def test_offline_verification_checks_the_call_but_not_single_use(client, clock):
     assert client.verify(allowed.token, alice(), call()).code == "already_used"  # ...single use needs Verify
 
 
+def test_a_batchs_entities_go_with_its_calls():
+    request = cv.batch_request(ALICE, [call("c1"), pb.BatchCall(call=call("c2").to_proto(), entities_json=b"[]")],
+                               [[order_entity("ord_1", "alice")], None])
+    assert request.context.entities_json == b""
+    assert json.loads(request.calls[0].entities_json) == [order_entity("ord_1", "alice")]
+    assert request.calls[1].entities_json == b"[]"
+    with pytest.raises(ValueError):
+        cv.batch_request(ALICE, [call("c1")], [None, None])
+    with pytest.raises(ValueError):
+        cv.batch_request(ALICE, [pb.BatchCall(call=call("c2").to_proto())], [[order_entity("ord_1", "alice")]])
+
+
 def test_arguments_are_checked_before_sending():
     with pytest.raises(ValueError):
         AuthzClient("127.0.0.1:1", timeout=0)
@@ -264,6 +300,9 @@ def test_async_client_happy_path_over_every_service(server, sidecar):
         async with AsyncAuthzClient(f"127.0.0.1:{server[1]}", timeout=3, retry=FAST) as client:
             assert (await client.get_status()).policy_version
             assert (await client.get_keys()).keys
+            [batched] = await client.authorize_batch(ALICE, [call("toolu_b")],
+                                                     entities=[[order_entity("ord_1", "alice")]])
+            assert batched.response.decision == pb.ALLOW and batched.response.token
             allowed = await client.authorize(alice(), call())
             assert allowed.decision == pb.ALLOW
             assert (await client.verify(allowed.token, alice(), call())).valid

@@ -234,3 +234,68 @@ def test_with_callers_configured_the_unauthenticated_http_api_may_fetch_keys_alo
     finally:
         server.stop(None).wait()
         sidecar.close()
+
+
+# -- AuthorizeBatch ------------------------------------------------------------------------
+
+def _batch_body(ctx: Context, *members: tuple[Call, list | None]) -> bytes:
+    """A batch body with each call's input spliced in as the bytes the model wrote."""
+    calls = []
+    for call, entities in members:
+        head = json.dumps({"call_id": call.call_id, "name": call.name})[:-1]
+        item = f'{{"call": {head}, "input": '.encode() + call.input + b"}"
+        if entities is not None:
+            item += b', "entities": ' + json.dumps(entities).encode()
+        calls.append(item + b"}")
+    context = json.dumps({"context": {k: v for k, v in ctx.as_json().items() if k != "entities"}})[:-1]
+    return context.encode() + b', "calls": [' + b", ".join(calls) + b"]}"
+
+
+def test_a_raw_member_inside_an_array_is_the_exact_bytes_received():
+    from sidecar.service.json_body import ANY_ITEM
+
+    spelled = b'{ "b" : 1.0,\n "a":1e2 }'
+    body = b'{"calls": [{"call": {"input": ' + spelled + b'}}, {"call": {"input": [1e2]}}], "n": [1.0]}'
+    members = parse_body(body, raw=frozenset({("calls", ANY_ITEM, "call", "input")}), max_depth=10)
+    assert members == {"calls": [{"call": {"input": RawJson(spelled)}}, {"call": {"input": RawJson(b"[1e2]")}}],
+                       "n": [1.0]}
+    with pytest.raises(RequestError, match="duplicate key `x` in the request body at `/calls/1/call`"):
+        parse_body(b'{"calls": [{}, {"call": {"x": 1, "x": 2}}]}',
+                   raw=frozenset({("calls", ANY_ITEM, "call", "input")}), max_depth=10)
+
+
+def test_a_batch_over_http_answers_each_call_as_authorize_does(http, sidecar):
+    spelled = b'{ "amount_cents":1500, "order_id" : "ord_1"}'
+    refund, large = Call("b1", "issue_refund", spelled), Call("b3", "issue_refund", b'{"order_id": "ord_1", '
+                                                                                       b'"amount_cents": 6000}')
+    own = [order_entity("ord_1", "alice")]
+    body = _batch_body(Context(), (refund, own), (Call("bad id", "issue_refund", spelled), own), (large, own))
+    assert http._schemas.request_is_valid("POST", "/v1/authorize-batch",
+                                          json.loads(_batch_body(Context(), (refund, own), (large, own))))
+    status, answer = http.exchange("POST", "/v1/authorize-batch", body)
+    http._schemas.check_response("POST", "/v1/authorize-batch", status, answer)
+    allowed, bad, pending = answer["answers"]
+    assert (allowed["response"]["decision"], pending["response"]["decision"]) == ("ALLOW", "APPROVAL_REQUIRED")
+    assert bad == {"error": {"code": "INVALID_ARGUMENT",
+                             "message": "call_id must match `^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}\\Z`"}}
+    # The arguments' bytes reached the digest as sent: Verify with the same bytes accepts the token.
+    assert http.verify(allowed["response"]["token"], ALICE, refund).valid
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="b1", kind="authorize"), limit=10)
+    assert record.event.decision_id == allowed["response"]["decision_id"]
+
+
+def test_a_refused_batch_over_http_is_400_and_decides_nothing(http, sidecar):
+    own = [order_entity("ord_1", "alice")]
+    cases = [
+        _batch_body(Context(), (REFUND, own), (REFUND, own)),  # a call id twice
+        _batch_body(Context()),  # no calls
+        _batch_body(Context(), (REFUND, own)).replace(b'"calls": [', b'"context2": 1, "calls": ['),
+        _batch_body(Context(), (REFUND, own)).replace(b'"request_id": "run-1"',
+                                                      b'"request_id": "run-1", "entities": []'),
+        b'{"context": ' + json.dumps(Context().as_json()).encode() + b', "calls": {}}',
+    ]
+    for body in cases:
+        status, answer = http.exchange("POST", "/v1/authorize-batch", body)
+        http._schemas.check_response("POST", "/v1/authorize-batch", status, answer)
+        assert (status, answer["error"]["code"]) == (400, "INVALID_ARGUMENT"), (body, answer)
+    assert sidecar.audit_log.query(AuditQuery(), limit=10) == []

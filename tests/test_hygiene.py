@@ -65,6 +65,7 @@ MALFORMED = b"\xff\xff\xff\xff"
 
 
 @pytest.mark.parametrize("method", ["/toolauthz.v1.ToolAuthorizer/Authorize", "/toolauthz.v1.ToolAuthorizer/Verify",
+                                    "/toolauthz.v1.ToolAuthorizer/AuthorizeBatch",
                                     "/toolauthz.v1.ToolAuthorizer/ReportOutcome",
                                     "/toolauthz.v1.ToolAuthorizer/GetKeys",
                                     "/toolauthz.v1.Approvals/GetApproval", "/toolauthz.v1.Approvals/DecideApproval"])

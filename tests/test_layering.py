@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Storage writes audit records in the ledger's own transaction, so it knows the
     # audit trail's records and chain; audit/ never knows storage.
     ("store", frozenset({"sidecar.store"})),
-    ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer"})),
+    ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
+                                         "sidecar.batch"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
     # hand their work to it, so it sits below the service although server/ holds it.
     ("decision pump", frozenset({"sidecar.server.pump"})),

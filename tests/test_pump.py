@@ -170,3 +170,53 @@ def test_close_answers_what_is_queued_then_refuses(sidecar):
 
     assert asyncio.run(main()).decision is Decision.ALLOW
     assert sidecar.ledger.get("acme", "late") is None
+
+
+def test_a_group_runs_in_one_batch_and_a_batch_takes_no_more_plans_than_fit_one_transaction(sidecar, monkeypatch):
+    """With room for 4 plans: 3 singles queued, then a group of 3 (one member failing in
+    planning), then 1 single. The group never splits: the singles go first, the group and
+    the last single after, each batch in one ledger apply."""
+    applied = []
+    real_apply = sidecar.ledger.apply
+    monkeypatch.setattr(sidecar.ledger, "apply", lambda ops: applied.append(len(ops)) or real_apply(ops))
+    pump = DecisionPump(sidecar.authorizer, max_batch=4)
+    hold, entered, release = held_first_batch(pump)
+
+    def group():
+        return [plan_for(sidecar, make_request(call_id="g1", request_id="run-g"))(), InputError("bad_input", "bad"),
+                plan_for(sidecar, make_request(call_id="g3", request_id="run-g"))()]
+
+    async def main():
+        first = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        singles = [asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id=f"s{i}"))))
+                   for i in range(3)]
+        grouped = asyncio.ensure_future(pump.answer_group(group, 3))
+        last = asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id="s3", request_id="run-s3"))))
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(InputError):
+            await first
+        return await asyncio.gather(*singles), await grouped, await last
+
+    try:
+        singles, grouped, last = asyncio.run(main())
+    finally:
+        pump.close()
+    assert [r.decision for r in singles] == [Decision.ALLOW] * 3 and last.decision is Decision.ALLOW
+    assert grouped[0].decision is Decision.ALLOW and grouped[2].decision is Decision.ALLOW
+    assert isinstance(grouped[1], InputError)
+    assert pump.batches == 3 and applied == [3, 3]  # the held job wrote nothing; then 3 singles; then 2 + 1
+
+
+def test_a_group_whose_planning_fails_fails_whole(sidecar, pump):
+    def refused():
+        raise InputError("bad_batch", "refused whole")
+
+    async def main():
+        return await asyncio.gather(pump.answer_group(refused, 2),
+                                    pump.answer(plan_for(sidecar, make_request(call_id="ok"))),
+                                    return_exceptions=True)
+
+    group, single = asyncio.run(main())
+    assert isinstance(group, InputError) and single.decision is Decision.ALLOW

@@ -158,6 +158,27 @@ def test_a_runtime_outside_its_tenant_is_refused_and_audited(stub, sidecar):
     assert event.detail == {"rpc": "Authorize"} and event.principal == 'User::"alice"'
 
 
+def test_only_a_runtime_of_the_tenant_may_authorize_a_batch_and_its_records_name_it(stub, sidecar):
+    request = make_request()
+    batch = pb.AuthorizeBatchRequest(context=request.context, calls=[
+        pb.BatchCall(call=request.call, entities_json=request.context.entities_json)])
+    batch.context.entities_json = b""
+    for outsider in (CONSOLE, AUDITOR, GLOBEX_AGENT, STRANGER):
+        denied(stub.AuthorizeBatch, batch, metadata=as_(outsider))
+    denied(stub.AuthorizeBatch, batch)  # unauthenticated
+    assert [(e.caller, e.error_codes, e.detail) for e in refused(sidecar)] == [
+        (CONSOLE, ("role_not_permitted",), {"rpc": "AuthorizeBatch"}),
+        (AUDITOR, ("role_not_permitted",), {"rpc": "AuthorizeBatch"}),
+        (GLOBEX_AGENT, ("tenant_not_permitted",), {"rpc": "AuthorizeBatch"}),
+        (STRANGER, ("caller_unknown",), {"rpc": "AuthorizeBatch"}),
+        ("unauthenticated", ("caller_unknown",), {"rpc": "AuthorizeBatch"})]
+    assert sidecar.ledger.get("acme", "toolu_1") is None
+    [answer] = stub.AuthorizeBatch(batch, metadata=as_(AGENT)).answers
+    assert answer.response.decision == pb.ALLOW
+    [record] = sidecar.audit_log.query(AuditQuery(call_id="toolu_1"), limit=10)
+    assert (record.event.result, record.event.caller) == ("ALLOW", AGENT)
+
+
 def test_only_a_runtime_of_the_tenant_may_report_a_refusal_and_its_record_names_it(stub, sidecar):
     request = make_request()
     report = pb.ReportRefusalRequest(context=request.context, call_id="toolu_1", tool="issue_refund",

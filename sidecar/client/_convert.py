@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.client.context import ProposedCall, TrustedContext
+from sidecar.client.context import ProposedCall, TrustedContext, entities_json
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -34,6 +34,25 @@ def call_msg(call: ProposedCall | pb.ToolCall) -> pb.ToolCall:
     if isinstance(call, ProposedCall):
         return call.to_proto()
     raise TypeError("call must be a sidecar.client.ProposedCall or a toolauthz.v1.ToolCall")
+
+
+def batch_request(context: TrustedContext | pb.TrustedContext,
+                  calls: Sequence[ProposedCall | pb.ToolCall | pb.BatchCall],
+                  entities: Sequence[list | None] | None = None) -> pb.AuthorizeBatchRequest:
+    """`entities`, when given, holds each call's Cedar entities (or None), in the order of
+    `calls`; a `BatchCall` carries its own."""
+    if entities is not None and len(entities) != len(calls):
+        raise ValueError(f"entities must have one entry per call: {len(entities)} for {len(calls)} calls")
+    members = []
+    for i, call in enumerate(calls):
+        if isinstance(call, pb.BatchCall):
+            if entities is not None and entities[i]:
+                raise ValueError("a BatchCall carries its own entities_json")
+            members.append(call)
+        else:
+            members.append(pb.BatchCall(call=call_msg(call), entities_json=entities_json(
+                entities[i] if entities is not None else None)))
+    return pb.AuthorizeBatchRequest(context=context_msg(context), calls=members)
 
 
 def enum_value(value: Any, names: Mapping[str, int], what: str) -> Any:

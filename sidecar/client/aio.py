@@ -94,6 +94,12 @@ class AsyncAuthzClient:
         request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
         return (await self._unary("Authorize", self._authz.Authorize, request, timeout))[0]
 
+    async def authorize_batch(self, context, calls, *, entities=None,
+                              timeout: float | None = None) -> list[pb.BatchAnswer]:
+        request = cv.batch_request(context, calls, entities)
+        response, _ = await self._unary("AuthorizeBatch", self._authz.AuthorizeBatch, request, timeout)
+        return list(response.answers)
+
     async def verify(self, token: str, context, call, *, timeout: float | None = None) -> pb.VerifyResponse:
         request = pb.VerifyRequest(token=token, context=cv.context_msg(context), call=cv.call_msg(call))
         return (await self._unary("Verify", self._authz.Verify, request, timeout))[0]

@@ -95,11 +95,13 @@ class TrustedContext:
         _require(self.request_id, REQUEST_ID, "request_id")
 
     def to_proto(self, entities: list | None = None) -> pb.TrustedContext:
-        msg = pb.TrustedContext(tenant=self.tenant, principal=self.principal.to_proto(),
-                                request_id=self.request_id)
-        if entities:
-            msg.entities_json = json.dumps(entities, separators=(",", ":"), allow_nan=False).encode()
-        return msg
+        return pb.TrustedContext(tenant=self.tenant, principal=self.principal.to_proto(),
+                                 request_id=self.request_id, entities_json=entities_json(entities))
+
+
+def entities_json(entities: list | None) -> bytes:
+    """Cedar entities as the sidecar takes them (`entities_json`); none: empty."""
+    return json.dumps(entities, separators=(",", ":"), allow_nan=False).encode() if entities else b""
 
 
 def raw_json(value: bytes | bytearray | memoryview | str) -> bytes:

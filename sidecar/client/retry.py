@@ -21,6 +21,8 @@ never retried: the server may have acted. Per RPC:
                   has not been executed. So a retry can neither produce a second
                   decision nor a second execution. One retry, not more, because a
                   sidecar that is down twice in a row should surface quickly.
+    AuthorizeBatch as Authorize, for the same reason: each call id of the batch replays
+                  its decision, so a retry decides nothing twice.
     Verify        NEVER: it consumes the token. If the response was lost, the token may
                   be spent; a retry would answer `already_used` and hide that the first
                   attempt succeeded. The Guard treats a failed Verify as "not executed".
@@ -67,6 +69,6 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 def attempts_for(policy: RetryPolicy, method: str) -> int:
     if method in ("Verify", "DecideApproval"):
         return 1
-    if method == "Authorize":
+    if method in ("Authorize", "AuthorizeBatch"):
         return min(2, policy.max_attempts)
     return policy.max_attempts

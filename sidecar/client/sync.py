@@ -119,6 +119,18 @@ class AuthzClient:
         request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
         return self._unary("Authorize", self._authz.Authorize, request, timeout)[0]
 
+    def authorize_batch(self, context, calls, *, entities=None,
+                        timeout: float | None = None) -> list[pb.BatchAnswer]:
+        """The decisions for the parallel tool calls of one model turn, in one RPC: one
+        `BatchAnswer` per call, in order, holding the call's `response` (as `authorize`
+        returns it) or its own `error` (`code`, a gRPC status name, and a model-safe
+        `message`). `calls`: ProposedCall, ToolCall or BatchCall; `entities`: each call's
+        Cedar entities (or None), in the same order. `context` carries no entities. A
+        failure of the whole batch raises `grpc.RpcError`, and then no call has a token.
+        Retried as `authorize` is (each call id replays its decision)."""
+        request = cv.batch_request(context, calls, entities)
+        return list(self._unary("AuthorizeBatch", self._authz.AuthorizeBatch, request, timeout)[0].answers)
+
     def verify(self, token: str, context, call, *, timeout: float | None = None) -> pb.VerifyResponse:
         """Checks and CONSUMES the token for this exact call. Never retried."""
         request = pb.VerifyRequest(token=token, context=cv.context_msg(context), call=cv.call_msg(call))

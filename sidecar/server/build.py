@@ -260,7 +260,8 @@ def start_http(sidecar: Sidecar, server: AioServer, listeners: tuple[ListenerSet
         return ()
     settings = sidecar.settings
     api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate,
-                  max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs)
+                  max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs,
+                  batch_limits=settings.batch.limits())
     served = tuple(_serve_http(server, api, listener, reuse_port) for listener in listeners)
     server.http_port = next((port_of(address) for address in served if port_of(address)), None)
     return served
@@ -348,7 +349,8 @@ def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
         ours = TransportRegistration(TolerantRegistration(server), transport)
         if "authorizer" in listener.services:
             pb_grpc.add_ToolAuthorizerServicer_to_server(ToolAuthorizerService(
-                sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status, gate=sidecar.gate), ours)
+                sidecar.authorizer, sidecar.pump, sidecar.keyring, sidecar.status, gate=sidecar.gate,
+                batch_limits=sidecar.settings.batch.limits()), ours)
         if "audit" in listener.services:
             aupb_grpc.add_AuditServicer_to_server(AuditService(sidecar.audit_log, gate=sidecar.gate), ours)
         if "approvals" in listener.services:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sidecar.batch import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, BatchLimits
 from sidecar.errors import ToolAuthzError
 from sidecar.store.open import parse_store_url
 
@@ -43,6 +44,17 @@ class ApprovalSettings(_Strict):
     # must leave some of those to the other calls.
     max_watches_per_caller: int = Field(64, ge=1)
     max_watches: int = Field(128, ge=1)
+
+
+class BatchSettings(_Strict):
+    # AuthorizeBatch: the most calls in one batch, and the most bytes their arguments and
+    # entities may hold together; beyond either, the batch is INVALID_ARGUMENT. At most 256,
+    # the most plans the decision pump runs together: a batch always commits in one transaction.
+    max_calls: int = Field(DEFAULT_MAX_CALLS, ge=1, le=256)
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024)
+
+    def limits(self) -> BatchLimits:
+        return BatchLimits(self.max_calls, self.max_bytes)
 
 
 Service = Literal["authorizer", "approvals", "audit"]
@@ -178,6 +190,7 @@ class Settings(_Strict):
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
     approvals: ApprovalSettings = ApprovalSettings()
+    batch: BatchSettings = BatchSettings()
     # HOST:PORT serving Prometheus text at /metrics (summed over the workers); empty: off.
     metrics_listen: str = ""
     tracing: TracingSettings = TracingSettings()

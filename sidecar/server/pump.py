@@ -11,7 +11,10 @@ the answers back to the loop in one wake-up per batch.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
-awaiting coroutine).
+awaiting coroutine). A group job (`answer_group`, AuthorizeBatch) returns many plans,
+which always run in the same `run_many`, so their writes share one transaction: a batch
+takes jobs up to `max_batch` plans (a group counts its members), the most the ledger's
+group commit puts in one transaction.
 """
 
 from __future__ import annotations
@@ -20,24 +23,26 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.authorizer import Authorizer, Plan
 from sidecar.errors import StoreUnavailable
+from sidecar.store.group_commit import MAX_BATCH
 
 log = logging.getLogger("toolauthz.pump")
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans")
 
-    def __init__(self, make_plan: Callable[[], Plan], future: asyncio.Future, loop: asyncio.AbstractEventLoop):
-        self.make_plan, self.future, self.loop = make_plan, future, loop
+    def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
+                 group: bool = False, plans: int = 1):
+        self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
 
 
 class DecisionPump:
-    def __init__(self, authorizer: Authorizer, *, max_batch: int = 256):
+    def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH):
         self._authorizer = authorizer
         self._max_batch = max_batch
         self._jobs: deque[_Job] = deque()
@@ -52,13 +57,25 @@ class DecisionPump:
     async def answer(self, make_plan: Callable[[], Plan]) -> Any:
         """`make_plan()` is called on the pump's thread; returns the plan's answer."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        return await self._queued(_Job(make_plan, loop.create_future(), loop))
+
+    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]], members: int) -> list[Any]:
+        """`make_plans()` is called on the pump's thread and gives each of the `members`
+        plans, or the exception that member failed with; returns each member's answer or
+        exception, in order. The members' plans run in one `run_many`: one transaction
+        while `members` is at most `max_batch`. An exception `make_plans` raises is raised
+        here, for the whole group."""
+        loop = asyncio.get_running_loop()
+        answers: list[Any] = await self._queued(_Job(make_plans, loop.create_future(), loop, True, members))
+        return answers
+
+    async def _queued(self, job: _Job) -> Any:
         with self._cond:
             if self._closed:
                 raise StoreUnavailable("the decision pump is closed")
-            self._jobs.append(_Job(make_plan, future, loop))
+            self._jobs.append(job)
             self._cond.notify()
-        return await future
+        return await job.future
 
     @property
     def batches(self) -> int:
@@ -89,7 +106,11 @@ class DecisionPump:
                 self._cond.wait_for(lambda: self._jobs or self._closed)
                 if not self._jobs:
                     return  # closed and drained
-                batch = [self._jobs.popleft() for _ in range(min(len(self._jobs), self._max_batch))]
+                batch = [self._jobs.popleft()]
+                plans = batch[0].plans  # then as many jobs as fit in one transaction with it
+                while self._jobs and plans + self._jobs[0].plans <= self._max_batch:
+                    plans += self._jobs[0].plans
+                    batch.append(self._jobs.popleft())
             try:
                 answers = self._answers(batch)
             except BaseException as exc:  # never leave a caller waiting
@@ -103,15 +124,28 @@ class DecisionPump:
 
     def _answers(self, batch: list[_Job]) -> list[Any]:
         answers: list[Any] = [None] * len(batch)
-        plans, planned = [], []
+        plans: list[Plan] = []
+        planned: list[tuple[int, int | None]] = []  # each plan's job, and its place in a group job
         for i, job in enumerate(batch):
             try:
-                plans.append(job.make_plan())
-                planned.append(i)
+                made = job.make_plan()
             except Exception as exc:  # noqa: BLE001 - this request's answer
                 answers[i] = exc
-        for i, answer in zip(planned, self._authorizer.run_many(plans), strict=True):
-            answers[i] = answer
+                continue
+            if not job.group:
+                plans.append(made)
+                planned.append((i, None))
+                continue
+            answers[i] = members = list(made)  # a member that failed planning keeps its exception
+            for place, member in enumerate(members):
+                if isinstance(member, Plan):
+                    plans.append(member)
+                    planned.append((i, place))
+        for (i, m), answer in zip(planned, self._authorizer.run_many(plans), strict=True):
+            if m is None:
+                answers[i] = answer
+            else:
+                answers[i][m] = answer
         return answers
 
     @staticmethod

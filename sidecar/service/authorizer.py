@@ -9,14 +9,17 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar.authorizer import Authorizer
+from sidecar.authorizer import Authorizer, AuthorizeResult
+from sidecar.batch import DEFAULT_LIMITS, BatchLimits, check_count, plan_batch
 from sidecar.errors import RequestError
-from sidecar.model import Decision, TrustedContext
+from sidecar.model import Decision, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
 from sidecar.service.access import About, Gate
-from sidecar.service.common import proposed_call, status_mapped, timestamp, trusted_context
+from sidecar.service.batching import settle_batch
+from sidecar.service.common import batch_call, proposed_call, status_mapped, timestamp, trusted_context
+from sidecar.service.failures import Failure
 from sidecar.service.status import SidecarStatus, WorkerStatus
 from sidecar.telemetry import metrics, tracing
 from sidecar.tokens.keyring import KeyRing
@@ -45,13 +48,14 @@ def _about(ctx: TrustedContext, call_id: str) -> About:
 
 
 class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
-    """Authorize, Verify, ReportOutcome and ReportRefusal are coroutines on the server's event loop that
+    """Authorize, AuthorizeBatch, Verify, ReportOutcome and ReportRefusal are coroutines on the server's event loop that
     hand their work to the decision pump (sidecar/server/pump.py); GetKeys and GetStatus are
     plain handlers, which the server runs on its thread pool."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing,
-                 status: Callable[[], SidecarStatus], *, gate: Gate):
+                 status: Callable[[], SidecarStatus], *, gate: Gate, batch_limits: BatchLimits = DEFAULT_LIMITS):
         self._authorizer = authorizer
+        self._batch_limits = batch_limits
         self._pump = pump
         self._keyring = keyring
         self._status = status
@@ -78,27 +82,54 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
-            tool = self._tool_label(call.name)
-            outcome = result.decision.value.lower()
-            metrics.DECISIONS.labels(tool=tool, result=outcome).inc()
+            tool, outcome = self._count_decision(ctx, call, result)
             metrics.RPC_SECONDS.labels(rpc="Authorize").observe(time.perf_counter() - started)
             tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=outcome,
                              replayed=result.replayed)
-            if decision_log.isEnabledFor(logging.DEBUG):
-                decision_log.debug("authorize %s", outcome, extra={
-                    "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
-                    "tool": tool, "result": outcome})
-        response = pb.AuthorizeResponse(
-            decision=_DECISIONS[result.decision], decision_id=result.decision_id, reasons=list(result.reasons),
-            errors=[pb.DecisionError(code=e.code, message=e.message) for e in result.errors],
-            policy_version=result.policy_version, digest=result.digest, approval_id=result.approval_id,
-            replayed=result.replayed)
-        if result.token is not None:
-            response.token = result.token.token
-            response.expires_at.CopyFrom(timestamp(result.token.expires_at))
-        if result.approval_expires_at is not None:
-            response.approval_expires_at.CopyFrom(timestamp(result.approval_expires_at))
-        return response
+        return _authorize_response(result)
+
+    @status_mapped
+    async def AuthorizeBatch(self, request: pb.AuthorizeBatchRequest, context) -> pb.AuthorizeBatchResponse:
+        started = time.perf_counter()
+        with tracing.rpc_span("AuthorizeBatch", lambda: context.invocation_metadata()) as span:
+            ctx, limits, gone = trusted_context(request.context), self._batch_limits, threading.Event()
+            access = await self._gate.admit_async(context, "AuthorizeBatch", _about(ctx, ""))
+            check_count(len(request.calls), limits)  # before converting what may be a flood of calls
+            calls = [batch_call(c) for c in request.calls]
+            wanted, caller = still_wanted(context, gone), access.caller.id
+            trace = tracing.current()
+
+            def plans():
+                with tracing.attached(trace):
+                    return plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)
+
+            try:
+                settled = settle_batch(await self._pump.answer_group(plans, len(calls)))
+            except asyncio.CancelledError:
+                gone.set()  # the client cancelled: decisions still to be made get no token
+                raise
+            answers = []
+            for item, answer in zip(calls, settled, strict=True):
+                if isinstance(answer, Failure):
+                    error = pb.CallError(code=answer.status.name, message=answer.message)
+                    answers.append(pb.BatchAnswer(error=error))
+                    continue
+                self._count_decision(ctx, item.call, answer)
+                answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
+            metrics.RPC_SECONDS.labels(rpc="AuthorizeBatch").observe(time.perf_counter() - started)
+            tracing.annotate(span, calls=len(calls))
+        return pb.AuthorizeBatchResponse(answers=answers)
+
+    def _count_decision(self, ctx: TrustedContext, call: ProposedCall, result: AuthorizeResult) -> tuple[str, str]:
+        """One decision's metric and debug log line; returns its tool label and result."""
+        tool = self._tool_label(call.name)
+        outcome = result.decision.value.lower()
+        metrics.DECISIONS.labels(tool=tool, result=outcome).inc()
+        if decision_log.isEnabledFor(logging.DEBUG):
+            decision_log.debug("authorize %s", outcome, extra={
+                "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
+                "tool": tool, "result": outcome})
+        return tool, outcome
 
     @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
@@ -182,6 +213,20 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             shadow_effects=dict(policy.shadow_effects), reloads=policy.reloads, decisions=pump.answered,
             decision_batches=pump.batches, decisions_waiting=pump.waiting,
             workers=[_worker_message(w) for w in status.workers], answered_by_pid=status.answered_by)
+
+
+def _authorize_response(result: AuthorizeResult) -> pb.AuthorizeResponse:
+    response = pb.AuthorizeResponse(
+        decision=_DECISIONS[result.decision], decision_id=result.decision_id, reasons=list(result.reasons),
+        errors=[pb.DecisionError(code=e.code, message=e.message) for e in result.errors],
+        policy_version=result.policy_version, digest=result.digest, approval_id=result.approval_id,
+        replayed=result.replayed)
+    if result.token is not None:
+        response.token = result.token.token
+        response.expires_at.CopyFrom(timestamp(result.token.expires_at))
+    if result.approval_expires_at is not None:
+        response.approval_expires_at.CopyFrom(timestamp(result.approval_expires_at))
+    return response
 
 
 def _worker_message(worker: WorkerStatus) -> pb.WorkerStatus:

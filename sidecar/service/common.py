@@ -21,6 +21,7 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sidecar.batch import BatchCall
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.service.failures import DEADLINE_EXPIRED, Failure, failure_of
@@ -153,6 +154,10 @@ def trusted_context(msg: pb.TrustedContext) -> TrustedContext:
 
 def proposed_call(msg: pb.ToolCall) -> ProposedCall:
     return ProposedCall(msg.call_id, msg.name, bytes(msg.input_json))
+
+
+def batch_call(msg: pb.BatchCall) -> BatchCall:
+    return BatchCall(proposed_call(msg.call), bytes(msg.entities_json))
 
 
 def timestamp(epoch: float) -> Timestamp:

@@ -79,13 +79,22 @@ STORE_UNAVAILABLE_MESSAGE = "the sidecar's store is unavailable; no decision was
 DEADLINE_EXPIRED = Failure(Status.DEADLINE_EXCEEDED, "deadline expired before the request was handled")
 
 
+def request_failure(exc: BaseException) -> Failure | None:
+    """The failure when `exc` is the caller's own doing (a status of the table above the
+    store's), else None: for one call of a batch, which then fails alone (the store, an
+    internal error fail the whole batch)."""
+    for kinds, status in _BY_ERROR:
+        if isinstance(exc, kinds):
+            return Failure(status, bounded_message(exc.message if isinstance(exc, InputError) else str(exc)))
+    return None
+
+
 def failure_of(exc: Exception, where: str) -> Failure:
     """The answer for `exc`, raised while handling `where` (a method or route name, for
     the log). A message may quote the caller's values: it is escaped and bounded, so that
     it stays one line and fits gRPC's trailer (16 KB)."""
-    for kinds, status in _BY_ERROR:
-        if isinstance(exc, kinds):
-            return Failure(status, bounded_message(exc.message if isinstance(exc, InputError) else str(exc)))
+    if (failure := request_failure(exc)) is not None:
+        return failure
     if isinstance(exc, StoreUnavailable):
         metrics.STORE_ERRORS.inc()
         log.error("store unavailable in %s: %s", where, bounded_message(str(exc)))

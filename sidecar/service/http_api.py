@@ -2,6 +2,8 @@
 not speak gRPC (a TypeScript agent with `fetch`, a shell script with `curl`).
 
     POST /v1/authorize   {context, call}                      -> the AuthorizeResponse as JSON
+    POST /v1/authorize-batch  {context, calls: [{call, entities}]}
+                              -> {answers: [{response: <as /v1/authorize>} | {error: {code, message}}]}
     POST /v1/verify      {token, context, call}               -> {valid, code, decision_id}
     POST /v1/outcome     {context, call_id, status, ...}      -> {decision_id, unverified}
     GET  /v1/keys                                             -> {keys: [{kid, paserk, jwk, state}]}
@@ -48,15 +50,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
+from sidecar.batch import DEFAULT_LIMITS, BatchCall, BatchLimits, plan_batch
 from sidecar.digest import MAX_DEPTH
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.server.pump import DecisionPump
 from sidecar.service.access import About, Gate
+from sidecar.service.batching import settle_batch
 from sidecar.service.callers import UNAUTHENTICATED, Caller, Transport, caller_through
 from sidecar.service.failures import Failure, Status, failure_of
-from sidecar.service.json_body import JsonPath, RawJson, parse_body
+from sidecar.service.json_body import ANY_ITEM, JsonPath, RawJson, parse_body
 from sidecar.service.loopback import address_host_header, loopback_host_header
 from sidecar.strict_json import parse_strict_json
 from sidecar.tokens.keyring import KeyRing
@@ -69,6 +73,8 @@ OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
 # The members whose bytes are kept as received: the model's arguments (digested) and the
 # runtime's entities (handed to the engine as `entities_json` is over gRPC).
 _RAW: frozenset[JsonPath] = frozenset({("call", "input"), ("context", "entities")})
+_BATCH_RAW: frozenset[JsonPath] = frozenset({("context", "entities"), ("calls", ANY_ITEM, "call", "input"),
+                                             ("calls", ANY_ITEM, "entities")})
 # The body wraps `input` in two objects; a deeper input still reaches the authorizer,
 # which refuses it past MAX_DEPTH with the DENY gRPC gives. Beyond this: not parsed.
 _BODY_MAX_DEPTH = 2 * MAX_DEPTH
@@ -123,8 +129,9 @@ class HttpApi:
     """The Starlette application; one per sidecar process, on the gRPC server's loop."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, *, gate: Gate,
-                 max_body_bytes: int, max_concurrent: int):
+                 max_body_bytes: int, max_concurrent: int, batch_limits: BatchLimits = DEFAULT_LIMITS):
         self._authorizer = authorizer
+        self._batch_limits = batch_limits
         # The caller is the one the connection's listener proved (see the module's doc).
         self._gate = replace(gate, callers=lambda request: peer_of(request).caller)
         self._pump = pump
@@ -134,6 +141,7 @@ class HttpApi:
         self._in_flight = 0
         self.routes: dict[str, tuple[str, Endpoint]] = {
             "/v1/authorize": ("POST", self.authorize),
+            "/v1/authorize-batch": ("POST", self.authorize_batch),
             "/v1/verify": ("POST", self.verify),
             "/v1/outcome": ("POST", self.outcome),
             "/v1/keys": ("GET", self.keys),
@@ -184,6 +192,21 @@ class HttpApi:
                 lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller))
         return JSONResponse(authorize_json(result))
 
+    async def authorize_batch(self, request: Request) -> Response:
+        body = await self._json_body(request, raw=_BATCH_RAW)
+        _only(body, "", ("context", "calls"))
+        ctx, calls, limits = _context(body.get("context")), _batch_calls(body.get("calls")), self._batch_limits
+        caller = (await self._gate.admit_async(request, "AuthorizeBatch", _about(ctx, ""))).caller.id
+        async with _client_presence(request) as gone:
+            def wanted() -> bool:
+                return not gone.is_set()
+
+            answers = settle_batch(await self._pump.answer_group(
+                lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller), len(calls)))
+        return JSONResponse({"answers": [
+            {"error": {"code": a.status.name, "message": a.message}} if isinstance(a, Failure)
+            else {"response": authorize_json(a)} for a in answers]})
+
     async def verify(self, request: Request) -> Response:
         body = await self._json_body(request)
         _only(body, "", ("token", "context", "call"))
@@ -214,7 +237,7 @@ class HttpApi:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "SERVING"})
 
-    async def _json_body(self, request: Request) -> dict[str, object]:
+    async def _json_body(self, request: Request, raw: frozenset[JsonPath] = _RAW) -> dict[str, object]:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise _Refusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"))
@@ -232,7 +255,7 @@ class HttpApi:
                 chunks.append(chunk)
         except ClientDisconnect:  # gone before its request was whole: nothing to decide, no one to answer
             raise _Refusal(400, Failure(Status.INVALID_ARGUMENT, "the client disconnected")) from None
-        return parse_body(b"".join(chunks), raw=_RAW, max_depth=_BODY_MAX_DEPTH)
+        return parse_body(b"".join(chunks), raw=raw, max_depth=_BODY_MAX_DEPTH)
 
 
 # -- the request envelope ------------------------------------------------------------------
@@ -267,28 +290,46 @@ def _context(value: object) -> TrustedContext:
         raise RequestError("missing `context`")
     members = _members(value, "/context", ("tenant", "principal", "request_id", "entities"))
     principal = _members(members.get("principal", {}), "/context/principal", ("type", "id"))
-    entities = members.get("entities")
-    entities_json = b""
-    if isinstance(entities, RawJson):
-        try:  # the runtime's own text: held to the body's strict rules, handed on as sent
-            parse_strict_json(entities.data, max_bytes=len(entities.data))
-        except InputError as exc:
-            raise RequestError(f"the request body at `/context/entities`: {exc.message}") from None
-        entities_json = entities.data
+    entities_json = _entities(members.get("entities"), "/context/entities")
     return TrustedContext(_string(members, "tenant", "/context"),
                           Principal(_string(principal, "type", "/context/principal"),
                                     _string(principal, "id", "/context/principal")),
                           _string(members, "request_id", "/context"), entities_json)
 
 
-def _call(value: object) -> ProposedCall:
+def _entities(value: object, at: str) -> bytes:
+    """The runtime's entities as sent (absent: none)."""
+    if not isinstance(value, RawJson):
+        return b""
+    try:  # the runtime's own text: held to the body's strict rules, handed on as sent
+        parse_strict_json(value.data, max_bytes=len(value.data))
+    except InputError as exc:
+        raise RequestError(f"the request body at `{at}`: {exc.message}") from None
+    return value.data
+
+
+def _call(value: object, at: str = "/call") -> ProposedCall:
+    named = at.lstrip("/").replace("/", ".")
     if value is None:
-        raise RequestError("missing `call`")
-    members = _members(value, "/call", ("call_id", "name", "input"))
+        raise RequestError(f"missing `{named}`")
+    members = _members(value, at, ("call_id", "name", "input"))
     raw_input = members.get("input")
     if not isinstance(raw_input, RawJson):
-        raise RequestError("missing `call.input`: the tool's arguments as a JSON value")
-    return ProposedCall(_string(members, "call_id", "/call"), _string(members, "name", "/call"), raw_input.data)
+        raise RequestError(f"missing `{named}.input`: the tool's arguments as a JSON value")
+    return ProposedCall(_string(members, "call_id", at), _string(members, "name", at), raw_input.data)
+
+
+def _batch_calls(value: object) -> list[BatchCall]:
+    if value is None:
+        raise RequestError("missing `calls`")
+    if not isinstance(value, list):
+        raise RequestError("`/calls` must be a JSON array")
+    calls = []
+    for k, item in enumerate(value):
+        members = _members(item, f"/calls/{k}", ("call", "entities"))
+        calls.append(BatchCall(_call(members.get("call"), f"/calls/{k}/call"),
+                               _entities(members.get("entities"), f"/calls/{k}/entities")))
+    return calls
 
 
 # -- responses -----------------------------------------------------------------------------

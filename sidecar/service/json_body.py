@@ -4,8 +4,9 @@ The call digest is computed over the model's arguments exactly as the runtime se
 so the HTTP API cannot parse a body and serialise `call.input` again: `1.0`, `1e2` and
 key order would be lost, and the digest would be of text nobody sent. Instead this walks
 the body with the stdlib JSON scanner, which reports where each value ends, and keeps
-the members named in `raw` (e.g. `("call", "input")`) as `RawJson`, the exact bytes of
-their span. Those bytes then take the path gRPC's `input_json` takes (strict parsing,
+the members named in `raw` (e.g. `("call", "input")`; `ANY_ITEM` stands for every
+element of an array, as in `("calls", ANY_ITEM, "call", "input")`) as `RawJson`, the
+exact bytes of their span. Those bytes then take the path gRPC's `input_json` takes (strict parsing,
 schema, digest), so the same call gives the same decision and digest on both transports.
 
 What is refused here, as a RequestError (INVALID_ARGUMENT):
@@ -27,9 +28,11 @@ from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
 from sidecar.strict_json import nests_deeper_than, parse_strict_json
 
-__all__ = ["JsonPath", "RawJson", "parse_body"]
+__all__ = ["ANY_ITEM", "JsonPath", "RawJson", "parse_body"]
 
-JsonPath = tuple[str, ...]
+# Member names, and array indexes; in the paths given as `raw`, ANY_ITEM matches any index.
+JsonPath = tuple[str | int, ...]
+ANY_ITEM = -1
 
 _BOM = b"\xef\xbb\xbf"
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -66,8 +69,8 @@ class _Walk:
     def __init__(self, text: str, raw: frozenset[JsonPath]):
         self._text = text
         self._raw = raw
-        # Objects on the way to a raw member are walked here, member by member; any
-        # other value is parsed whole.
+        # Objects and arrays on the way to a raw member are walked here, member by
+        # member; any other value is parsed whole.
         self._on_the_way = frozenset(path[:n] for path in raw for n in range(len(path)))
 
     def object_at(self, i: int, path: JsonPath) -> tuple[dict[str, object], int]:
@@ -99,12 +102,33 @@ class _Walk:
             else:
                 raise _not_json(text, i, "expecting ',' delimiter")
 
+    def _array_at(self, i: int, path: JsonPath) -> tuple[list[object], int]:
+        """The array starting at text[i] == "[", and the index after it."""
+        text, items = self._text, list[object]()
+        i = _skip_whitespace(text, i + 1)
+        if text.startswith("]", i):
+            return items, i + 1
+        while True:
+            item, i = self._value_at(i, (*path, len(items)))
+            items.append(item)
+            i = _skip_whitespace(text, i)
+            if text.startswith(",", i):
+                i = _skip_whitespace(text, i + 1)
+            elif text.startswith("]", i):
+                return items, i + 1
+            else:
+                raise _not_json(text, i, "expecting ',' delimiter")
+
     def _value_at(self, i: int, path: JsonPath) -> tuple[object, int]:
-        if path in self._on_the_way and self._text.startswith("{", i):
-            return self.object_at(i, path)
+        shape = tuple(ANY_ITEM if isinstance(p, int) else p for p in path)
+        if shape in self._on_the_way:
+            if self._text.startswith("{", i):
+                return self.object_at(i, path)
+            if self._text.startswith("[", i):
+                return self._array_at(i, path)
         end = _end_of_value(self._text, i)
         span = self._text[i:end].encode("utf-8")  # the received bytes: the body decoded strictly
-        if path in self._raw:
+        if shape in self._raw:
             return RawJson(span), end
         try:
             return parse_strict_json(span, max_bytes=len(span)), end
@@ -152,4 +176,5 @@ def _not_json(text: str, position: int, what: str) -> RequestError:
 
 
 def _pointer(path: JsonPath) -> str:
-    return "/" + "/".join(shown(p.replace("~", "~0").replace("/", "~1")) for p in path)
+    return "/" + "/".join(str(p) if isinstance(p, int) else shown(p.replace("~", "~0").replace("/", "~1"))
+                          for p in path)

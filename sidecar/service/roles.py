@@ -4,8 +4,8 @@ Pure: no gRPC, no storage. `authorize_rpc` answers for one caller (the identity 
 transport proved, sidecar/service/callers.py) and one RPC, with the tenant the request is
 about when it names one, and raises ForbiddenError otherwise.
 
-    runtime   Authorize, Verify, ReportOutcome, ReportRefusal, GetStatus, and GetApproval/WatchApproval
-              (the token only for the requester's own context)
+    runtime   Authorize, AuthorizeBatch, Verify, ReportOutcome, ReportRefusal, GetStatus, and
+              GetApproval/WatchApproval (the token only for the requester's own context)
     approver  ListApprovals, GetApproval/WatchApproval (never a token), DecideApproval
     auditor   QueryDecisions
     anyone    GetKeys (public keys)
@@ -28,11 +28,12 @@ Role = Literal["runtime", "approver", "auditor"]
 ROLES: tuple[Role, ...] = ("runtime", "approver", "auditor")
 ALL_TENANTS = "*"
 
-Rpc = Literal["Authorize", "Verify", "ReportOutcome", "ReportRefusal", "GetKeys", "GetStatus", "ListApprovals",
-              "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
+Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "GetKeys", "GetStatus",
+              "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
 # The roles that may call each RPC; an RPC missing here is refused to every listed role.
 RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "Authorize": frozenset({"runtime"}),
+    "AuthorizeBatch": frozenset({"runtime"}),
     "Verify": frozenset({"runtime"}),
     "ReportOutcome": frozenset({"runtime"}),
     "ReportRefusal": frozenset({"runtime"}),

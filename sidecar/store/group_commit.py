@@ -19,6 +19,8 @@ from typing import Generic, TypeVar
 from sidecar.errors import StoreUnavailable
 
 T = TypeVar("T")
+# The most items one batch (one transaction) takes.
+MAX_BATCH = 256
 R = TypeVar("R")
 
 
@@ -50,7 +52,7 @@ class GroupCommit(Generic[T, R]):
     caller in it gets StoreUnavailable (a StoreUnavailable of its own, with the cause)."""
 
     def __init__(self, run_batch: Callable[[Sequence[T]], Sequence[R | ItemFailed]], *,
-                 max_batch: int = 256, name: str = "batch"):
+                 max_batch: int = MAX_BATCH, name: str = "batch"):
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._name = name

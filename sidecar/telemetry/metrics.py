@@ -25,10 +25,11 @@ UNKNOWN_TOOL = "unknown"
 # Decisions take about a millisecond; a slow disk or a big batch, tens.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-DECISIONS = Counter("toolauthz_decisions", "Authorize answers by tool and decision",
+DECISIONS = Counter("toolauthz_decisions", "Authorize answers (a batch's: one per call) by tool and decision",
                     ["tool", "result"])
 RPC_SECONDS = Histogram("toolauthz_rpc_duration_seconds",
-                        "Time to answer Authorize, Verify, ReportOutcome and ReportRefusal", ["rpc"],
+                        "Time to answer Authorize, AuthorizeBatch, Verify, ReportOutcome and ReportRefusal",
+                        ["rpc"],
                         buckets=_LATENCY_BUCKETS)
 VERIFICATIONS = Counter("toolauthz_verifications", "Verify answers by code", ["code"])
 APPROVALS_PENDING = Gauge("toolauthz_approvals_pending", "Approvals waiting for a decision (sampled from the store)",

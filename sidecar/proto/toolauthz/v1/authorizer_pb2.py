@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtoolauthz/v1/authorizer.proto\x12\x0ctoolauthz.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"%\n\tPrincipal\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"w\n\x0eTrustedContext\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12*\n\tprincipal\x18\x02 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rentities_json\x18\x04 \x01(\x0c\"=\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\x0c\".\n\rDecisionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"g\n\x10\x41uthorizeRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12$\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x16.toolauthz.v1.ToolCall\"\xd7\x02\n\x11\x41uthorizeResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x16.toolauthz.v1.Decision\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x0f\n\x07reasons\x18\x03 \x03(\t\x12+\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x1b.toolauthz.v1.DecisionError\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\t \x01(\t\x12\x10\n\x08replayed\x18\n \x01(\x08\x12\x37\n\x13\x61pproval_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\rVerifyRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12-\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12$\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x16.toolauthz.v1.ToolCall\"B\n\x0eVerifyResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\"\x10\n\x0eGetKeysRequest\"I\n\tPublicKey\x12\x0b\n\x03kid\x18\x01 \x01(\t\x12\x0e\n\x06paserk\x18\x02 \x01(\t\x12\x10\n\x08jwk_json\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\"8\n\x0fGetKeysResponse\x12%\n\x04keys\x18\x01 \x03(\x0b\x32\x17.toolauthz.v1.PublicKey\"\xae\x01\n\x14ReportOutcomeRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.toolauthz.v1.OutcomeStatus\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x15\n\routput_digest\x18\x05 \x01(\t\"@\n\x15ReportOutcomeResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\nunverified\x18\x02 \x01(\x08\"\x82\x01\n\x14ReportRefusalRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\",\n\x15ReportRefusalResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\xaa\x03\n\x11GetStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12-\n\tloaded_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11last_reload_error\x18\x03 \x01(\t\x12\x12\n\nbundle_dir\x18\x04 \x01(\t\x12J\n\x0eshadow_effects\x18\x05 \x03(\x0b\x32\x32.toolauthz.v1.GetStatusResponse.ShadowEffectsEntry\x12\x0f\n\x07reloads\x18\x06 \x01(\x04\x12\x11\n\tdecisions\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x63ision_batches\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x63isions_waiting\x18\t \x01(\r\x12+\n\x07workers\x18\n \x03(\x0b\x32\x1a.toolauthz.v1.WorkerStatus\x12\x17\n\x0f\x61nswered_by_pid\x18\x0b \x01(\r\x1a\x34\n\x12ShadowEffectsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe2\x02\n\x0cWorkerStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12-\n\tloaded_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07reloads\x18\x05 \x01(\x04\x12\x19\n\x11last_reload_error\x18\x06 \x01(\t\x12\x11\n\tdecisions\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x63ision_batches\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x63isions_waiting\x18\t \x01(\r\x12\x45\n\x0eshadow_effects\x18\n \x03(\x0b\x32-.toolauthz.v1.WorkerStatus.ShadowEffectsEntry\x1a\x34\n\x12ShadowEffectsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*P\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LLOW\x10\x01\x12\x08\n\x04\x44\x45NY\x10\x02\x12\x15\n\x11\x41PPROVAL_REQUIRED\x10\x03*n\n\rOutcomeStatus\x12\x1e\n\x1aOUTCOME_STATUS_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\r\n\tCANCELLED\x10\x03\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x04\x32\xed\x03\n\x0eToolAuthorizer\x12L\n\tAuthorize\x12\x1e.toolauthz.v1.AuthorizeRequest\x1a\x1f.toolauthz.v1.AuthorizeResponse\x12\x43\n\x06Verify\x12\x1b.toolauthz.v1.VerifyRequest\x1a\x1c.toolauthz.v1.VerifyResponse\x12\x46\n\x07GetKeys\x12\x1c.toolauthz.v1.GetKeysRequest\x1a\x1d.toolauthz.v1.GetKeysResponse\x12X\n\rReportOutcome\x12\".toolauthz.v1.ReportOutcomeRequest\x1a#.toolauthz.v1.ReportOutcomeResponse\x12X\n\rReportRefusal\x12\".toolauthz.v1.ReportRefusalRequest\x1a#.toolauthz.v1.ReportRefusalResponse\x12L\n\tGetStatus\x12\x1e.toolauthz.v1.GetStatusRequest\x1a\x1f.toolauthz.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtoolauthz/v1/authorizer.proto\x12\x0ctoolauthz.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"%\n\tPrincipal\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"w\n\x0eTrustedContext\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12*\n\tprincipal\x18\x02 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rentities_json\x18\x04 \x01(\x0c\"=\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\x0c\".\n\rDecisionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"g\n\x10\x41uthorizeRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12$\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x16.toolauthz.v1.ToolCall\"\xd7\x02\n\x11\x41uthorizeResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x16.toolauthz.v1.Decision\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x0f\n\x07reasons\x18\x03 \x03(\t\x12+\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x1b.toolauthz.v1.DecisionError\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\t \x01(\t\x12\x10\n\x08replayed\x18\n \x01(\x08\x12\x37\n\x13\x61pproval_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"n\n\x15\x41uthorizeBatchRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12&\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x17.toolauthz.v1.BatchCall\"H\n\tBatchCall\x12$\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x16.toolauthz.v1.ToolCall\x12\x15\n\rentities_json\x18\x02 \x01(\x0c\"D\n\x16\x41uthorizeBatchResponse\x12*\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x19.toolauthz.v1.BatchAnswer\"v\n\x0b\x42\x61tchAnswer\x12\x33\n\x08response\x18\x01 \x01(\x0b\x32\x1f.toolauthz.v1.AuthorizeResponseH\x00\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.toolauthz.v1.CallErrorH\x00\x42\x08\n\x06\x61nswer\"*\n\tCallError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"s\n\rVerifyRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12-\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12$\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x16.toolauthz.v1.ToolCall\"B\n\x0eVerifyResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\"\x10\n\x0eGetKeysRequest\"I\n\tPublicKey\x12\x0b\n\x03kid\x18\x01 \x01(\t\x12\x0e\n\x06paserk\x18\x02 \x01(\t\x12\x10\n\x08jwk_json\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\"8\n\x0fGetKeysResponse\x12%\n\x04keys\x18\x01 \x03(\x0b\x32\x17.toolauthz.v1.PublicKey\"\xae\x01\n\x14ReportOutcomeRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.toolauthz.v1.OutcomeStatus\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x15\n\routput_digest\x18\x05 \x01(\t\"@\n\x15ReportOutcomeResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\nunverified\x18\x02 \x01(\x08\"\x82\x01\n\x14ReportRefusalRequest\x12-\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\",\n\x15ReportRefusalResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\xaa\x03\n\x11GetStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12-\n\tloaded_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11last_reload_error\x18\x03 \x01(\t\x12\x12\n\nbundle_dir\x18\x04 \x01(\t\x12J\n\x0eshadow_effects\x18\x05 \x03(\x0b\x32\x32.toolauthz.v1.GetStatusResponse.ShadowEffectsEntry\x12\x0f\n\x07reloads\x18\x06 \x01(\x04\x12\x11\n\tdecisions\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x63ision_batches\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x63isions_waiting\x18\t \x01(\r\x12+\n\x07workers\x18\n \x03(\x0b\x32\x1a.toolauthz.v1.WorkerStatus\x12\x17\n\x0f\x61nswered_by_pid\x18\x0b \x01(\r\x1a\x34\n\x12ShadowEffectsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe2\x02\n\x0cWorkerStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12-\n\tloaded_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07reloads\x18\x05 \x01(\x04\x12\x19\n\x11last_reload_error\x18\x06 \x01(\t\x12\x11\n\tdecisions\x18\x07 \x01(\x04\x12\x18\n\x10\x64\x65\x63ision_batches\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x63isions_waiting\x18\t \x01(\r\x12\x45\n\x0eshadow_effects\x18\n \x03(\x0b\x32-.toolauthz.v1.WorkerStatus.ShadowEffectsEntry\x1a\x34\n\x12ShadowEffectsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*P\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LLOW\x10\x01\x12\x08\n\x04\x44\x45NY\x10\x02\x12\x15\n\x11\x41PPROVAL_REQUIRED\x10\x03*n\n\rOutcomeStatus\x12\x1e\n\x1aOUTCOME_STATUS_UNSPECIFIED\x10\x00\x12\r\n\tCOMPLETED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\r\n\tCANCELLED\x10\x03\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x04\x32\xca\x04\n\x0eToolAuthorizer\x12L\n\tAuthorize\x12\x1e.toolauthz.v1.AuthorizeRequest\x1a\x1f.toolauthz.v1.AuthorizeResponse\x12[\n\x0e\x41uthorizeBatch\x12#.toolauthz.v1.AuthorizeBatchRequest\x1a$.toolauthz.v1.AuthorizeBatchResponse\x12\x43\n\x06Verify\x12\x1b.toolauthz.v1.VerifyRequest\x1a\x1c.toolauthz.v1.VerifyResponse\x12\x46\n\x07GetKeys\x12\x1c.toolauthz.v1.GetKeysRequest\x1a\x1d.toolauthz.v1.GetKeysResponse\x12X\n\rReportOutcome\x12\".toolauthz.v1.ReportOutcomeRequest\x1a#.toolauthz.v1.ReportOutcomeResponse\x12X\n\rReportRefusal\x12\".toolauthz.v1.ReportRefusalRequest\x1a#.toolauthz.v1.ReportRefusalResponse\x12L\n\tGetStatus\x12\x1e.toolauthz.v1.GetStatusRequest\x1a\x1f.toolauthz.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSRESPONSE_SHADOWEFFECTSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._loaded_options = None
   _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._serialized_options = b'8\001'
-  _globals['_DECISION']._serialized_start=2366
-  _globals['_DECISION']._serialized_end=2446
-  _globals['_OUTCOMESTATUS']._serialized_start=2448
-  _globals['_OUTCOMESTATUS']._serialized_end=2558
+  _globals['_DECISION']._serialized_start=2786
+  _globals['_DECISION']._serialized_end=2866
+  _globals['_OUTCOMESTATUS']._serialized_start=2868
+  _globals['_OUTCOMESTATUS']._serialized_end=2978
   _globals['_PRINCIPAL']._serialized_start=80
   _globals['_PRINCIPAL']._serialized_end=117
   _globals['_TRUSTEDCONTEXT']._serialized_start=119
@@ -52,34 +52,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUTHORIZEREQUEST']._serialized_end=454
   _globals['_AUTHORIZERESPONSE']._serialized_start=457
   _globals['_AUTHORIZERESPONSE']._serialized_end=800
-  _globals['_VERIFYREQUEST']._serialized_start=802
-  _globals['_VERIFYREQUEST']._serialized_end=917
-  _globals['_VERIFYRESPONSE']._serialized_start=919
-  _globals['_VERIFYRESPONSE']._serialized_end=985
-  _globals['_GETKEYSREQUEST']._serialized_start=987
-  _globals['_GETKEYSREQUEST']._serialized_end=1003
-  _globals['_PUBLICKEY']._serialized_start=1005
-  _globals['_PUBLICKEY']._serialized_end=1078
-  _globals['_GETKEYSRESPONSE']._serialized_start=1080
-  _globals['_GETKEYSRESPONSE']._serialized_end=1136
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1139
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1313
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1315
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1379
-  _globals['_REPORTREFUSALREQUEST']._serialized_start=1382
-  _globals['_REPORTREFUSALREQUEST']._serialized_end=1512
-  _globals['_REPORTREFUSALRESPONSE']._serialized_start=1514
-  _globals['_REPORTREFUSALRESPONSE']._serialized_end=1558
-  _globals['_GETSTATUSREQUEST']._serialized_start=1560
-  _globals['_GETSTATUSREQUEST']._serialized_end=1578
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1581
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2007
-  _globals['_GETSTATUSRESPONSE_SHADOWEFFECTSENTRY']._serialized_start=1955
-  _globals['_GETSTATUSRESPONSE_SHADOWEFFECTSENTRY']._serialized_end=2007
-  _globals['_WORKERSTATUS']._serialized_start=2010
-  _globals['_WORKERSTATUS']._serialized_end=2364
-  _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._serialized_start=1955
-  _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._serialized_end=2007
-  _globals['_TOOLAUTHORIZER']._serialized_start=2561
-  _globals['_TOOLAUTHORIZER']._serialized_end=3054
+  _globals['_AUTHORIZEBATCHREQUEST']._serialized_start=802
+  _globals['_AUTHORIZEBATCHREQUEST']._serialized_end=912
+  _globals['_BATCHCALL']._serialized_start=914
+  _globals['_BATCHCALL']._serialized_end=986
+  _globals['_AUTHORIZEBATCHRESPONSE']._serialized_start=988
+  _globals['_AUTHORIZEBATCHRESPONSE']._serialized_end=1056
+  _globals['_BATCHANSWER']._serialized_start=1058
+  _globals['_BATCHANSWER']._serialized_end=1176
+  _globals['_CALLERROR']._serialized_start=1178
+  _globals['_CALLERROR']._serialized_end=1220
+  _globals['_VERIFYREQUEST']._serialized_start=1222
+  _globals['_VERIFYREQUEST']._serialized_end=1337
+  _globals['_VERIFYRESPONSE']._serialized_start=1339
+  _globals['_VERIFYRESPONSE']._serialized_end=1405
+  _globals['_GETKEYSREQUEST']._serialized_start=1407
+  _globals['_GETKEYSREQUEST']._serialized_end=1423
+  _globals['_PUBLICKEY']._serialized_start=1425
+  _globals['_PUBLICKEY']._serialized_end=1498
+  _globals['_GETKEYSRESPONSE']._serialized_start=1500
+  _globals['_GETKEYSRESPONSE']._serialized_end=1556
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1559
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1733
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1735
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1799
+  _globals['_REPORTREFUSALREQUEST']._serialized_start=1802
+  _globals['_REPORTREFUSALREQUEST']._serialized_end=1932
+  _globals['_REPORTREFUSALRESPONSE']._serialized_start=1934
+  _globals['_REPORTREFUSALRESPONSE']._serialized_end=1978
+  _globals['_GETSTATUSREQUEST']._serialized_start=1980
+  _globals['_GETSTATUSREQUEST']._serialized_end=1998
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2001
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2427
+  _globals['_GETSTATUSRESPONSE_SHADOWEFFECTSENTRY']._serialized_start=2375
+  _globals['_GETSTATUSRESPONSE_SHADOWEFFECTSENTRY']._serialized_end=2427
+  _globals['_WORKERSTATUS']._serialized_start=2430
+  _globals['_WORKERSTATUS']._serialized_end=2784
+  _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._serialized_start=2375
+  _globals['_WORKERSTATUS_SHADOWEFFECTSENTRY']._serialized_end=2427
+  _globals['_TOOLAUTHORIZER']._serialized_start=2981
+  _globals['_TOOLAUTHORIZER']._serialized_end=3567
 # @@protoc_insertion_point(module_scope)

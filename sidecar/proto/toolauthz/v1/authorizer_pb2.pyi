@@ -106,6 +106,44 @@ class AuthorizeResponse(_message.Message):
     approval_expires_at: _timestamp_pb2.Timestamp
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., decision_id: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[_Union[DecisionError, _Mapping]]] = ..., policy_version: _Optional[str] = ..., token: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., digest: _Optional[str] = ..., approval_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., approval_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class AuthorizeBatchRequest(_message.Message):
+    __slots__ = ("context", "calls")
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    context: TrustedContext
+    calls: _containers.RepeatedCompositeFieldContainer[BatchCall]
+    def __init__(self, context: _Optional[_Union[TrustedContext, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[BatchCall, _Mapping]]] = ...) -> None: ...
+
+class BatchCall(_message.Message):
+    __slots__ = ("call", "entities_json")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ENTITIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    call: ToolCall
+    entities_json: bytes
+    def __init__(self, call: _Optional[_Union[ToolCall, _Mapping]] = ..., entities_json: _Optional[bytes] = ...) -> None: ...
+
+class AuthorizeBatchResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[BatchAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[BatchAnswer, _Mapping]]] = ...) -> None: ...
+
+class BatchAnswer(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: AuthorizeResponse
+    error: CallError
+    def __init__(self, response: _Optional[_Union[AuthorizeResponse, _Mapping]] = ..., error: _Optional[_Union[CallError, _Mapping]] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class VerifyRequest(_message.Message):
     __slots__ = ("token", "context", "call")
     TOKEN_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class ToolAuthorizerStub:
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeRequest.SerializeToString,
                 response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeResponse.FromString,
                 _registered_method=True)
+        self.AuthorizeBatch = channel.unary_unary(
+                '/toolauthz.v1.ToolAuthorizer/AuthorizeBatch',
+                request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchRequest.SerializeToString,
+                response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchResponse.FromString,
+                _registered_method=True)
         self.Verify = channel.unary_unary(
                 '/toolauthz.v1.ToolAuthorizer/Verify',
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.VerifyRequest.SerializeToString,
@@ -72,6 +77,19 @@ class ToolAuthorizerServicer:
     def Authorize(self, request, context):
         """Decides whether the principal may run this exact call. On ALLOW the response
         carries a single-use token bound to the call's digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuthorizeBatch(self, request, context):
+        """The parallel tool calls of one model turn, in one RPC and one commit: each call is
+        decided exactly as its own Authorize would be (the same checks, policies, replay
+        rules per call id, approvals, tokens and audit records), and the answers come in
+        request order. A call Authorize would refuse with a status gets that status as its
+        own `error` and the others are decided; a failure of the whole batch (the store
+        unavailable, a malformed envelope, too many calls or bytes, a call id given twice)
+        fails the RPC, and then no call gets a token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,6 +141,11 @@ def add_ToolAuthorizerServicer_to_server(servicer, server):
                     servicer.Authorize,
                     request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeRequest.FromString,
                     response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeResponse.SerializeToString,
+            ),
+            'AuthorizeBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuthorizeBatch,
+                    request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchRequest.FromString,
+                    response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchResponse.SerializeToString,
             ),
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
@@ -177,6 +200,33 @@ class ToolAuthorizer:
             '/toolauthz.v1.ToolAuthorizer/Authorize',
             toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeRequest.SerializeToString,
             toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuthorizeBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolauthz.v1.ToolAuthorizer/AuthorizeBatch',
+            toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchRequest.SerializeToString,
+            toolauthz_dot_v1_dot_authorizer__pb2.AuthorizeBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
