@@ -271,3 +271,28 @@ def test_served_calls_one_at_a_time_are_decided_inline_after_the_first_few(sidec
     assert verified.valid and sidecar.pump.inlined == 4
     status = stub.GetStatus(pb.GetStatusRequest())
     assert (status.decisions, status.decision_batches) == (12, 12)
+
+
+def test_a_slow_inline_decision_sends_calls_to_the_pump_for_a_while(sidecar, plans, monkeypatch):
+    now = [1000.0]
+    pump = DecisionPump(sidecar.authorizer, inline_after=0, slow_inline=0.05, slow_pause=30.0, clock=lambda: now[0])
+    real_apply = sidecar.ledger.apply
+
+    def slow_apply(ops):
+        now[0] += 1.0  # this commit waited a second (a lock held elsewhere, a stalled disk)
+        return real_apply(ops)
+
+    async def one(call_id):
+        return await pump.answer(plans.authorize(make_request(call_id=call_id)))
+
+    try:
+        monkeypatch.setattr(sidecar.ledger, "apply", slow_apply)
+        assert asyncio.run(one("slow")).token  # inline, but slow
+        monkeypatch.setattr(sidecar.ledger, "apply", real_apply)
+        asyncio.run(one("paused"))
+        now[0] += 30.0
+        asyncio.run(one("again"))
+    finally:
+        pump.close()
+    assert [t.name == "decision-pump" for t in plans.threads] == [False, True, False]
+    assert pump.inlined == 2

@@ -18,6 +18,8 @@ loop, in the same `run_many`. The loop is then blocked for one decision, its com
 included (about what a call queued behind a pump batch waits too); calls arriving
 meanwhile wait in gRPC's core and, once the loop sees two at a time or the pump busy,
 go to the pump again, so the inline path never turns many calls into batches of one.
+An inline decision that was slow (a store waiting on a lock, a stalled disk) sends every
+call to the pump for a while: the loop also answers health checks.
 An inline decision cannot see its client cancel (the loop that would tell it is busy
 deciding), as a pump decision cannot once its token is minted: the deadline is still
 checked before the token, and a cancelled call's answer reaches no one.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -65,12 +68,18 @@ class _Stage:
 
 class DecisionPump:
     """`inline_after`: how many lone calls in a row go to the pump before the next one
-    is decided on the event loop (None: never inline)."""
+    is decided on the event loop (None: never inline). An inline decision that took
+    longer than `slow_inline` seconds (a store waiting on a lock, a slow disk or network)
+    stops inline decisions for `slow_pause` seconds: the loop must not stall for long,
+    its health checks and other calls would wait too. `clock`: monotonic seconds."""
 
-    def __init__(self, authorizer: Authorizer, *, max_batch: int = 256, inline_after: int | None = 8):
+    def __init__(self, authorizer: Authorizer, *, max_batch: int = 256, inline_after: int | None = 8,
+                 slow_inline: float = 0.05, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self._authorizer = authorizer
         self._max_batch = max_batch
         self._inline_after = inline_after
+        self._slow_inline, self._slow_pause, self._clock = slow_inline, slow_pause, clock
+        self._no_inline_until = float("-inf")
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -156,14 +165,20 @@ class DecisionPump:
             lone = lone and not self._busy and not self._jobs
             stage.alone = stage.alone + 1 if lone else 0
             assert self._inline_after is not None  # or nothing is staged
-            if not (lone and stage.alone > self._inline_after):
+            if not (lone and stage.alone > self._inline_after and self._clock() >= self._no_inline_until):
                 self._jobs.extend(jobs)
                 self._cond.notify_all()
                 return
             self._inline_running += 1
+        began = self._clock()
         try:
             answers = self._safe_answers(jobs)
         finally:
+            ended = self._clock()
+            if ended - began > self._slow_inline:
+                log.warning("an inline decision took %.3f s: deciding on the pump's thread for the next %.0f s",
+                            ended - began, self._slow_pause)
+                self._no_inline_until = ended + self._slow_pause
             with self._cond:
                 self._inline_running -= 1
                 self._inlined += 1
