@@ -74,7 +74,7 @@ class DecisionPump:
     its health checks and other calls would wait too. `clock`: monotonic seconds."""
 
     def __init__(self, authorizer: Authorizer, *, max_batch: int = 256, inline_after: int | None = 8,
-                 slow_inline: float = 0.05, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic):
+                 slow_inline: float = 0.25, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self._authorizer = authorizer
         self._max_batch = max_batch
         self._inline_after = inline_after
