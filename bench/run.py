@@ -57,7 +57,7 @@ class Plan:
     client_procs: int  # client processes for the highest concurrency
     verify_tokens: dict  # concurrency -> tokens minted (= the most Verify calls timed)
     max_calls: int  # most calls per closed-loop run
-    open_rate: float  # the target's offered rate
+    open_rate: float  # a fixed offered rate (1,000/s: the rate of the peers' published figures)
     open_duration: float
     open_procs: int
     open_sweep: tuple[float, ...]  # lower offered rates also measured: where the knee is
