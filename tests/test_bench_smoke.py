@@ -31,8 +31,9 @@ def test_every_measurement_is_reported(quick_run):
     results, _table = quick_run
     assert {"nproc", "cpu_model", "python"} <= set(results["machine"])
     runs = {(r["server"], r["rpc"], r["workers"], r["concurrency"]) for r in results["runs"]}
-    assert {("noop", "authorize", 1, 1), ("noop", "authorize", 1, 4), ("noop", "verify", 1, 4),
-            ("sidecar", "authorize", 1, 1), ("sidecar", "authorize", 1, 4), ("sidecar", "verify", 1, 4),
+    assert {("noop", "authorize", 1, 1), ("noop", "authorize", 1, 4), ("noop", "verify", 1, 1),
+            ("noop", "verify", 1, 4), ("sidecar", "authorize", 1, 1), ("sidecar", "authorize", 1, 4),
+            ("sidecar", "verify", 1, 4),
             ("noop", "authorize", 2, 4), ("sidecar", "authorize", 2, 4), ("mtls", "authorize", 1, 4)} <= runs
     assert {r["policies"] for r in results["runs"] if r["server"] == "sidecar"} == {10, 40}
     for row in results["runs"]:
@@ -41,8 +42,13 @@ def test_every_measurement_is_reported(quick_run):
         assert row["calls"] > 0 and not row["errors"], row
         if (row["server"], row["workers"]) == ("sidecar", 1):  # GetStatus of the one pump
             assert 1 <= row["calls_per_batch"] <= row["concurrency"], row
-    assert [(o["server"], o["workers"], o["offered_per_s"], o["target"]) for o in results["open_loop"]] == [
-        ("noop", 1, 100, False), ("sidecar", 1, 100, True), ("sidecar", 2, 100, True)]
+    # The fixed rate, then half of each sidecar's own closed-loop maximum (measured just before).
+    assert [(o["server"], o["workers"], o["half_max"]) for o in results["open_loop"]] == [
+        ("noop", 1, False), ("sidecar", 1, False), ("sidecar", 1, True), ("sidecar", 2, False), ("sidecar", 2, True)]
+    for row in results["open_loop"]:
+        top = next((r for r in results["runs"] if (r["server"], r["rpc"], r["workers"], r["concurrency"])
+                    == ("sidecar", "authorize", row["workers"], 4) and r["policies"] == 40), None)
+        assert row["offered_per_s"] == (round(top["throughput_per_s"] / 2, 1) if row["half_max"] else 100)
     for row in results["open_loop"]:
         assert LATENCY_FIELDS | {"achieved_send_per_s", "completed_per_s", "failed_calls"} <= set(row)
     # Each size, then the middle one again with more static entities (a cost that must not grow either).
@@ -74,17 +80,53 @@ def test_every_audit_record_is_accounted_for(quick_run):
 def test_targets_are_judged_and_printed(quick_run):
     results, table = quick_run
     names = [t["target"] for t in results["targets"]]
-    assert len(names) == 6
-    assert [n for n in names if n.startswith("Authorize/no-op throughput")] == [
-        "Authorize/no-op throughput, 4 in flight, 1 process",
-        "Authorize/no-op throughput, 4 in flight, 2 processes each"]
-    assert any(n.startswith("Authorize cost at 40 / at 10 policies") for n in names)
-    assert sum(n.startswith("Authorize p99 at 100/s offered") for n in names) == 2
-    assert any(n.startswith("audit records lost") for n in names)
-    assert all(isinstance(t["pass"], bool) for t in results["targets"])
+    assert names == [
+        "Authorize/no-op throughput, 4 in flight, 2 workers vs 2 no-op processes",
+        "Authorize/no-op throughput, 4 in flight, 2 workers vs 2 no-op processes (standing goal)",
+        "Authorize p50 minus the no-op's, 1 in flight, 1 process (ms)",
+        "Verify p50 minus the no-op's, 1 in flight, 1 process (ms)",
+        "Authorize p99 at half the maximum rate / p50 at 1 in flight, 1 worker(s)",
+        "Authorize p99 at half the maximum rate / p50 at 1 in flight, 2 worker(s)",
+        "Authorize cost at 40 / at 10 policies",
+        "audit records lost (one record per response)"]
+    assert all(isinstance(t["pass"], bool) and "value" in t for t in results["targets"])
     for section in ("closed loop", "open loop", "in process", "audit check", "where the time goes", "targets"):
         assert section in table
-    assert table.count("PASS ") + table.count("FAIL ") == 6
+    assert table.count("PASS ") + table.count("FAIL ") == len(names)
+
+
+def bench_cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bench", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_compare_prints_each_figure_beside_the_saved_runs_and_their_ratio(quick_run, tmp_path):
+    results, _table = quick_run
+    base = json.loads(json.dumps(results))
+    for row in base["runs"]:
+        row["throughput_per_s"] *= 2  # the saved run was twice as fast: every ratio of now to it is 0.50
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "now.json").write_text(json.dumps(results))
+    out = bench_cli("--results", tmp_path / "now.json", "--compare", tmp_path / "base.json")
+    compared = out[out.index("compared with the run of"):].splitlines()[2:]
+    per_s = [line.split() for line in compared if ": per s" in line]
+    assert len(per_s) == len(results["runs"]) and all(cells[-1] == "0.50" for cells in per_s)
+    p50 = [line.split() for line in compared if "in flight: p50 ms" in line]
+    assert len(p50) == len(results["runs"]) and all(cells[-1] == "1.00" for cells in p50)
+    assert sum(line.lstrip().startswith("target: ") for line in compared) == len(results["targets"])
+
+
+def test_markdown_prints_one_table_per_question_and_the_targets(quick_run, tmp_path):
+    results, _table = quick_run
+    (tmp_path / "now.json").write_text(json.dumps(results))
+    out = bench_cli("--results", tmp_path / "now.json", "--markdown")
+    for title in ("**Targets**", "**Throughput at 4 in flight**", "**Latency at one call in flight**",
+                  "**Latency at a fixed offered rate**", "**In process**"):
+        assert title in out
+    assert out.count("| **PASS** |") + out.count("| **FAIL** |") == len(results["targets"])
 
 
 def test_the_script_form_runs_too():

@@ -162,13 +162,18 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 
 
-def test_one_authorize_is_a_span_tree_of_its_steps_in_the_callers_trace(spans, stub):
+@pytest.mark.parametrize("calls_before", [0, 8], ids=["on the pump", "inline, on the loop"])
+def test_one_authorize_is_a_span_tree_of_its_steps_in_the_callers_trace(spans, stub, sidecar, calls_before):
+    for i in range(calls_before):  # lone calls: after 8 of them the pump decides the next on the loop
+        stub.Authorize(make_request(call_id=f"before_{i}", request_id=f"before-{i}"), timeout=10)
     request = make_request()
     response = stub.Authorize(request, timeout=10,
                               metadata=[("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN}-01")])
     assert response.decision == pb.ALLOW
+    assert sidecar.pump.inlined == (1 if calls_before else 0)
     finished = spans.get_finished_spans()
-    rpc = next(s for s in finished if s.name == "toolauthz.Authorize")
+    rpc = next(s for s in finished if s.name == "toolauthz.Authorize" and
+               format(s.context.trace_id, "032x") == TRACE_ID)
     assert format(rpc.context.trace_id, "032x") == TRACE_ID
     assert format(rpc.parent.span_id, "016x") == PARENT_SPAN
     assert rpc.attributes["toolauthz.decision_id"] == response.decision_id

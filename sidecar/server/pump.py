@@ -1,4 +1,5 @@
-"""The decision pump: one thread that makes this process's decisions, in batches.
+"""The decision pump: one thread that makes this process's decisions, in batches, and
+decides a lone call on the event loop itself.
 
 With a thread per request, 32 calls in flight would be 32 threads taking turns on the
 interpreter lock: each woken for its group commit, each handing the lock on, 31-32
@@ -9,12 +10,26 @@ all the plans' ledger writes together (`Authorizer.run_many`: Cedar and the toke
 signature before the write lock, one transaction, one fsync after the lock), and hands
 the answers back to the loop in one wake-up per batch.
 
+At one call in flight that hand-off is pure cost: two thread wake-ups per call (the
+pump's, then the loop's) and nothing to batch. So a call that is alone (the only one
+its loop has handed over in this loop iteration and still awaits, the pump idle with
+nothing queued, and `inline_after` calls before it alone too) is decided on the event
+loop, in the same `run_many`. The loop is then blocked for one decision, its commit
+included (about what a call queued behind a pump batch waits too); calls arriving
+meanwhile wait in gRPC's core and, once the loop sees two at a time or the pump busy,
+go to the pump again, so the inline path never turns many calls into batches of one.
+An inline decision that was slow (a store waiting on a lock, a stalled disk) sends every
+call to the pump for a while: the loop also answers health checks.
+An inline decision cannot see its client cancel (the loop that would tell it is busy
+deciding), as a pump decision cannot once its token is minted: the deadline is still
+checked before the token, and a cancelled call's answer reaches no one.
+
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
 awaiting coroutine). A group job (`answer_group`, AuthorizeBatch) returns many plans,
 which always run in the same `run_many`, so their writes share one transaction: a batch
 takes jobs up to `max_batch` plans (a group counts its members), the most the ledger's
-group commit puts in one transaction.
+group commit puts in one transaction. A group never runs inline.
 """
 
 from __future__ import annotations
@@ -22,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,23 +58,68 @@ class _Job:
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
 
 
+class _Stage:
+    """One event loop's side: the jobs handed over in this loop iteration (sent on by
+    one `_flush` callback after it), the calls still awaiting an answer, and how many
+    calls in a row were alone. Touched only on its loop's thread."""
+
+    __slots__ = ("jobs", "awaiting", "alone")
+
+    def __init__(self) -> None:
+        self.jobs: list[_Job] = []
+        self.awaiting = 0
+        self.alone = 0
+
+
 class DecisionPump:
-    def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH):
+    """`inline_after`: how many lone calls in a row go to the pump before the next one
+    is decided on the event loop (None: never inline). An inline decision that took
+    longer than `slow_inline` seconds (a store waiting on a lock, a slow disk or network)
+    stops inline decisions for `slow_pause` seconds: the loop must not stall for long,
+    its health checks and other calls would wait too. `clock`: monotonic seconds."""
+
+    def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH, inline_after: int | None = 8,
+                 slow_inline: float = 0.25, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self._authorizer = authorizer
         self._max_batch = max_batch
+        self._inline_after = inline_after
+        self._slow_inline, self._slow_pause, self._clock = slow_inline, slow_pause, clock
+        self._no_inline_until = float("-inf")
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._busy = False  # the pump's thread is running a batch
+        self._inline_running = 0  # decisions being made on event loops now
+        self._inlined = 0
         self._batches = 0
         self._answered = 0
+        self._stages: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Stage] = weakref.WeakKeyDictionary()
         self.after_batch: Callable[[], None] | None = None  # the worker's status board (worker_status.py)
         self._thread = threading.Thread(target=self._run, name="decision-pump", daemon=True)
         self._thread.start()
 
     async def answer(self, make_plan: Callable[[], Plan]) -> Any:
-        """`make_plan()` is called on the pump's thread; returns the plan's answer."""
+        """`make_plan()` is called on the pump's thread (or, for a lone call, on the
+        event loop's); returns the plan's answer."""
+        if self._closed:
+            raise StoreUnavailable("the decision pump is closed")
         loop = asyncio.get_running_loop()
-        return await self._queued(_Job(make_plan, loop.create_future(), loop))
+        job = _Job(make_plan, loop.create_future(), loop)
+        stage = self._stages.get(loop)
+        if stage is None:
+            stage = self._stages[loop] = _Stage()
+        stage.awaiting += 1
+        try:
+            if self._inline_after is None or self._busy or self._jobs:
+                stage.alone = 0
+                self._enqueue([job])
+            else:  # maybe alone: `_flush` sees what else arrived in this iteration
+                stage.jobs.append(job)
+                if len(stage.jobs) == 1:
+                    loop.call_soon(self._flush, stage)
+            return await job.future
+        finally:
+            stage.awaiting -= 1
 
     async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]], members: int) -> list[Any]:
         """`make_plans()` is called on the pump's thread and gives each of the `members`
@@ -66,21 +128,20 @@ class DecisionPump:
         while `members` is at most `max_batch`. An exception `make_plans` raises is raised
         here, for the whole group."""
         loop = asyncio.get_running_loop()
-        answers: list[Any] = await self._queued(_Job(make_plans, loop.create_future(), loop, True, members))
+        job = _Job(make_plans, loop.create_future(), loop, True, members)
+        self._enqueue([job])
+        answers: list[Any] = await job.future
         return answers
-
-    async def _queued(self, job: _Job) -> Any:
-        with self._cond:
-            if self._closed:
-                raise StoreUnavailable("the decision pump is closed")
-            self._jobs.append(job)
-            self._cond.notify()
-        return await job.future
 
     @property
     def batches(self) -> int:
-        """Batches run so far."""
+        """Batches run so far (an inline decision is a batch of one)."""
         return self._batches
+
+    @property
+    def inlined(self) -> int:
+        """Decisions made on an event loop, each alone (counted in `batches` too)."""
+        return self._inlined
 
     @property
     def answered(self) -> int:
@@ -97,8 +158,53 @@ class DecisionPump:
         """Refuse new jobs; return once every queued job is answered."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._inline_running)
+
+    def _enqueue(self, jobs: list[_Job]) -> None:
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable("the decision pump is closed")
+            self._jobs.extend(jobs)
+            self._cond.notify_all()
+
+    def _flush(self, stage: _Stage) -> None:
+        """On the loop, after the coroutines of one iteration handed over their jobs:
+        decide a lone one here, send the others to the pump."""
+        jobs, stage.jobs = stage.jobs, []
+        lone = len(jobs) == 1 and stage.awaiting == 1 and not jobs[0].future.done()
+        with self._cond:
+            if self._closed:  # since these jobs were handed over: answered as a later one is
+                _settle([(job.future, StoreUnavailable("the decision pump is closed")) for job in jobs])
+                return
+            lone = lone and not self._busy and not self._jobs
+            stage.alone = stage.alone + 1 if lone else 0
+            assert self._inline_after is not None  # or nothing is staged
+            if not (lone and stage.alone > self._inline_after and self._clock() >= self._no_inline_until):
+                self._jobs.extend(jobs)
+                self._cond.notify_all()
+                return
+            self._inline_running += 1
+        began = self._clock()
+        try:
+            answers = self._safe_answers(jobs)
+        finally:
+            ended = self._clock()
+            if ended - began > self._slow_inline:
+                log.warning("an inline decision took %.3f s: deciding on the pump's thread for the next %.0f s",
+                            ended - began, self._slow_pause)
+                self._no_inline_until = ended + self._slow_pause
+            with self._cond:
+                self._inline_running -= 1
+                self._inlined += 1
+                self._batches += 1
+                self._answered += 1
+                self._cond.notify_all()  # close() may be waiting for it
+        _settle([(jobs[0].future, answers[0])])
+        if self.after_batch is not None:
+            self.after_batch()
 
     def _run(self) -> None:
         while True:
@@ -111,16 +217,22 @@ class DecisionPump:
                 while self._jobs and plans + self._jobs[0].plans <= self._max_batch:
                     plans += self._jobs[0].plans
                     batch.append(self._jobs.popleft())
-            try:
-                answers = self._answers(batch)
-            except BaseException as exc:  # never leave a caller waiting
-                log.error("decision batch failed", exc_info=exc)
-                answers = [StoreUnavailable("the decision could not be made") for _ in batch]
-            self._batches += 1
-            self._answered += len(batch)
+                self._busy = True
+            answers = self._safe_answers(batch)
+            with self._cond:  # idle before any caller has its answer (and sends the next call)
+                self._busy = False
+                self._batches += 1
+                self._answered += len(batch)
             self._deliver(batch, answers)
             if self.after_batch is not None:
                 self.after_batch()
+
+    def _safe_answers(self, batch: list[_Job]) -> list[Any]:
+        try:
+            return self._answers(batch)
+        except BaseException as exc:  # never leave a caller waiting
+            log.error("decision batch failed", exc_info=exc)
+            return [StoreUnavailable("the decision could not be made") for _ in batch]
 
     def _answers(self, batch: list[_Job]) -> list[Any]:
         answers: list[Any] = [None] * len(batch)

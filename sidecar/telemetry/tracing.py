@@ -4,8 +4,9 @@ Off (the default), `rpc_span` and `step` cost one attribute read: no span, no co
 object. On (`use_tracer_provider`, called by the server with the configured exporter or
 by a test with an in-memory one), an RPC span continues the W3C `traceparent` the client
 sent in the gRPC metadata, and each step (validate, evaluate, sign, store) is a child of
-it. The steps run on the decision pump's thread, not the event loop's, so a request's
-context travels with its plan (`current`) and each step names its parent explicitly.
+it. The steps run on the decision pump's thread (a lone call's on the event loop, in a
+callback of its own), so a request's context travels with its plan (`current`) and each
+step names its parent explicitly.
 
 Attributes: the decision id, the tool (a catalogued name or `unknown`), the result and
 the verify code. Never an argument value, a principal, a tenant or a call id.
@@ -79,7 +80,7 @@ def step(name: str, parent: otel_context.Context | None,
 
 @contextmanager
 def attached(parent: otel_context.Context | None) -> Iterator[None]:
-    """`parent` as the current context while the block runs (on the pump's thread)."""
+    """`parent` as the current context while the block runs (where the plan is made)."""
     if parent is None:
         yield
         return
