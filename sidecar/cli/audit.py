@@ -209,7 +209,26 @@ def _show(log, args) -> int:
     # In the order it happened (seq): a replayed decision after an approval shows after it.
     for record in records:
         print("  " + _story_line(record))
+        if record.event.kind == "authorize" and isinstance(record.event.detail.get("decided_by"), dict):
+            print("  " + " " * 26 + _decided_by_line(record.event.detail["decided_by"]))
     return 0
+
+
+def _decided_by_line(decided: dict) -> str:
+    """The entities a decision was made on (sidecar/decided_by.py), escaped."""
+    def uids(name: str) -> str:
+        return ", ".join(display_uid(str(uid)) for uid in decided.get(name, [])) or "-"
+
+    # JSON text is a literal of its own: its quotes are already escaped (display's quotes=False)
+    supplied = "; ".join(
+        display_uid(str(entity.get("uid"))) + (" " + display(json.dumps(entity.get("attrs"), sort_keys=True,
+                                                                         ensure_ascii=False), quotes=False)
+                                               if entity.get("attrs") else "")
+        for entity in decided.get("supplied", []) if isinstance(entity, dict)) or "-"
+    omitted = decided.get("omitted") or {}
+    left_out = ", ".join(f"{display(str(n))} {display(str(what))}" for what, n in sorted(omitted.items()) if n)
+    return (f"on principal {uids('principal')} | resource {uids('resource')} | supplied {supplied}"
+            + (f" | left out: {left_out}" if left_out else ""))
 
 
 def _story_line(record: AuditRecord) -> str:
