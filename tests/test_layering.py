@@ -39,6 +39,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # hand their work to it, so it sits below the service although server/ holds it.
     ("decision pump", frozenset({"sidecar.server.pump"})),
     ("service", frozenset({"sidecar.service"})),
+    # The browser console: pages over the approval desk and the audit log, served by
+    # the server beside the gRPC and HTTP listeners.
+    ("console", frozenset({"sidecar.console"})),
     ("server", frozenset({"sidecar.server"})),
     ("cli", frozenset({"sidecar.cli"})),
 )

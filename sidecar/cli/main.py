@@ -31,7 +31,7 @@ def cmd_serve(args) -> int:
 
     with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
         settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
-                                 log_format=args.log_format,
+                                 log_format=args.log_format, console_listen=args.console_listen,
                                  store=args.store, store_migrate=args.migrate or None)
         return serve_workers(settings, args.workers, reloads)
 
@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes sharing the address (default: one per core)")
     serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON objects")
+    serve.add_argument("--console-listen", help="HOST:PORT of the browser console for approvers and auditors "
+                                                "(docs/console.md); default: off")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="load and validate a bundle")

@@ -22,7 +22,10 @@ from sidecar.approvals import ApprovalDesk
 from sidecar.authorizer import Authorizer
 from sidecar.bundle import BundleHolder
 from sidecar.clock import Clock, SystemClock
-from sidecar.errors import KeyFileError, StoreUnavailable
+from sidecar.console import Console, ConsoleDeps
+from sidecar.console.session import Sessions, load_or_create_secret
+from sidecar.console.signin import Authenticator, DevSignIn, OidcSignIn, ProxySignIn
+from sidecar.errors import KeyFileError, StoreUnavailable, ToolAuthzError
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -39,6 +42,7 @@ from sidecar.server.listeners import (
     parse_address,
     planned_http_listeners,
     port_of,
+    split_listen,
     transport_of,
 )
 from sidecar.server.pump import DecisionPump
@@ -51,7 +55,8 @@ from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import TransportRegistration, caller_of
 from sidecar.service.common import TolerantRegistration
-from sidecar.service.http_api import HttpApi, HttpListener, host_rule
+from sidecar.service.http_api import HttpApi, HttpListener, any_host, host_rule
+from sidecar.service.loopback import is_loopback_host
 from sidecar.service.running import AioServer
 from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
@@ -239,6 +244,7 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
                                                                      services=services), reuse_port=reuse_port)
     try:
         start_http(sidecar, server, planned_http_listeners(settings), reuse_port)
+        start_console(sidecar, server, reuse_port)
     except BaseException:
         server.stop(None)
         raise
@@ -269,10 +275,51 @@ def _serve_http(server: AioServer, api: HttpApi, listener: ListenerSettings, reu
     server.after_stop(remove)
     answers_host = host_rule(plaintext=tcp and tls is None,
                              loopback=isinstance(address, TcpAddress) and address.loopback)
-    serving = server.run(lambda: HttpListener.start(api, sock, transport=transport_of(listener),
+    serving = server.run(lambda: HttpListener.start(api.app, sock, transport=transport_of(listener),
                                                     answers_host=answers_host, tls=tls))
     server.add_companion(serving.stop)
     return f"{address.host}:{serving.port}" if isinstance(address, TcpAddress) else str(address)
+
+
+def console_of(sidecar: Sidecar) -> Console:
+    """The browser console of `console_listen` over this sidecar's desk and audit log,
+    with the authenticator `console.sign_in` names."""
+    settings = sidecar.settings
+    c = settings.console
+    loopback = is_loopback_host(split_listen(settings.console_listen)[0].strip("[]"))
+    authenticator: Authenticator
+    if c.sign_in == "proxy" and c.proxy is not None:
+        p = c.proxy
+        authenticator = ProxySignIn(p.trusted, user_header=p.user_header, groups_header=p.groups_header,
+                                    tenant_header=p.tenant_header, principal_type=p.principal_type)
+    elif c.sign_in == "oidc" and c.oidc is not None and sidecar.approvals.id_tokens is not None:
+        authenticator = OidcSignIn(sidecar.approvals.id_tokens, c.oidc.tenant)
+    elif c.sign_in == "dev":
+        authenticator = DevSignIn(loopback=loopback)
+    else:
+        raise ToolAuthzError(f"console.sign_in `{c.sign_in}` is not configured completely")
+    deps = ConsoleDeps(sidecar.approvals, sidecar.audit_log, sidecar.audit_key.public_key, sidecar.status)
+    sessions = Sessions(load_or_create_secret(pathlib.Path(settings.data_dir)), c.session_seconds)
+    return Console(deps, authenticator, sessions, auditor_groups=c.auditor_groups, loopback=loopback)
+
+
+def start_console(sidecar: Sidecar, server: AioServer, reuse_port: bool) -> str:
+    """The console on `console_listen`, on a gRPC server's loop (as the HTTP API is), so a
+    decision made there pokes the same desk's watchers; stopped with that server. Returns
+    the address served (port 0 resolved; `server.console_port`), or "" when it is off."""
+    address = sidecar.settings.console_listen
+    if not address:
+        return ""
+    console = console_of(sidecar)
+    # Plaintext off loopback is allowed: the console then sits behind the reverse proxy
+    # that terminates TLS (and, with `proxy` sign-in, authenticates people).
+    listener = ListenerSettings(address=address, insecure=True)
+    sock, _remove = bind_http_socket(listener, reuse_port)
+    serving = server.run(lambda: HttpListener.start(console.app, sock, transport=transport_of(listener),
+                                                    answers_host=any_host))
+    server.add_companion(serving.stop)
+    server.console_port = serving.port
+    return f"{split_listen(address)[0]}:{serving.port}"
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:

@@ -106,6 +106,49 @@ class ApproverSettings(_Strict):
     oidc: OidcApproverSettings | None = None
 
 
+_HEADER = r"^[A-Za-z0-9-]{1,64}$"
+
+
+class ConsoleProxySettings(_Strict):
+    """Sign-in by a reverse proxy's headers, believed only from `trusted` addresses."""
+
+    trusted: tuple[str, ...] = Field(min_length=1)  # CIDRs of the proxies, e.g. 10.0.0.5/32
+    user_header: str = Field("X-Forwarded-User", pattern=_HEADER)
+    groups_header: str = Field("X-Forwarded-Groups", pattern=_HEADER)  # comma-separated
+    tenant_header: str = Field("X-Forwarded-Tenant", pattern=_HEADER)
+    principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @field_validator("trusted")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        import ipaddress
+
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"`{cidr}` is not an address or CIDR") from None
+        return value
+
+
+class ConsoleOidcSettings(_Strict):
+    """Sign-in with an ID token of `approvers.oidc`'s identity provider; the token proves
+    the person and their groups, the console's configuration their tenant."""
+
+    tenant: str = Field(pattern=_TENANT.replace(r"\*|", ""))
+
+
+class ConsoleSettings(_Strict):
+    """The browser console (sidecar/console/, docs/console.md), served on `console_listen`."""
+
+    sign_in: Literal["dev", "proxy", "oidc"] = "dev"
+    proxy: ConsoleProxySettings | None = None
+    oidc: ConsoleOidcSettings | None = None
+    # Members of any of these groups may use the audit explorer and the policy status.
+    auditor_groups: tuple[str, ...] = ("auditors",)
+    session_seconds: int = Field(8 * 3600, ge=60, le=7 * 24 * 3600)
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
@@ -122,6 +165,9 @@ class Settings(_Strict):
     # The HTTP/JSON API's addresses with TLS (mTLS authenticates callers) or as Unix
     # sockets with an identity, checked as `listeners` are; replaces `http_listen`.
     http_listeners: tuple[ListenerSettings, ...] = ()
+    # The browser console for approvers and auditors (sidecar/console/), HOST:PORT; empty: off.
+    console_listen: str = ""
+    console: ConsoleSettings = ConsoleSettings()
     data_dir: pathlib.Path = pathlib.Path(".toolauthz")
     # Development convenience: create the token and audit keys under data_dir if absent.
     generate_missing_keys: bool = True
@@ -179,6 +225,30 @@ class Settings(_Strict):
             raise ValueError("each caller id may be listed once in `callers`")
         return self
 
+    @model_validator(mode="after")
+    def _console_sign_in(self) -> Settings:
+        if not self.console_listen:
+            return self
+        from sidecar.service.loopback import is_loopback_host
+
+        host, sep, port = self.console_listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"console_listen must be HOST:PORT, not `{self.console_listen}`")
+        host = host.strip("[]")
+        console = self.console
+        if console.sign_in == "dev" and not is_loopback_host(host):
+            raise ValueError(f"console.sign_in `dev` lets anyone sign in as anyone: it is allowed only when "
+                             f"console_listen is a loopback address, not `{self.console_listen}`")
+        if console.sign_in == "proxy" and console.proxy is None:
+            raise ValueError("console.sign_in `proxy` needs `console.proxy` (its trusted addresses and headers)")
+        if console.sign_in == "oidc" and (console.oidc is None or self.approvers.oidc is None):
+            raise ValueError("console.sign_in `oidc` needs `console.oidc` (the tenant) and `approvers.oidc` "
+                             "(the identity provider whose ID tokens it verifies)")
+        if self.approvers.oidc is not None and console.sign_in != "oidc":
+            raise ValueError("with `approvers.oidc`, deciding an approval needs the approver's ID token: "
+                             "console.sign_in must be `oidc`")
+        return self
+
     @property
     def keys_dir(self) -> pathlib.Path:
         return self.data_dir / "keys"
@@ -212,7 +282,7 @@ class Settings(_Strict):
 
 
 _ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
-        "TOOLAUTHZ_HTTP_LISTEN": "http_listen",
+        "TOOLAUTHZ_HTTP_LISTEN": "http_listen", "TOOLAUTHZ_CONSOLE_LISTEN": "console_listen",
         "TOOLAUTHZ_STORE": "store"}
 
 

@@ -157,8 +157,12 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                     http_listen = _reserved_address(reserved, settings.http_listen) if settings.http_listen else ""
                     reserved_http = tuple(_with_reserved_port(reserved, listener)
                                           for listener in settings.http_listeners)
+                    # The console likewise: every worker serves it (sidecar/console/__init__.py).
+                    console_listen = _reserved_address(reserved, settings.console_listen) \
+                        if settings.console_listen else ""
                     group.settings = worker_settings.model_copy(update={"http_listen": http_listen,
-                                                                        "http_listeners": reserved_http})
+                                                                        "http_listeners": reserved_http,
+                                                                        "console_listen": console_listen})
                     status = group.start(resolved)
                 if status is not None:
                     return status
@@ -170,6 +174,7 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                       f"data in {settings.data_dir}, {workers} workers "
                       f"(pids {', '.join(str(p) for p in group.pids())})", flush=True)
                 _announce_metrics(settings, metrics_server)
+                _announce_console(console_listen)
                 return group.supervise()
         finally:
             if metrics_server is not None:
@@ -182,6 +187,11 @@ def _announce_metrics(settings: Settings, server: MetricsServer | None) -> None:
     if server is not None:
         host = split_listen(settings.metrics_listen)[0]
         print(f"toolauthz metrics on http://{host}:{server.port}/metrics", flush=True)
+
+
+def _announce_console(address: str) -> None:
+    if address:
+        print(f"toolauthz console on http://{address}/", flush=True)
 
 
 def _with_reserved_port(reserved: contextlib.ExitStack, listener: ListenerSettings) -> ListenerSettings:
@@ -230,6 +240,7 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
         print(f"toolauthz serving bundle {settings.bundle} (version {version}) on "
               f"{', '.join(serving.addresses)}{http}, data in {settings.data_dir}", flush=True)
         _announce_metrics(settings, metrics_server)
+        _announce_console(serving.console_address)
         try:
             # Never a wait without a timeout: the kernel may deliver SIGHUP or SIGTERM to
             # one of gRPC's threads, and CPython then runs the handler only when the main

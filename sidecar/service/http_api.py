@@ -388,8 +388,8 @@ def _identifying_protocol(transport: Transport, answers_host: HostRule) -> type[
 
 
 class HttpListener:
-    """uvicorn serving an HttpApi on the running event loop (the gRPC server's), so that
-    both transports share one loop and one decision pump."""
+    """uvicorn serving an HttpApi (or the console) on the running event loop (the gRPC
+    server's), so that every transport shares one loop, one decision pump and one desk."""
 
     def __init__(self, server: _Server, task: asyncio.Task[None], port: int):
         self._server = server
@@ -397,12 +397,13 @@ class HttpListener:
         self.port = port
 
     @classmethod
-    async def start(cls, api: HttpApi, sock: socket.socket, *, transport: Transport, answers_host: HostRule,
+    async def start(cls, app: ASGIApp, sock: socket.socket, *, transport: Transport, answers_host: HostRule,
                     tls: ssl.SSLContext | None = None) -> HttpListener:
-        """Serves on `sock` (bound and listening; the listener owns it from here), with
+        """Serves `app` (an HttpApi's, or the console's) on `sock` (bound and listening;
+        the listener owns it from here), with
         `tls` if given; callers are proven as `transport` says. Raises OSError when it
         cannot serve."""
-        config = uvicorn.Config(api.app, http=_identifying_protocol(transport, answers_host), ws="none",
+        config = uvicorn.Config(app, http=_identifying_protocol(transport, answers_host), ws="none",
                                 lifespan="off", log_config=None, access_log=False, proxy_headers=False,
                                 server_header=False, timeout_graceful_shutdown=5,
                                 ssl_context_factory=None if tls is None else (lambda _config, _default: tls))

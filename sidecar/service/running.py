@@ -74,6 +74,7 @@ class AioServer:
         # Servers sharing this loop (the HTTP API), each stopped with the gRPC server.
         self._companions: list[Callable[[float | None], Awaitable[None]]] = []
         self.http_port: int | None = None
+        self.console_port: int | None = None  # the browser console's (sidecar/console/), when served
 
         async def create() -> grpc.aio.Server:
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
