@@ -99,3 +99,14 @@ def test_bad_record_entities_rules_are_refused(tmp_path, rules, message):
     problems: list[Problem] = []
     assert load_catalog(tools, problems) == {}
     assert any(message in p.message for p in problems), problems
+
+
+def test_record_entities_of_an_undeclared_type_is_refused(bundle_dir):
+    from sidecar.bundle import load_bundle
+    from sidecar.errors import BundleError
+
+    tool = bundle_dir / "tools" / "issue_refund.yaml"
+    tool.write_text(tool.read_text().replace("record_entities: {Order:", "record_entities: {Ordr:"))
+    with pytest.raises(BundleError) as info:
+        load_bundle(bundle_dir)
+    assert "audit.record_entities names `Ordr`, which is not declared" in str(info.value)
