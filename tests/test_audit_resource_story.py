@@ -78,3 +78,10 @@ def test_the_server_path_refuses_what_needs_the_store(refunds, capsys):
     assert main(["audit", "--server", f"127.0.0.1:{refunds}", "show", "call_approved", "--resource",
                  "Order::ord_777"]) == 1
     assert "not both" in capsys.readouterr().err
+
+
+def test_the_query_table_has_a_resource_column(refunds, sidecar, capsys):
+    out = _printed(capsys, "audit", "--data-dir", str(sidecar.settings.data_dir), "query", "--kind", "authorize")
+    header, *rows = out.splitlines()
+    assert header.split()[7] == "resource"
+    assert [row.split()[7] for row in rows] == ['Order::"ord_777"', 'Order::"ord_777"', 'Order::"ord_1"']

@@ -163,7 +163,8 @@ def _row(record: AuditRecord) -> str:
     e = record.event
     why = display(",".join(e.reasons or e.error_codes))
     return (f"{record.seq:>7}  {_iso(e.time)}  {display(e.kind):9}  {display(e.result):17}  {display(e.tenant):10}  "
-            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display(e.call_id):20}  {why}")
+            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display_uid(e.resource) or '-':22}  "
+            f"{display(e.call_id):20}  {why}")
 
 
 def _query(log, args) -> int:
@@ -173,7 +174,7 @@ def _query(log, args) -> int:
             print(json.dumps(as_json(record), sort_keys=True))
         return 0
     print(f"{'seq':>7}  {'time':24}  {'kind':9}  {'result':17}  {'tenant':10}  {'principal':18}  "
-          f"{'tool':16}  {'call_id':20}  reasons/errors")
+          f"{'tool':16}  {'resource':22}  {'call_id':20}  reasons/errors")
     for record in records:
         print(_row(record))
     return 0
