@@ -61,7 +61,9 @@ def _texts(uids: Iterable[UID]) -> list[str]:
 
 
 def _text(uid: UID) -> str:
-    return f'{uid[0]}::{json.dumps(uid[1], ensure_ascii=False)}'
+    """As every audit record writes a uid (its `resource`): the id as given, escaped
+    only where a person reads it (display_uid)."""
+    return f'{uid[0]}::"{uid[1]}"'
 
 
 def _lineage(bundle: Bundle, tenant: str, supplied: Mapping[UID, dict[str, Any]], anchor: UID) -> list[UID]:

@@ -287,6 +287,10 @@ def test_an_auditor_finds_the_call_by_resource_and_sees_its_timeline_in_two_clic
     assert page.inner_text("#summary-outcome") == "completed"
     stages = page.locator("[data-testid=timeline-step]").evaluate_all("steps => steps.map(s => s.dataset.stage)")
     assert stages == ["decision", "approval", "verification", "outcome"]
+    decided = page.inner_text("[data-testid=decided-by]")
+    assert 'principal User::"alice", Tenant::"acme"' in decided
+    assert 'supplied Order::"ord_777" {"/owner": {"__entity": {"id": "alice", "type": "User"}}, ' \
+           '"/refundable_cents": 10000}' in " ".join(decided.split())
     screenshot(request, page, "timeline.png")
 
 
@@ -325,6 +329,8 @@ def test_model_supplied_strings_are_shown_as_text(open_page, stub):
     assert "ord_\\x1b[31mred\\nline" in page.inner_text("#audit-results")
     page.goto("/audit/call?id=call_img")
     assert page.locator("main img").count() == 0
+    page.goto("/audit/call?id=call_odd")
+    assert 'resource Order::"ord_\\x1b[31mred\\nline"' in page.inner_text("[data-testid=decided-by]")
     assert page.dialogs == []
 
 
