@@ -240,3 +240,28 @@ def test_grpc_and_console_see_the_same_approval(sidecar, console, channel):
             approval_id=result.approval_id, verdict=apb.REJECT,
             approver=pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"))))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_serve_runs_the_console_beside_its_grpc_listener(sidecar):
+    import urllib.request
+
+    from sidecar.server.build import create_server
+
+    sidecar.settings = sidecar.settings.model_copy(update={"console_listen": "127.0.0.1:0"})
+    srv, _port = create_server(sidecar, "127.0.0.1:0")
+    try:
+        assert srv.console_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.console_port}/signin", timeout=GENEROUS) as answer:
+            assert answer.status == 200 and answer.headers["content-security-policy"] == CSP
+            assert 'id="signin-form"' in answer.read().decode()
+    finally:
+        srv.stop(None)
+    assert (sidecar.settings.data_dir / "console-secret").stat().st_mode & 0o077 == 0
+
+
+def test_an_oversized_form_is_refused_as_a_bad_request(sidecar, console):
+    client = browser(console)
+    token = csrf_of(client.get("/signin").text)
+    fields = {f"f{i}": "x" for i in range(40)}
+    answer = client.post("/signin", data={"csrf_token": token, **fields})
+    assert answer.status_code == 400

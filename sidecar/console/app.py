@@ -175,8 +175,7 @@ class Console:
                                              "try again")
                 try:
                     visit.person = self.authenticator.person(
-                        {k.lower(): v for k, v in request.headers.items()},
-                        request.client.host if request.client else "", session)
+                        _headers(request), request.client.host if request.client else "", session)
                 except SignInRefused as exc:
                     visit.notice = str(exc)
                     if not public:
@@ -188,6 +187,8 @@ class Console:
                 if auditor and not self.is_auditor(visit.person):
                     raise ForbiddenError("the audit pages are for auditors (console.auditor_groups)")
                 response = await handler(self, visit)
+            except HTTPException as exc:  # Starlette's own refusals, e.g. a form with too many fields
+                response = self.render(visit, "error.html", {"message": str(exc.detail)}, exc.status_code)
             except Exception as exc:  # noqa: BLE001 - the boundary: every error becomes a page
                 failure = failure_of(exc, f"console {request.url.path}")
                 response = self.render(visit, "error.html", {"message": failure.message},
@@ -377,6 +378,17 @@ class Console:
     async def status(self, visit: Visit) -> Response:
         status = await run_in_threadpool(self.deps.status)
         return self.render(visit, "status.html", {"st": status})
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The request's headers by lower-case name. A header sent twice has its values
+    joined by a newline, which no sign-in value accepts: a second user, tenant or
+    groups header (a client's, passed on by a proxy that appends) is refused, never
+    silently preferred or merged."""
+    joined: dict[str, str] = {}
+    for name, value in request.headers.items():
+        joined[name] = f"{joined[name]}\n{value}" if name in joined else value
+    return joined
 
 
 def _signed_in(visit: Visit) -> Person:

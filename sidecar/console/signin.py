@@ -32,6 +32,8 @@ from sidecar.model import PRINCIPAL_ID, PRINCIPAL_TYPE, TENANT, Principal
 from sidecar.oidc import IdTokenRefused, IdTokenVerifier
 
 MAX_GROUPS = 64
+# The session cookie keeps the ID token, and browsers drop a cookie over 4 KB.
+MAX_SESSION_ID_TOKEN = 3000
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\Z")
 _UID = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)::"(.*)"\Z', re.DOTALL)
 
@@ -195,4 +197,8 @@ class OidcSignIn:
     def sign_in(self, form: Mapping[str, str]) -> dict[str, Any]:
         id_token = form.get("id_token", "").strip()
         self._person(id_token)
+        if len(id_token) > MAX_SESSION_ID_TOKEN:
+            raise SignInRefused(f"this ID token is longer than {MAX_SESSION_ID_TOKEN} characters, more than a "
+                                "session cookie can hold: sign in through an auth proxy that sends it as "
+                                "`Authorization: Bearer`")
         return {"id_token": id_token}
