@@ -19,6 +19,11 @@ import threading
 import pytest
 from conftest import make_request, order_entity, verify_request
 
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # the browser fixture then fails (CI) or skips, saying why
+    expect = sync_playwright = None
+
 from sidecar.client import AuthzClient, Guard, Principal, ProposedCall, ToolSet, TrustedContext, load_output_schemas
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -42,9 +47,7 @@ def _no_browser(reason: str) -> None:
 
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
+    if sync_playwright is None:
         _no_browser("playwright is not installed")
     if not shutil.which(CHROMIUM):
         _no_browser(f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)")
@@ -196,7 +199,7 @@ def test_an_approver_sees_only_their_approvals_and_the_waiting_guard_gets_the_to
         page.fill("#reason", "checked the parcel tracking")
         screenshot(request, page, "approval.png")
         page.click("#approve")
-        assert page.inner_text("#approval-status") == "approved"
+        expect(page.locator("#approval-status")).to_have_text("approved")  # waits for the page after the POST
         runtime.join(30)
         assert not runtime.is_alive()
         [result] = results
@@ -220,7 +223,7 @@ def test_a_reject_with_a_reason_shows_in_the_audit_timeline(request, open_page, 
     page.goto(f"/approvals/{approval_id}")
     page.fill("#reason", "duplicate of <b>an earlier</b> refund")
     page.click("#reject")
-    assert page.inner_text("#approval-status") == "rejected"
+    expect(page.locator("#approval-status")).to_have_text("rejected")
     assert page.inner_text("#approval-reason") == "duplicate of <b>an earlier</b> refund"
 
     auditor = open_page()
@@ -276,6 +279,7 @@ def test_an_auditor_finds_the_call_by_resource_and_sees_its_timeline_in_two_clic
     page.click("#nav-audit")
     page.fill("#filter-resource", 'Order::"ord_777"')
     page.click("#search")  # first click
+    page.wait_for_url("**/audit?*resource=*")
     links = page.locator("[data-testid=call-link]")
     assert set(links.all_inner_texts()) == {"call_777"}
     links.first.click()  # second click
