@@ -263,14 +263,17 @@ def _csrf_of(page) -> str:
 
 
 def test_an_auditor_finds_the_call_by_resource_and_sees_its_timeline_in_two_clicks(
-        request, open_page, stub, channel):
+        request, open_page, stub, channel, clock):
     call = refund("call_777", order="ord_777")
     approval_id = pending(stub, call)
+    clock.advance(95)  # a person takes a while; the runtime then runs the call at once
     approvals = apb_grpc.ApprovalsStub(channel)
     approvals.DecideApproval(apb.DecideApprovalRequest(approval_id=approval_id, verdict=apb.APPROVE,
                                                        reason="customer called", approver=BOB))
     token = approvals.GetApproval(apb.GetApprovalRequest(approval_id=approval_id, context=call.context)).token
+    clock.advance(2)
     assert stub.Verify(verify_request(call, token)).valid
+    clock.advance(3)
     stub.ReportOutcome(pb.ReportOutcomeRequest(context=call.context, call_id="call_777", status=pb.COMPLETED))
     stub.Authorize(refund("call_other", amount=1000))  # another order's call: not found by the filter
 
