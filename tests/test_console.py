@@ -7,6 +7,8 @@ watch hears of it and gets its token.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 import pytest
 from conftest import make_request, verify_request
@@ -14,9 +16,11 @@ from console_pages import LARGE, browser, console_for, csrf_of, post_form, propo
 
 from sidecar.audit.store import AuditQuery
 from sidecar.console.app import CSP
+from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 GENEROUS = 30.0  # seconds: a deadline only a hang reaches
 
@@ -29,7 +33,7 @@ def console(sidecar):
 def inbox_ids(client) -> set[str]:
     page = client.get("/inbox")
     assert page.status_code == 200
-    return set(__import__("re").findall(r'data-testid="approval-row" data-approval-id="([^"]+)"', page.text))
+    return set(re.findall(r'data-testid="approval-row" data-approval-id="([^"]+)"', page.text))
 
 
 def test_the_inbox_lists_only_what_the_person_may_approve_in_their_tenant(sidecar, console):
@@ -66,7 +70,7 @@ def test_an_approval_page_shows_the_call_and_a_live_countdown(sidecar, console):
 
 
 def test_approving_in_the_console_gives_the_waiting_runtime_its_token(sidecar, console, channel):
-    stub, approvals = pb_grpc_stub(channel), apb_grpc.ApprovalsStub(channel)
+    stub, approvals = pb_grpc.ToolAuthorizerStub(channel), apb_grpc.ApprovalsStub(channel)
     request = make_request(args=LARGE)
     response = stub.Authorize(request)
     assert response.decision == pb.APPROVAL_REQUIRED
@@ -91,12 +95,6 @@ def test_approving_in_the_console_gives_the_waiting_runtime_its_token(sidecar, c
                                                                                   "console:dev")
 
 
-def pb_grpc_stub(channel):
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-
-    return pb_grpc.ToolAuthorizerStub(channel)
-
-
 def test_a_rejection_and_its_reason_are_recorded(sidecar, console):
     _, result = propose(sidecar)
     client = browser(console)
@@ -105,13 +103,8 @@ def test_a_rejection_and_its_reason_are_recorded(sidecar, console):
     assert post_form(client, page, f"{page}/decide", verdict="REJECT", reason="not this order").status_code == 303
     record = sidecar.approvals.get(result.approval_id)
     assert (record.status, record.reason, record.approver) == ("rejected", "not this order", 'User::"bob"')
-    assert not sidecar.approvals.get(result.approval_id, propose_ctx(result)).token
-
-
-def propose_ctx(result):
-    from sidecar.model import Principal, TrustedContext
-
-    return TrustedContext("acme", Principal("User", "alice"), "run-toolu_1")
+    requester = TrustedContext("acme", Principal("User", "alice"), "run-toolu_1")
+    assert not sidecar.approvals.get(result.approval_id, requester).token
 
 
 def test_an_expired_approval_is_shown_expired_and_cannot_be_decided(sidecar, console, clock):
