@@ -10,9 +10,10 @@ with a count of what was left out.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import rfc8785
 
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import resolve_pointer
@@ -91,9 +92,19 @@ def _lineage(bundle: Bundle, tenant: str, supplied: Mapping[UID, dict[str, Any]]
     return order
 
 
+def _recordable(value: Any) -> bool:
+    """Short enough, and a value the audit's canonical JSON can hold: a Cedar Long past
+    2**53 cannot be (RFC 8785 numbers are doubles), and must not fail the decision."""
+    try:
+        return len(rfc8785.dumps(value)) <= MAX_VALUE_CHARS
+    except (rfc8785.CanonicalizationError, ValueError):
+        return False
+
+
 def _allowed_attributes(attrs: Mapping[str, Any], pointers: Iterable[str]) -> tuple[dict[str, Any], int]:
-    """The listed attributes (JSON pointers into `attrs`) found with a small enough value,
-    and how many were left out: attributes no pointer reaches, and listed values too long."""
+    """The listed attributes (JSON pointers into `attrs`) found with a recordable value,
+    and how many were left out: attributes no pointer reaches, and listed values too long
+    or not canonical JSON."""
     kept: dict[str, Any] = {}
     too_long = 0
     reached = set()
@@ -102,7 +113,7 @@ def _allowed_attributes(attrs: Mapping[str, Any], pointers: Iterable[str]) -> tu
         if not found:
             continue
         reached.add(pointer.split("/")[1].replace("~1", "/").replace("~0", "~"))
-        if len(json.dumps(value, ensure_ascii=False)) <= MAX_VALUE_CHARS:
+        if _recordable(value):
             kept[pointer] = value
         else:
             too_long += 1

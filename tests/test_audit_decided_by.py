@@ -14,6 +14,7 @@ from sidecar.bundle.catalog import load_catalog
 from sidecar.cli.main import main
 from sidecar.decided_by import MAX_UIDS
 from sidecar.errors import Problem
+from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.server.config import DATABASE_FILE
 
 SECRET = "4111-1111-1111-1111-SECRET"
@@ -24,12 +25,12 @@ def bundle_dir(bundle_dir):
     """The example bundle with an Order attribute nobody allows in the audit."""
     schema = bundle_dir / "schema.cedarschema"
     declared = "refundable_cents: Long,"
-    schema.write_text(schema.read_text().replace(declared, declared + "\n  card?: String,"))
+    schema.write_text(schema.read_text().replace(declared, declared + "\n  card?: String,\n  big?: Long,"))
     tool = bundle_dir / "tools" / "issue_refund.yaml"
     text = tool.read_text()
     assert "record_entities: {Order: [/owner, /refundable_cents]}" in text
     tool.write_text(text.replace("record_entities: {Order: [/owner, /refundable_cents]}",
-                                 "record_entities: {Order: [/refundable_cents, /missing]}"))
+                                 "record_entities: {Order: [/refundable_cents, /missing, /big]}"))
     return bundle_dir
 
 
@@ -53,6 +54,15 @@ def test_a_decision_records_its_entities_and_only_allowed_attributes(stub, sidec
     assert decided["omitted"] == {"uids": 0, "attributes": 2}  # owner and card: not listed
     database = pathlib.Path(sidecar.settings.data_dir) / DATABASE_FILE
     assert SECRET.encode() not in b"".join(p.read_bytes() for p in database.parent.glob(DATABASE_FILE + "*"))
+
+
+def test_a_long_past_what_canonical_json_holds_is_left_out_not_a_failed_decision(stub, sidecar):
+    order = order_entity("ord_1", "alice")
+    order["attrs"]["big"] = 2**60
+    assert stub.Authorize(make_request(call_id="call_big", entities=[order])).decision == pb.ALLOW
+    decided = _decision(sidecar, "call_big")
+    assert decided["supplied"] == [{"uid": 'Order::"ord_1"', "attrs": {"/refundable_cents": 10000}}]
+    assert decided["omitted"]["attributes"] == 2  # owner (not listed) and big (listed, not recordable)
 
 
 def test_a_principal_in_a_static_group_records_its_ancestors(stub, sidecar):
