@@ -24,6 +24,7 @@ from sidecar.bundle import Bundle, BundleHolder
 from sidecar.bundle.catalog import MAX_INPUT_BYTES_CEILING, resolve_pointer
 from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
+from sidecar.decided_by import decided_by
 from sidecar.digest import InputLimits, digest_call
 from sidecar.display import display
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
@@ -252,6 +253,7 @@ class Authorizer:
                                    detail={"error": str(exc)[:500]})
             return Plan(AppendAudit(refusal), functools.partial(_refuse, exc), trace=trace)
         tool = prepared.slice.tool.name
+        decided = {"decided_by": decided_by(bundle, ctx, prepared)}
 
         def draft(counts: tuple[int, int]) -> _Draft:
             with tracing.step("evaluate", trace, {"toolauthz.tool": tool}):
@@ -278,7 +280,7 @@ class Authorizer:
                 current = _Draft(current.counts, current.verdict, None, gone=True)
             if current is not previous or state.recorded is None:
                 state.draft = current
-                state.recorded = self._recorded(ctx, prepared, current, record, state)
+                state.recorded = self._recorded(ctx, prepared, current, record, state, decided)
             return state.recorded
 
         def finish(reservation: Reservation) -> AuthorizeResult:
@@ -301,7 +303,7 @@ class Authorizer:
         return Plan(None, finish, Deciding(entry, decide), trace=trace)
 
     def _recorded(self, ctx: TrustedContext, prepared: PreparedCall, draft: _Draft, record: CallRecord,
-                  state: _DecisionState) -> RecordedDecision:
+                  state: _DecisionState, decided: Mapping[str, Any]) -> RecordedDecision:
         """What the ledger stores of a draft: the row's decision, the approval it opens
         (made once per call, kept in `state`) and its audit event."""
         verdict = draft.verdict
@@ -312,7 +314,7 @@ class Authorizer:
             approval = state.approval
         event = self._event(replace(record, approval_id=approval.approval_id if approval else ""), verdict,
                             jti=draft.token.jti if draft.token else "",
-                            detail={"client_gone": True} if draft.gone else None)
+                            detail={**decided, "client_gone": True} if draft.gone else decided)
         return RecordedDecision(verdict.decision.value, record.decision_id, record.policy_version,
                                 verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
 

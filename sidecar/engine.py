@@ -151,7 +151,7 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     graph = bundle.static_graph
     tenant = {"type": "Tenant", "id": tenant_id}
     by_uid: dict[UID, dict[str, Any]] = {}
-    for entity in _supplied_entities(entities_json):
+    for entity in supplied_entities(entities_json):
         uid = uid_of(entity)
         if uid in by_uid:
             raise RequestError(f"entity `{show_uid(uid)}` is supplied twice")
@@ -237,7 +237,7 @@ def _anchored(bundle: Bundle, tenant_id: str, uids: tuple[UID, ...], reach: froz
     return cached
 
 
-def _supplied_entities(raw: bytes) -> list[dict[str, Any]]:
+def supplied_entities(raw: bytes) -> list[dict[str, Any]]:
     """The runtime's entities, normalized (entity_graph.normalize_entity): every later
     check reads the uids Cedar will read, and Cedar is given exactly what was checked."""
     if not raw:

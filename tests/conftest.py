@@ -38,6 +38,11 @@ def clock() -> FrozenClock:
     return FrozenClock(1_800_000_000.0)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--console-screenshots", action="store_true",
+                     help="tests/test_console_browser.py also writes docs/console/*.png")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "both_stores: run the test against a sidecar on SQLite and one on "
                                        "PostgreSQL (the `backend` fixture)")

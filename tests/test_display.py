@@ -75,7 +75,7 @@ def test_a_forged_resource_id_cannot_forge_lines_of_audit_show(stub, sidecar, ca
     data = str(sidecar.settings.data_dir)
     sidecar.close()
     assert main(["audit", "show", "call_forged", "--data-dir", data]) == 0
-    _assert_one_line_per_field(capsys.readouterr().out, 3)
+    _assert_one_line_per_field(capsys.readouterr().out, 5)  # header (2), decision, its entities, summary
     assert main(["audit", "query", "--data-dir", data]) == 0
     assert "\x1b" not in capsys.readouterr().out
 

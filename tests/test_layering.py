@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
     ("bundle", frozenset({"sidecar.bundle"})),
-    ("engine", frozenset({"sidecar.engine"})),
+    # decided_by: which entities a decision was made on, as its audit record keeps them.
+    ("engine", frozenset({"sidecar.engine", "sidecar.decided_by"})),
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
     ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit", "sidecar.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the

@@ -464,3 +464,18 @@ def test_approvals_listen_is_served_by_toolauthz_serve(sidecar, settings):
             assert status_of(channel) is None
     finally:
         serving.stop(None)
+
+
+def test_the_audit_cli_reads_a_sidecar_over_mtls(serve, pki, ca, sidecar, tmp_path, capsys):
+    from sidecar.cli.main import main
+    from sidecar.service.common import proposed_call, trusted_context
+
+    request = make_request(call_id="call_tls")
+    sidecar.authorizer.authorize(trusted_context(request.context), proposed_call(request.call))
+    address = serve(mtls_listener(pki, services=("audit",)))
+    cert, key = ca.issue(uris=("spiffe://sec.example/audit",)).write(tmp_path, "auditor")
+    assert main(["audit", "--server", address, "query", "--json"]) == 1  # plaintext to a TLS listener
+    assert "unavailable" in capsys.readouterr().err
+    assert main(["audit", "--server", address, "--ca", str(pki["ca"]), "--cert", str(cert), "--key", str(key),
+                 "show", "call_tls"]) == 0
+    assert capsys.readouterr().out.startswith("call call_tls in tenant acme: issue_refund")

@@ -7,7 +7,7 @@ import functools
 import json
 import pathlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,8 @@ import jsonschema.validators
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from sidecar.bundle.entity_graph import ENTITY_TYPE_NAME
+from sidecar.display import shown
 from sidecar.errors import Problem
 from sidecar.tool_files import check_mcp_block, tool_documents
 
@@ -48,6 +50,10 @@ class Tool:
     audit_fields: tuple[str, ...]  # JSON pointers recorded in clear
     source: str  # file name, for messages
     validator: jsonschema.protocols.Validator = field(repr=False, compare=False)
+    # Attributes of runtime-supplied entities recorded in the audit, by entity type:
+    # JSON pointers into the entity's `attrs` (`audit.record_entities`). Any other
+    # attribute is never stored; every entity's uid is.
+    audit_entities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 
@@ -132,6 +138,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     resource_type, pointer = _parse_resource(raw.get("resource"), input_schema, bad)
     max_bytes, max_calls = _parse_limits(raw.get("limits"), bad)
     audit_fields = _parse_audit(raw.get("audit"), input_schema, bad)
+    audit_entities = _parse_audit_entities(raw.get("audit"), bad)
 
     if len(problems) > before or input_schema is None:
         return None
@@ -141,7 +148,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         input_schema=input_schema, output_schema=output_schema,
         resource_type=resource_type, resource_pointer=pointer,
         max_input_bytes=max_bytes, max_calls_per_run=max_calls,
-        audit_fields=audit_fields, source=rel,
+        audit_fields=audit_fields, audit_entities=audit_entities, source=rel,
         validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
     )
 
@@ -271,6 +278,10 @@ def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:
 def _parse_audit(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, ...]:
     if raw is None:
         return ()
+    for key in sorted(set(raw) - {"record", "record_entities"}) if isinstance(raw, dict) else ():
+        bad(f"/audit/{key}", f"unknown audit rule `{key}`; expected record or record_entities")
+    if isinstance(raw, dict) and "record" not in raw:
+        return ()
     record = raw.get("record") if isinstance(raw, dict) else None
     if not isinstance(record, list) or not all(isinstance(p, str) and p.startswith("/") for p in record):
         bad("/audit/record", "audit.record must be a list of JSON pointers such as `/order_id`")
@@ -279,6 +290,26 @@ def _parse_audit(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -
         if input_schema is not None and schema_at(input_schema, pointer)[0] is None:
             bad(f"/audit/record/{i}", f"the input schema has no property at `{pointer}`")
     return tuple(record)
+
+
+def _parse_audit_entities(raw: Any, bad: Complain) -> dict[str, tuple[str, ...]]:
+    """`audit.record_entities`: `{EntityType: [/attr, /attr/nested], ...}`."""
+    rules = raw.get("record_entities") if isinstance(raw, dict) else None
+    if rules is None:
+        return {}
+    if not isinstance(rules, dict):
+        bad("/audit/record_entities", "audit.record_entities must map entity types to lists of JSON pointers")
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for kind, pointers in rules.items():
+        where = f"/audit/record_entities/{str(kind).replace('~', '~0').replace('/', '~1')}"
+        if not isinstance(kind, str) or not ENTITY_TYPE_NAME.fullmatch(kind):
+            bad(where, f"`{shown(str(kind))}` is not an entity type name")
+        elif not isinstance(pointers, list) or not all(isinstance(p, str) and p.startswith("/") for p in pointers):
+            bad(where, "each entity type takes a list of JSON pointers into its attributes, such as `/status`")
+        else:
+            out[kind] = tuple(pointers)
+    return out
 
 
 def resolve_pointer(instance: Any, pointer: str) -> tuple[bool, Any]:

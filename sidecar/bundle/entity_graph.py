@@ -172,6 +172,10 @@ class StaticGraph:
     def uids(self) -> frozenset[UID]:
         return frozenset(self._json)
 
+    def parents(self, uid: UID) -> list[UID]:
+        """The parents a static entity names (none for a uid no static entity has)."""
+        return list(self._parents.get(uid, ()))
+
     def tenant_of(self, uid: UID) -> str | None:
         """The tenant a static entity belongs to; None for a shared one (or no static entity)."""
         return self._tenant.get(uid)

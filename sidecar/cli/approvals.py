@@ -15,16 +15,13 @@ import os
 import sys
 from collections.abc import Callable
 
+from sidecar.cli.options import TLS_ENV, TLS_HELP
 from sidecar.client import AuthzClient, ClientTls, Principal, TrustedContext
 from sidecar.display import display, display_uid
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 SERVER_ENV = "TOOLAUTHZ_SERVER"
-# TLS to the sidecar: the CA of its certificate, and this client's certificate and key.
-TLS_ENV = {"ca": "TOOLAUTHZ_CA", "cert": "TOOLAUTHZ_CERT", "key": "TOOLAUTHZ_KEY"}
-_TLS_HELP = {"ca": "PEM file of the CA that signed the sidecar's certificate (TLS)",
-             "cert": "PEM file of this client's certificate (mTLS)", "key": "PEM file of this client's key (mTLS)"}
 ID_TOKEN_ENV = "TOOLAUTHZ_ID_TOKEN"
 DEFAULT_SERVER = "127.0.0.1:50051"
 RPC_TIMEOUT = 10.0
@@ -52,7 +49,7 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
     approvals = sub.add_parser("approvals", help="list, show, approve or reject pending approvals")
     approvals.add_argument("--server", default=None, help=server_help)
     for name, env in TLS_ENV.items():
-        approvals.add_argument(f"--{name}", default=None, help=f"{_TLS_HELP[name]}; default ${env}")
+        approvals.add_argument(f"--{name}", default=None, help=f"{TLS_HELP[name]}; default ${env}")
     verbs = approvals.add_subparsers(dest="approvals_command", required=True)
     listing = verbs.add_parser("list")
     verb_parsers = [listing]
@@ -76,7 +73,7 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
         # Also after the verb; SUPPRESS keeps a value given before it when this one is absent.
         verb_parser.add_argument("--server", default=argparse.SUPPRESS, help=server_help)
         for name, env in TLS_ENV.items():
-            verb_parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=f"{_TLS_HELP[name]}; default ${env}")
+            verb_parser.add_argument(f"--{name}", default=argparse.SUPPRESS, help=f"{TLS_HELP[name]}; default ${env}")
     approvals.set_defaults(func=run)
 
 

@@ -1,8 +1,9 @@
 """`toolauthz audit ...`: questions auditors ask, answered from the audit store.
 
 These commands read the store directly (the SQLite file of a data directory, or the
-database of `--store URL`: an auditor with read access needs no running sidecar); remote
-clients use the Audit.QueryDecisions RPC. `checkpoints --out FILE` exports the signed
+database of `--store URL`: an auditor with read access needs no running sidecar), or, with
+`--server HOST:PORT`, a running sidecar's Audit service (query, export and show; TLS and
+mTLS as `toolauthz approvals` takes them), printing the same either way. `checkpoints --out FILE` exports the signed
 checkpoints, and `verify --checkpoints FILE` trusts only those: a writer holding the
 database and the audit key cannot silently rewrite history exported before.
 """
@@ -20,7 +21,11 @@ from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
 from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
-from sidecar.cli.options import add_anywhere, principal_filter, resource_filter
+from sidecar.audit.timeline import Summary, build_timeline
+from sidecar.cli.approvals import RPC_TIMEOUT, client_tls
+from sidecar.cli.audit_remote import RemoteAuditLog
+from sidecar.cli.options import add_anywhere, add_server_options, principal_filter, resource_filter
+from sidecar.client import AuthzClient
 from sidecar.display import bounded_message, display, display_uid, shown
 from sidecar.errors import RequestError, ToolAuthzError
 from sidecar.server.config import DATABASE_FILE
@@ -65,9 +70,12 @@ def add_audit_command(sub) -> None:
             p.add_argument("--output", help="a file; default standard output")
             p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
                            help="JSON lines (default) or CSV with a header row")
-    show = verbs.add_parser("show", help="one call's whole story")
-    show.add_argument("call_id")
+    show = verbs.add_parser("show", help="one call's whole story, or that of every call on a resource")
+    show.add_argument("call_id", nargs="?")
     show.add_argument("--tenant")
+    show.add_argument("--resource", type=resource_filter,
+                      help='every call on this resource, e.g. Order::"ord_777" (instead of a call id)')
+    show.add_argument("--tool", help="with --resource: only calls of this tool")
     verify = verbs.add_parser("verify", help="check the hash chain against the signed checkpoints")
     verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
                                              "default: derived from <data-dir>/audit-key.pem")
@@ -76,6 +84,8 @@ def add_audit_command(sub) -> None:
     checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one token per line")
     checkpoints.add_argument("--out", required=True, help="the file to write")
     every = [*parsers, show, verify, checkpoints]
+    add_server_options(audit, [*parsers, show], "the sidecar's Audit address: read it instead of a local store "
+                                                "(query, export, show)")
     add_anywhere(audit, every, "--data-dir", default=".toolauthz")
     add_anywhere(audit, every, "--store", help="sqlite:///path or postgresql://...; default: "
                                                "$TOOLAUTHZ_STORE, else <data-dir>/toolauthz.db")
@@ -83,6 +93,16 @@ def add_audit_command(sub) -> None:
 
 
 def run(args) -> int:
+    verbs = {"query": _query, "export": _export, "show": _show, "verify": _verify, "checkpoints": _checkpoints}
+    if getattr(args, "server", None):
+        if args.audit_command not in ("query", "export", "show"):
+            raise ToolAuthzError(f"`audit {args.audit_command}` reads the store itself: give --store or --data-dir")
+        try:
+            client = AuthzClient(args.server, timeout=RPC_TIMEOUT, tls=client_tls(args))
+        except (ValueError, OSError) as exc:
+            raise ToolAuthzError(str(exc)) from None
+        with client:
+            return verbs[args.audit_command](RemoteAuditLog(client), args)
     url = args.store or os.environ.get("TOOLAUTHZ_STORE") or ""
     if not url:
         path = pathlib.Path(args.data_dir) / DATABASE_FILE
@@ -94,7 +114,6 @@ def run(args) -> int:
         url = f"sqlite://{path.absolute()}"
     store = open_store(url, pool_size=1)
     try:
-        verbs = {"query": _query, "export": _export, "show": _show, "verify": _verify, "checkpoints": _checkpoints}
         return verbs[args.audit_command](store.audit_log, args)
     finally:
         store.close()
@@ -144,7 +163,8 @@ def _row(record: AuditRecord) -> str:
     e = record.event
     why = display(",".join(e.reasons or e.error_codes))
     return (f"{record.seq:>7}  {_iso(e.time)}  {display(e.kind):9}  {display(e.result):17}  {display(e.tenant):10}  "
-            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display(e.call_id):20}  {why}")
+            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display_uid(e.resource) or '-':22}  "
+            f"{display(e.call_id):20}  {why}")
 
 
 def _query(log, args) -> int:
@@ -154,7 +174,7 @@ def _query(log, args) -> int:
             print(json.dumps(as_json(record), sort_keys=True))
         return 0
     print(f"{'seq':>7}  {'time':24}  {'kind':9}  {'result':17}  {'tenant':10}  {'principal':18}  "
-          f"{'tool':16}  {'call_id':20}  reasons/errors")
+          f"{'tool':16}  {'resource':22}  {'call_id':20}  reasons/errors")
     for record in records:
         print(_row(record))
     return 0
@@ -198,18 +218,85 @@ def _csv_cell(value: object) -> str:
 
 
 def _show(log, args) -> int:
+    if (args.call_id is None) == (args.resource is None):
+        raise ToolAuthzError("give a call id or --resource, not both")
+    if args.call_id is None:
+        return _show_resource(log, args)
+    if args.tool:
+        raise ToolAuthzError("--tool goes with --resource")
     records = list(_pages(log, AuditQuery(call_id=args.call_id, tenant=args.tenant)))
     if not records:
         print(f"no audit records for call `{shown(args.call_id)}`", file=sys.stderr)
         return 1
+    _print_story(records)
+    return 0
+
+
+def _show_resource(log, args) -> int:
+    """Every call on the resource, each with its story: a call is found by its decision
+    (verify and outcome records name no resource), then read whole by its call id."""
+    decisions = _pages(log, AuditQuery(resource=args.resource, tool=args.tool, tenant=args.tenant, kind="authorize"))
+    calls = list(dict.fromkeys((r.event.tenant, r.event.call_id) for r in decisions))
+    if not calls:
+        print(f"no audit records for resource `{shown(args.resource)}`", file=sys.stderr)
+        return 1
+    for i, (tenant, call_id) in enumerate(calls):
+        if i:
+            print()
+        _print_story(list(_pages(log, AuditQuery(call_id=call_id, tenant=tenant))))
+    return 0
+
+
+def _print_story(records: list[AuditRecord]) -> None:
+    story = build_timeline(records)
     first = records[0].event
     print(f"call {display(first.call_id)} in tenant {display(first.tenant)}: {display(first.tool)}"
           f" by {display_uid(first.principal)} on {display_uid(first.resource) if first.resource else '-'}")
     print(f"digest {display(first.digest) or '-'}  policy version {display(first.policy_version)}")
     # In the order it happened (seq): a replayed decision after an approval shows after it.
-    for record in records:
+    for record in (step.record for step in story.steps if step.record is not None):
         print("  " + _story_line(record))
-    return 0
+        decided = record.event.detail.get("decided_by") if record.event.kind == "authorize" else None
+        if isinstance(decided, dict):
+            print("  " + " " * 26 + _decided_by_line(decided))
+    print("  " + _summary_line(story.summary))
+
+
+def _summary_line(s: Summary) -> str:
+    """The answers first: decided how, approved by whom and why, verified, did it run."""
+    parts = [f"decision {display(s.decision or '-')}"]
+    if s.final_decision and s.final_decision != s.decision:
+        parts[0] += f" then {display(s.final_decision)}"
+    if s.approval is not None:
+        said = f": {display(s.approval.reason)}" if s.approval.reason else ""
+        who = f" by {display_uid(s.approval.approver)}" if s.approval.approver else ""
+        parts.append(f"{_VERDICT_WORDS.get(s.approval.verdict, display(s.approval.verdict))}{who}{said}")
+    elif s.approval_id:
+        parts.append("approval not decided")
+    parts.append("token verified" if s.verified else "never verified")
+    ran = {True: "it ran", False: "it did not run", None: "whether it ran is unknown"}[s.ran]
+    parts.append(f"outcome {display(s.outcome)} ({ran})" if s.outcome else "no outcome reported")
+    return "summary: " + "; ".join(parts)
+
+
+_VERDICT_WORDS = {"APPROVE": "approved", "REJECT": "rejected", "refused": "approval ended by policy change"}
+
+
+def _decided_by_line(decided: dict) -> str:
+    """The entities a decision was made on (sidecar/decided_by.py), escaped."""
+    def uids(name: str) -> str:
+        return ", ".join(display_uid(str(uid)) for uid in decided.get(name, [])) or "-"
+
+    # JSON text is a literal of its own: its quotes are already escaped (display's quotes=False)
+    supplied = "; ".join(
+        display_uid(str(entity.get("uid"))) + (" " + display(json.dumps(entity.get("attrs"), sort_keys=True,
+                                                                         ensure_ascii=False), quotes=False)
+                                               if entity.get("attrs") else "")
+        for entity in decided.get("supplied", []) if isinstance(entity, dict)) or "-"
+    omitted = decided.get("omitted") or {}
+    left_out = ", ".join(f"{display(str(n))} {display(str(what))}" for what, n in sorted(omitted.items()) if n)
+    return (f"on principal {uids('principal')} | resource {uids('resource')} | supplied {supplied}"
+            + (f" | left out: {left_out}" if left_out else ""))
 
 
 def _story_line(record: AuditRecord) -> str:

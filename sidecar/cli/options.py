@@ -22,6 +22,21 @@ def add_anywhere(command: argparse.ArgumentParser, verbs: Iterable[argparse.Argu
         verb.add_argument(flag, **verb_options, default=argparse.SUPPRESS)
 
 
+# TLS to a sidecar: the CA of its certificate, and this client's certificate and key.
+TLS_HELP = {"ca": "PEM file of the CA that signed the sidecar's certificate (TLS)",
+            "cert": "PEM file of this client's certificate (mTLS)", "key": "PEM file of this client's key (mTLS)"}
+TLS_ENV = {"ca": "TOOLAUTHZ_CA", "cert": "TOOLAUTHZ_CERT", "key": "TOOLAUTHZ_KEY"}
+
+
+def add_server_options(command: argparse.ArgumentParser, verbs: Iterable[argparse.ArgumentParser],
+                       server_help: str) -> None:
+    """`--server` and the TLS files (`--ca`, `--cert`, `--key`), before or after the verb."""
+    verbs = list(verbs)
+    add_anywhere(command, verbs, "--server", default=None, help=server_help)
+    for name, env in TLS_ENV.items():
+        add_anywhere(command, verbs, f"--{name}", default=None, help=f"{TLS_HELP[name]}; default ${env}")
+
+
 _QUOTED_PRINCIPAL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)::"(.*)"', re.DOTALL)
 _BARE_PRINCIPAL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)::(.*)", re.DOTALL)
 

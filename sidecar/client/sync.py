@@ -203,8 +203,9 @@ class AuthzClient:
 
     def query_decisions(self, *, timeout: float | None = None, **filters) -> list[aupb.AuditRecord]:
         """One page of matching audit records, in order (filters: tenant, principal,
-        tool, call_id, request_id, result, kind, time_from, time_to, limit, page_token).
-        On UNAVAILABLE it resumes after the last record received."""
+        tool, call_id, request_id, result, kind, resource, approver, approval_id,
+        decision_id, error_code, policy_id, policy_version, caller, time_from, time_to,
+        limit, page_token). On UNAVAILABLE it resumes after the last record received."""
         request = cv.query_request(**filters)
         wanted = request.limit or 100
         records: list[aupb.AuditRecord] = []
