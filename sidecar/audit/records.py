@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-import rfc8785
+from sidecar.canonical import canonical_json
 
 KINDS = ("authorize", "verify", "approval", "outcome")
 GENESIS_HASH = "0" * 64
@@ -31,7 +31,7 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
     if not value:
         return {}  # the usual `detail`: nothing to normalize
     try:
-        normalized: dict[str, Any] = json.loads(rfc8785.dumps(value))
+        normalized: dict[str, Any] = json.loads(canonical_json(value))
         return normalized
     except ValueError as exc:  # CanonicalizationError, or a lone surrogate
         raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
@@ -127,7 +127,7 @@ def canonical_body(seq: int, event: AuditEvent) -> bytes:
     body["reasons"] = list(event.reasons)
     body["error_codes"] = list(event.error_codes)
     body["seq"] = seq
-    return rfc8785.dumps(body)
+    return canonical_json(body)
 
 
 def record_hash(prev_hash: str, body: bytes) -> str:
