@@ -23,10 +23,13 @@ Why the domain is what it is:
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import orjson
 import rfc8785
 
-__all__ = ["canonical_json"]
+__all__ = ["canonical_json", "read_back"]
 
 _MAX_SAFE_INT = 2**53 - 1
 _MIN_PLAIN_FLOAT = 1e-4  # below this, repr (and so JCS) switches to exponent notation
@@ -38,11 +41,30 @@ _BMP_END = "\uffff"
 def canonical_json(value: object) -> bytes:
     """The RFC 8785 bytes of `value`, with rfc8785's errors (CanonicalizationError and
     its subclasses; UnicodeEncodeError for a key holding a lone surrogate)."""
+    fast = _orjson_bytes(value)
+    return fast if fast is not None else _reference_bytes(value)
+
+
+def read_back(value: object) -> Any:
+    """`value` as `json.loads` reads it back from its canonical bytes (1.0 becomes 1, a
+    tuple a list), with canonical_json's errors. Inside the domain orjson reads, in a
+    third of the time: there it gives what `json.loads` gives (tests/test_canonical.py).
+    Outside it may not: `295147905179352830000`, the JCS text of the float 2^68, is an
+    int to `json.loads` and a float to orjson."""
+    fast = _orjson_bytes(value)
+    return orjson.loads(fast) if fast is not None else json.loads(_reference_bytes(value))
+
+
+def _orjson_bytes(value: object) -> bytes | None:
     if _in_domain(value, 0):
         try:
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:
             pass  # a lone surrogate: rfc8785 names it
+    return None
+
+
+def _reference_bytes(value: object) -> bytes:
     return rfc8785.dumps(value)  # type: ignore[arg-type]  # rfc8785 types its input narrowly
 
 

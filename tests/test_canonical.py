@@ -20,7 +20,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.canonical import _in_domain, canonical_json
+from sidecar.canonical import _in_domain, canonical_json, read_back
 
 MAX_SAFE = 2**53 - 1
 
@@ -248,3 +248,37 @@ def test_nesting_past_the_depth_bound_falls_back() -> None:
         deep = [deep]
     assert not _in_domain(deep, 0)
     assert canonical_json(deep) == rfc8785.dumps(deep)  # type: ignore[arg-type]
+
+
+# -- reading canonical bytes back --------------------------------------------------------
+
+def _typed(value: object) -> object:
+    """`value` with every scalar tagged by its type, so that 1 and 1.0 and True differ."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@settings(max_examples=500)
+@given(ANY_VALUES)
+def test_read_back_is_what_json_loads_reads_from_the_canonical_bytes(value: object) -> None:
+    kind, written = _outcome(rfc8785.dumps, value)
+    if kind == "error":
+        assert _outcome(read_back, value) == (kind, written)
+        return
+    assert _typed(read_back(value)) == _typed(json.loads(written))  # type: ignore[arg-type]
+
+
+def test_read_back_of_the_appendix_b_numbers() -> None:
+    for bits, text in APPENDIX_B:
+        if text is not None:
+            assert _typed(read_back([_double(bits)])) == _typed(json.loads(f"[{text}]"))
+
+
+def test_outside_the_domain_orjson_would_read_back_differently() -> None:
+    text = rfc8785.dumps(2.0**68)  # an integral float past 2^64
+    assert text == b"295147905179352830000"
+    assert isinstance(json.loads(text), int) and isinstance(orjson.loads(text), float)
+    assert isinstance(read_back(2.0**68), int)  # so read_back does not use orjson there

@@ -9,13 +9,12 @@ because the log is only ever verified from the start, never by inclusion proofs)
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from sidecar.canonical import canonical_json
+from sidecar.canonical import canonical_json, read_back
 
 KINDS = ("authorize", "verify", "approval", "outcome")
 GENESIS_HASH = "0" * 64
@@ -31,7 +30,7 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
     if not value:
         return {}  # the usual `detail`: nothing to normalize
     try:
-        normalized: dict[str, Any] = json.loads(canonical_json(value))
+        normalized: dict[str, Any] = read_back(value)
         return normalized
     except ValueError as exc:  # CanonicalizationError, or a lone surrogate
         raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
