@@ -282,6 +282,10 @@ def test_patterns_outside_the_subset_keep_jsonschema(pattern: str) -> None:
     ({"$defs": {"d": {"$id": "x"}}, "$ref": "#/$defs/d"}, "$id"),
     ({"patternProperties": {"\\w": True}}, "pattern"),
     ({"$dynamicRef": "#x"}, "$dynamicRef"),
+    ({"$ref": "#/$defs/d/properties/a", "$defs": {"d": {"properties": {"a": True}}}}, "$ref"),
+    ({"$ref": "#/$defs/a%20b", "$defs": {"a b": True}}, "$ref"),
+    ({"properties": {"a": {"$defs": {"d": True}}}}, "$defs"),
+    ({"properties": {"a": {"$schema": "http://json-schema.org/draft-07/schema#"}}}, "$schema"),
 ])
 def test_unproven_keywords_keep_jsonschema(schema: dict[str, Any], why: str) -> None:
     fast, reason = fast_validator({"$schema": DRAFT, **schema})
