@@ -30,6 +30,7 @@ from sidecar.strict_json import parse_strict_json
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 MAX_SAFE = 2**53 - 1
+FORMATS = sorted(_FORMAT_CHECKER.checkers)  # every format a tool schema may use
 
 
 def _strict(value: object) -> object:
@@ -43,7 +44,7 @@ def _strict(value: object) -> object:
 
 def _validators(schema: dict[str, Any]) -> tuple[Any, Any]:
     reference = InputValidator(schema, format_checker=_FORMAT_CHECKER)
-    fast, reason = fast_validator(schema)
+    fast, reason = fast_validator(schema, _FORMAT_CHECKER)
     assert fast is not None, reason
     return reference, fast
 
@@ -175,6 +176,7 @@ def _schemas(depth: int) -> st.SearchStrategy[Any]:
                                                         "object", "array"])}),
         st.fixed_dictionaries({"type": st.just("string")}, optional={
             "minLength": st.integers(0, 3), "maxLength": st.integers(0, 5), "pattern": subset_patterns()}),
+        st.fixed_dictionaries({"format": st.sampled_from(FORMATS)}),
         st.fixed_dictionaries({}, optional={
             "minimum": _NUMBER_BOUNDS, "maximum": _NUMBER_BOUNDS,
             "exclusiveMinimum": _NUMBER_BOUNDS, "exclusiveMaximum": _NUMBER_BOUNDS}),
@@ -226,7 +228,7 @@ def test_generated_schemas_decide_alike(schema: Any, by_ref: bool, data: st.Data
     if isinstance(document, bool):
         document = {"$schema": DRAFT, "allOf": [document]}
     reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
-    fast, reason = fast_validator(document)
+    fast, reason = fast_validator(document, _FORMAT_CHECKER)
     assert fast is not None or reason.startswith("jsonschema-rs refused"), reason
     assume(fast is not None)  # a refusal keeps the reference: nothing to compare
     for _ in range(3):
@@ -241,6 +243,34 @@ def test_a_recursive_ref_decides_alike() -> None:
     reference, fast = _validators(schema)
     for value in ({"v": 1, "next": {"v": 2, "next": {}}}, {"v": 1, "next": {"v": "2"}}, {"next": 3}, []):
         _agree(schema, reference, fast, value)
+
+
+# -- formats: asserted by jsonschema's own checker, called back --------------------------
+
+_FORMAT_SAMPLES = st.sampled_from([
+    "123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000",
+    "123e4567e89b12d3a456426614174000", "{123e4567-e89b-12d3-a456-426614174000}",
+    "urn:uuid:123e4567-e89b-12d3-a456-426614174000", "2024-02-29", "2023-02-29", "2024-01-01T10:00:00Z",
+    "10:00:00Z", "a@example.com", "not an email", "1.2.3.4", "256.1.1.1", "::1", "example.com", "-bad-",
+    "/a/b~1c", "a~", "0/a", "a(", "^a$", "https://example.com/x", "P1D", "x", "",
+])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_FORMAT_SAMPLES | ANY_JSON)
+def test_formats_decide_alike(name: str, value: object) -> None:
+    schema = {"$schema": DRAFT, "type": "object", "properties": {"v": {"format": name}}}
+    reference, fast = _validators(schema)
+    _agree(schema, reference, fast, _strict({"v": value}))
+
+
+def test_a_uuid_resource_runs_on_jsonschema_rs(tmp_path: pathlib.Path) -> None:
+    _write_tool(tmp_path / "tools", {"properties": {"id": {"type": "string", "format": "uuid"}}})
+    tool = load_catalog(tmp_path / "tools", [])["t"]
+    assert tool.schema_engine == "jsonschema-rs"
+    assert tool.accepts({"id": "123e4567-e89b-12d3-a456-426614174000"})
+    assert not tool.accepts({"id": "123e4567e89b12d3a456426614174000"})
 
 
 # -- the regex subset ---------------------------------------------------------------------
@@ -270,12 +300,11 @@ def test_subset_patterns_match_alike(pattern: str, texts: list[str]) -> None:
 def test_patterns_outside_the_subset_keep_jsonschema(pattern: str) -> None:
     assert not _pattern_in_subset(pattern)
     schema = {"$schema": DRAFT, "type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
-    fast, reason = fast_validator(schema)
+    fast, reason = fast_validator(schema, _FORMAT_CHECKER)
     assert fast is None and "pattern" in reason
 
 
 @pytest.mark.parametrize(("schema", "why"), [
-    ({"type": "string", "format": "uuid"}, "format"),
     ({"type": "number", "multipleOf": 0.1}, "multipleOf"),
     ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties"),
     ({"$ref": "https://example.com/s"}, "$ref"),
@@ -288,7 +317,7 @@ def test_patterns_outside_the_subset_keep_jsonschema(pattern: str) -> None:
     ({"properties": {"a": {"$schema": "http://json-schema.org/draft-07/schema#"}}}, "$schema"),
 ])
 def test_unproven_keywords_keep_jsonschema(schema: dict[str, Any], why: str) -> None:
-    fast, reason = fast_validator({"$schema": DRAFT, **schema})
+    fast, reason = fast_validator({"$schema": DRAFT, **schema}, _FORMAT_CHECKER)
     assert fast is None and why in reason
 
 

@@ -149,7 +149,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     if len(problems) > before or input_schema is None:
         return None
     assert isinstance(name, str) and isinstance(side_effect, str)  # checked above: a problem otherwise
-    fast, unproven = fast_validator(input_schema)
+    fast, unproven = fast_validator(input_schema, _FORMAT_CHECKER)
     return Tool(
         name=name, description=description, side_effect=side_effect,
         input_schema=input_schema, output_schema=output_schema,

@@ -4,11 +4,12 @@
 checks every schema against the metaschema and writes every error message. jsonschema-rs
 answers "valid or not" about fifty times faster, and is used for a schema only when
 every keyword in it is one the differential test (tests/test_fast_schema.py) covers and
-every `pattern` is in the regex subset below. Anything else keeps `jsonschema`, decided
-once when the bundle loads; `fast_validator` says why.
+every `pattern` is in the regex subset below. A `format` is asserted by calling back
+`jsonschema`'s own format checker (each library's own checks differ: email, dates...), so
+it answers alike by construction. Anything else keeps `jsonschema`, decided once when the
+bundle loads; `fast_validator` says why.
 
 Left to `jsonschema`, with the reason:
-- `format`: each library asserts formats with its own code (email, dates, uuid...);
 - `multipleOf`: floats are divided differently (0.3 is a multiple of 0.1 for one only);
 - `unevaluated*`, `$dynamicRef`, `$id`, `$anchor`, `contentEncoding`..., a `$ref` other
   than `#/$defs/<name>`, `$defs` or `$schema` below the root: not covered by the test;
@@ -19,10 +20,12 @@ Left to `jsonschema`, with the reason:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 import jsonschema_rs
+from jsonschema import FormatChecker
 
 from sidecar.display import shown
 
@@ -70,21 +73,29 @@ def _pattern_in_subset(pattern: str) -> bool:
     return True
 
 
-def fast_validator(schema: dict[str, Any]) -> tuple[Any, str]:
+def fast_validator(schema: dict[str, Any], format_checker: FormatChecker) -> tuple[Any, str]:
     """A jsonschema-rs validator for `schema` and "", or None and the reason it stays
-    with `jsonschema`. `schema` has passed the metaschema check."""
-    reason = _unproven(schema, root=True)
+    with `jsonschema`. `schema` has passed the metaschema check, and each of its formats
+    is one `format_checker` asserts."""
+    formats: set[str] = set()
+    reason = _unproven(schema, formats, root=True)
     if reason:
         return None, reason
     try:
         validator = jsonschema_rs.Draft202012Validator(
-            schema, validate_formats=False, offline=True, pattern_options=jsonschema_rs.RegexOptions())
+            schema, offline=True, pattern_options=jsonschema_rs.RegexOptions(),
+            validate_formats=True, formats={name: functools.partial(_conforms, format_checker, name)
+                                            for name in formats})
     except Exception as exc:  # noqa: BLE001 - any refusal just keeps the reference validator
         return None, f"jsonschema-rs refused the schema ({type(exc).__name__})"
     return validator, ""
 
 
-def _unproven(node: Any, *, root: bool = False) -> str:
+def _conforms(format_checker: FormatChecker, name: str, instance: str) -> bool:
+    return format_checker.conforms(instance, name)
+
+
+def _unproven(node: Any, formats: set[str], *, root: bool = False) -> str:
     """Why `node` (a schema) is outside what the differential test proves, or ""."""
     if isinstance(node, bool):
         return ""
@@ -100,8 +111,12 @@ def _unproven(node: Any, *, root: bool = False) -> str:
                 if not isinstance(value, dict):
                     return "`$defs` is not an object"
                 for sub in value.values():
-                    if reason := _unproven(sub):
+                    if reason := _unproven(sub, formats):
                         return reason
+        elif key == "format":
+            if not isinstance(value, str):
+                return "a `format` that is not a string"
+            formats.add(value)
         elif key == "pattern":
             if not isinstance(value, str) or not _pattern_in_subset(value):
                 return "a `pattern` outside the regex subset both engines read alike"
@@ -111,25 +126,25 @@ def _unproven(node: Any, *, root: bool = False) -> str:
             for pattern, sub in value.items():
                 if not _pattern_in_subset(pattern):
                     return "a `patternProperties` pattern outside the regex subset both engines read alike"
-                if reason := _unproven(sub):
+                if reason := _unproven(sub, formats):
                     return reason
         elif key == "$ref":
             if not isinstance(value, str) or not _LOCAL_REF.match(value):
                 return "a `$ref` that is not to `#/$defs/<name>`"
         elif key in _ONE_SCHEMA:
-            if reason := _unproven(value):
+            if reason := _unproven(value, formats):
                 return reason
         elif key in _SCHEMA_LISTS:
             if not isinstance(value, list):
                 return f"`{key}` is not a list"
             for sub in value:
-                if reason := _unproven(sub):
+                if reason := _unproven(sub, formats):
                     return reason
         elif key in _SCHEMA_MAPS:
             if not isinstance(value, dict):
                 return f"`{key}` is not an object"
             for sub in value.values():
-                if reason := _unproven(sub):
+                if reason := _unproven(sub, formats):
                     return reason
         else:
             return f"the keyword `{shown(key)}`"
