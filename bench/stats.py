@@ -61,7 +61,8 @@ def machine() -> dict:
     except OSError:
         pass
     versions = {}
-    for dist in ("grpcio", "protobuf", "cedarpy", "cryptography", "pyseto", "jsonschema", "rfc8785"):
+    for dist in ("grpcio", "protobuf", "cedarpy", "cryptography", "pyseto", "jsonschema", "jsonschema-rs", "rfc8785",
+                 "orjson"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

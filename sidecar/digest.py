@@ -13,6 +13,7 @@ from typing import Any
 
 import rfc8785
 
+from sidecar import canonical
 from sidecar.errors import InputError
 from sidecar.model import ProposedCall, TrustedContext
 from sidecar.strict_json import parse_strict_json
@@ -53,7 +54,7 @@ def digest_call(ctx: TrustedContext, call: ProposedCall, limits: InputLimits) ->
 def canonical_json(obj: Any) -> bytes:
     """RFC 8785 canonical JSON of `obj`, or InputError if it has no canonical form."""
     try:
-        return rfc8785.dumps(obj)
+        return canonical.canonical_json(obj)
     except rfc8785.IntegerDomainError:
         # The library's own message contains the number: do not pass values on.
         message = "an integer is outside ±(2^53-1); send it as a string"

@@ -57,10 +57,12 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
     tool = tool_slice.tool
     digested = digest_call(ctx, call, InputLimits(tool.max_input_bytes))
     value = digested.input
-    # is_valid stops at the first failure; the ranking of every error is only worth its
-    # cost when there is one to report.
-    error = None if tool.validator.is_valid(value) else best_match(tool.validator.iter_errors(value))
-    if error is not None:
+    # `accepts` answers with jsonschema-rs where proven equal; the message is always
+    # jsonschema's, and ranking every error is only worth its cost when there is one.
+    if not tool.accepts(value):
+        error = best_match(tool.validator.iter_errors(value))
+        if error is None:  # the two validators disagree: still a refusal, never an ALLOW
+            raise InputError("invalid_input", "input fails the tool's input schema")
         where = "/" + "/".join(str(p) for p in error.absolute_path)
         # Name the pointer and keyword only: jsonschema's own message may quote input values.
         raise InputError("invalid_input", f"input at `{where}` fails `{error.validator}`")

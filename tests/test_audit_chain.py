@@ -7,6 +7,7 @@ database, after dropping the append-only triggers.
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from dataclasses import replace
 
@@ -28,6 +29,7 @@ from sidecar.audit import (
 )
 from sidecar.audit.checkpoint import PURPOSE
 from sidecar.audit.records import chain
+from sidecar.canonical import _in_domain
 from sidecar.store import SqliteAuditLog
 
 T0 = 1_800_000_000.0
@@ -282,3 +284,18 @@ def test_public_names():
         "Checkpoint", "CheckpointError", "Finding", "canonical_body", "record_hash",
         "sign_checkpoint", "verify_chain", "verify_checkpoint"])
     assert all(hasattr(sidecar.audit, name) for name in sidecar.audit.__all__)
+
+
+def test_a_record_inside_the_fast_encoders_domain_hashes_as_it_always_has():
+    # A fractional time, a float, non-ASCII text and a control character: canonical.py
+    # writes this body with orjson, and it must be the bytes rfc8785 gave (hash computed
+    # with rfc8785 before canonical.py existed).
+    e = AuditEvent(kind="authorize", time=1_800_000_001.25, decision_id="d-1", request_id="r-1",
+                   call_id="c-1", tenant="acme", principal='User::"alice"', tool="refund",
+                   resource='Order::"o-1"', result="ALLOW", reasons=("policy0",), digest="ab" * 32,
+                   policy_version="v1", fields={"/amount": 12.5, "/note": "caf\u00e9 \u65e5\u672c\n", "/n": -7},
+                   detail={"shadow": ["allow"]}, caller="spiffe://acme.example/agent")
+    body = canonical_body(3, e)
+    assert _in_domain(json.loads(body), 0)
+    assert body == rfc8785.dumps(json.loads(body))
+    assert record_hash(GENESIS_HASH, body) == "d1cda564008b4317c57dbeff082f8f92684ca38787c80eb13a68139b4b029c1d"

@@ -133,3 +133,12 @@ def test_the_script_form_runs_too():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--help"], cwd="/",
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--quick" in done.stdout
+
+
+def test_the_levers_bench_reports_each_figure():
+    from bench.levers import measure
+
+    figures = measure(calls=5, repeat=1)
+    assert {"validate: is_valid, jsonschema", "validate: is_valid, jsonschema-rs", "digest: call_digest",
+            "audit record: event + body + hash", "authorize: in process, 1 at a time"} <= set(figures)
+    assert all(us > 0 for us in figures.values()), figures

@@ -9,13 +9,12 @@ because the log is only ever verified from the start, never by inclusion proofs)
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-import rfc8785
+from sidecar.canonical import canonical_json, read_back
 
 KINDS = ("authorize", "verify", "approval", "outcome")
 GENESIS_HASH = "0" * 64
@@ -31,7 +30,7 @@ def _canonical_copy(value: dict[str, Any], name: str) -> dict[str, Any]:
     if not value:
         return {}  # the usual `detail`: nothing to normalize
     try:
-        normalized: dict[str, Any] = json.loads(rfc8785.dumps(value))
+        normalized: dict[str, Any] = read_back(value)
         return normalized
     except ValueError as exc:  # CanonicalizationError, or a lone surrogate
         raise ValueError(f"audit `{name}` is not canonical JSON: {exc}") from None
@@ -127,7 +126,7 @@ def canonical_body(seq: int, event: AuditEvent) -> bytes:
     body["reasons"] = list(event.reasons)
     body["error_codes"] = list(event.error_codes)
     body["seq"] = seq
-    return rfc8785.dumps(body)
+    return canonical_json(body)
 
 
 def record_hash(prev_hash: str, body: bytes) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import pathlib
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -18,6 +19,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from sidecar.bundle.entity_graph import ENTITY_TYPE_NAME
+from sidecar.bundle.fast_schema import fast_validator
 from sidecar.display import shown
 from sidecar.errors import Problem
 from sidecar.tool_files import check_mcp_block, tool_documents
@@ -32,6 +34,7 @@ _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
 # Keywords that pin a string resource id to a known shape (see `_parse_resource`).
 _PINNING_KEYWORDS = ("pattern", "enum", "const")
 _PINNING_FORMATS = ("uuid",)
+log = logging.getLogger(__name__)
 _KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
                "resource", "limits", "audit", "mcp"}
 
@@ -49,13 +52,21 @@ class Tool:
     max_calls_per_run: int | None
     audit_fields: tuple[str, ...]  # JSON pointers recorded in clear
     source: str  # file name, for messages
-    validator: jsonschema.protocols.Validator = field(repr=False, compare=False)
+    validator: jsonschema.protocols.Validator = field(repr=False, compare=False)  # the reference; writes errors
     # Attributes of runtime-supplied entities recorded in the audit, by entity type:
     # JSON pointers into the entity's `attrs` (`audit.record_entities`). Any other
     # attribute is never stored; every entity's uid is.
     audit_entities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # jsonschema-rs where it is proven to decide as `validator` (bundle/fast_schema.py),
+    # else None and `schema_engine` says why.
+    fast_validator: Any = field(default=None, repr=False, compare=False)
+    schema_engine: str = "jsonschema"
 
-
+    def accepts(self, value: Any) -> bool:
+        """Whether the parsed input is valid against the input schema."""
+        checker = self.fast_validator if self.fast_validator is not None else self.validator
+        valid: bool = checker.is_valid(value)
+        return valid
 
 
 def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, Tool]:
@@ -72,6 +83,8 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
                                     pointer="/name"))
             continue
         tools[tool.name] = tool
+        if tool.fast_validator is None:
+            log.info("tool `%s`: input checked by %s", tool.name, tool.schema_engine)
     return tools
 
 
@@ -143,6 +156,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     if len(problems) > before or input_schema is None:
         return None
     assert isinstance(name, str) and isinstance(side_effect, str)  # checked above: a problem otherwise
+    fast, unproven = fast_validator(input_schema, _FORMAT_CHECKER)
     return Tool(
         name=name, description=description, side_effect=side_effect,
         input_schema=input_schema, output_schema=output_schema,
@@ -150,6 +164,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         max_input_bytes=max_bytes, max_calls_per_run=max_calls,
         audit_fields=audit_fields, audit_entities=audit_entities, source=rel,
         validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
+        fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
     )
 
 
