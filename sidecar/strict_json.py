@@ -45,7 +45,7 @@ _UNSHOWABLE = re.compile(
 )
 
 
-def parse_strict_json(data: bytes, *, max_bytes: int, max_depth: int = 64) -> object:
+def parse_strict_json(data: bytes | bytearray | memoryview, *, max_bytes: int, max_depth: int = 64) -> object:
     """Parse `data` as strict JSON into plain Python objects, or raise InputError."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("parse_strict_json needs bytes")  # a caller bug, not bad input
