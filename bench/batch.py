@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
 import pathlib
 import statistics
 import tempfile
@@ -24,7 +22,7 @@ import time
 from typing import Any
 
 from bench import bundles
-from bench.inproc import PRINCIPAL, _Context, _get
+from bench.inproc import PRINCIPAL, _Context, run_in_child
 
 MODES = ("singles, one after another", "singles, 4 at once", "batch")
 
@@ -142,23 +140,8 @@ def _measure(car, spec: dict) -> dict:
 
 def run_batch(bundle: pathlib.Path, *, tools: int, turns: int, per_turn: int = 4, rounds: int = 3,
               data_root: str | None = None, timeout: float = 900) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    out_q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="bench-batch-", dir=data_root) as tmp:
-        spec = {"bundle": str(bundle), "data_dir": str(pathlib.Path(tmp) / "data"), "turns": turns,
-                "per_turn": per_turn, "rounds": rounds, "tools": tools, "parent": os.getpid()}
-        process = ctx.Process(target=batch_main, args=(spec, out_q), daemon=True, name="bench-batch")
-        process.start()
-        try:
-            result = _get(out_q, process, timeout)
-        finally:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join()
-    if "error" in result:
-        raise RuntimeError(f"batch run failed: {result['error']}")
-    return result
+    spec = {"bundle": str(bundle), "turns": turns, "per_turn": per_turn, "rounds": rounds, "tools": tools}
+    return run_in_child(batch_main, spec, name="bench-batch", data_root=data_root, timeout=timeout)
 
 
 def run_served(bundle: pathlib.Path, *, tools: int, turns: int, per_turn: int = 4, rounds: int = 3,

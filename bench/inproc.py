@@ -393,15 +393,14 @@ def _get(out_q, process, timeout: float):
     raise TimeoutError(f"in-process run did not finish within {timeout:.0f}s")
 
 
-def run_inproc(bundle: pathlib.Path, *, tools: int, calls: int, threads: list[int], profile: bool = False,
-               profile_calls: int = 2000, data_root: str | None = None, timeout: float = 900) -> dict:
+def run_in_child(target, spec: dict, *, name: str, data_root: str | None, timeout: float) -> dict:
+    """`target(spec, out_q)` in a spawned process with a temporary `data_dir` of its own
+    (added to `spec`); returns what it put on the queue, or raises if it reported an error."""
     ctx = multiprocessing.get_context("spawn")
     out_q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="bench-inproc-", dir=data_root) as tmp:
-        spec = {"bundle": str(bundle), "data_dir": str(pathlib.Path(tmp) / "data"), "calls": calls,
-                "threads": threads, "tools": tools, "profile": profile, "profile_calls": profile_calls,
-                "parent": os.getpid()}
-        process = ctx.Process(target=inproc_main, args=(spec, out_q), daemon=True, name="bench-inproc")
+    with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=data_root) as tmp:
+        spec = {**spec, "data_dir": str(pathlib.Path(tmp) / "data"), "parent": os.getpid()}
+        process = ctx.Process(target=target, args=(spec, out_q), daemon=True, name=name)
         process.start()
         try:
             result = _get(out_q, process, timeout)
@@ -411,5 +410,12 @@ def run_inproc(bundle: pathlib.Path, *, tools: int, calls: int, threads: list[in
                 process.kill()
                 process.join()
     if "error" in result:
-        raise RuntimeError(f"in-process run failed: {result['error']}")
+        raise RuntimeError(f"{name} failed: {result['error']}")
     return result
+
+
+def run_inproc(bundle: pathlib.Path, *, tools: int, calls: int, threads: list[int], profile: bool = False,
+               profile_calls: int = 2000, data_root: str | None = None, timeout: float = 900) -> dict:
+    spec = {"bundle": str(bundle), "calls": calls, "threads": threads, "tools": tools, "profile": profile,
+            "profile_calls": profile_calls}
+    return run_in_child(inproc_main, spec, name="bench-inproc", data_root=data_root, timeout=timeout)
