@@ -247,3 +247,57 @@ def test_a_flood_of_calls_is_refused_before_any_call_is_read(stub, sidecar, monk
     details = refused_with(stub.AuthorizeBatch, flood, grpc.StatusCode.INVALID_ARGUMENT)
     assert details == "a batch holds at most 64 calls, not 20000"
     assert sidecar.audit_log.head()[0] == 0
+
+
+def test_a_call_id_an_earlier_authorize_used_is_refused_as_reused_in_a_batch(stub, sidecar):
+    first = stub.Authorize(make_request(call_id="c1"))
+    reused = stub.AuthorizeBatch(batch(member("c1", {"order_id": "ord_1", "amount_cents": 1}), member("c2")))
+    assert [e.code for e in reused.answers[0].response.errors] == ["call_id_reused"]
+    assert not reused.answers[0].response.token and reused.answers[1].response.token
+    again = stub.AuthorizeBatch(batch(member("c1")))  # the same call: its decision, replayed
+    assert again.answers[0].response.replayed and again.answers[0].response.decision_id == first.decision_id
+
+
+@pytest.mark.parametrize("same_args", [True, False])
+def test_a_batch_and_an_authorize_of_one_call_id_in_one_commit_decide_it_once(sidecar, same_args):
+    """The batch and the lone Authorize meet in one pump batch, so in one transaction:
+    the call is decided once, and the other asker gets its replay or `call_id_reused`."""
+    import asyncio
+
+    from test_pump import held_first_batch
+
+    from sidecar.batch import DEFAULT_LIMITS, BatchCall, plan_batch
+    from sidecar.server.pump import DecisionPump
+
+    pump = DecisionPump(sidecar.authorizer, inline_after=None)
+    hold, entered, release = held_first_batch(pump)
+    lone = make_request(call_id="c1", args=SMALL if same_args else {"order_id": "ord_1", "amount_cents": 1})
+    ctx = trusted_context(batch().context)
+    calls = [BatchCall(proposed_call(member(call_id).call), OWN_ORDER) for call_id in ("c1", "c2")]
+
+    async def main():
+        held = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        group = asyncio.ensure_future(pump.answer_group(
+            lambda: plan_batch(sidecar.authorizer, ctx, calls, DEFAULT_LIMITS), len(calls)))
+        single = asyncio.ensure_future(pump.answer(
+            lambda: sidecar.authorizer.plan_authorize(trusted_context(lone.context), proposed_call(lone.call))))
+        await asyncio.sleep(0)
+        assert pump.waiting == 2
+        release.set()
+        await asyncio.gather(held, return_exceptions=True)
+        return await group, await single
+
+    try:
+        (in_batch, other), alone = asyncio.run(main())
+    finally:
+        pump.close()
+    assert pump.batches == 2 and other.decision.value == "ALLOW" and not other.replayed
+    assert in_batch.decision.value == "ALLOW" and not in_batch.replayed and in_batch.token
+    if same_args:
+        assert alone.replayed and alone.decision_id == in_batch.decision_id
+    else:
+        assert [e.code for e in alone.errors] == ["call_id_reused"] and alone.token is None
+    assert sidecar.ledger.get("acme", "c1").decision_id == in_batch.decision_id
+    records = sidecar.audit_log.query(AuditQuery(call_id="c1"), limit=10)
+    assert sorted(r.event.result for r in records) == ["ALLOW", "ALLOW" if same_args else "DENY"]

@@ -321,6 +321,47 @@ def test_unproven_keywords_keep_jsonschema(schema: dict[str, Any], why: str) -> 
     assert fast is None and why in reason
 
 
+# -- numbers in the schema past the safe integers ------------------------------------------
+
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "enum")
+_BIG_BOUNDS = st.sampled_from([MAX_SAFE, 2**53, 2**60, 2**63, 2**64, 2**65]).flatmap(
+    lambda base: st.integers(base - 4096, base + 4096)) | st.integers(-(2**66), 2**66)
+
+
+@settings(max_examples=700, deadline=None)
+@given(keyword=st.sampled_from(_NUMBER_KEYWORDS), bound=_BIG_BOUNDS, negative=st.booleans(),
+       offset=st.integers(-4096, 4096))
+def test_large_integer_bounds_decide_alike(keyword: str, bound: int, negative: bool, offset: int) -> None:
+    """An integer input is at most 2^53-1, but a float input is any size: against an
+    integer past 2^53 in the schema, jsonschema-rs compares in floats (2^64 meets
+    `minimum: 2^64+1`), jsonschema exactly. Whichever validator the catalog picks agrees."""
+    bound = -bound if negative else bound
+    document = {"$schema": DRAFT, keyword: [bound] if keyword == "enum" else bound}
+    reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
+    fast, reason = fast_validator(document, _FORMAT_CHECKER)
+    assert fast is not None or "2^53" in reason, reason
+    picked = fast if fast is not None else reference
+    for value in (float(bound), float(bound + offset), float(bound) + offset):
+        assert picked.is_valid(_strict(value)) == reference.is_valid(value), (document, value)
+
+
+@pytest.mark.parametrize(("schema", "value"), [
+    ({"minimum": 2**64 + 1}, 2.0**64),
+    ({"maximum": -(2**63) - 1}, -(2.0**63)),
+    ({"const": 1152921504606845600}, 1152921504606845568.0),
+    ({"enum": ["a", 2**64]}, 2.0**64),
+    ({"properties": {"n": {"const": {"a": [2**64]}}}}, {"n": {"a": [2.0**64]}}),
+])
+def test_integers_past_the_safe_range_keep_jsonschema(schema: dict[str, Any], value: object) -> None:
+    import jsonschema_rs
+
+    document = {"$schema": DRAFT, **schema}
+    reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
+    assert jsonschema_rs.Draft202012Validator(document).is_valid(value) != reference.is_valid(value)  # why
+    fast, reason = fast_validator(document, _FORMAT_CHECKER)
+    assert fast is None and "2^53" in reason
+
+
 def test_multiple_of_is_where_the_engines_part() -> None:
     # Why `multipleOf` stays with jsonschema: the two answer differently.
     import jsonschema_rs

@@ -251,6 +251,21 @@ def _batch_body(ctx: Context, *members: tuple[Call, list | None]) -> bytes:
     return context.encode() + b', "calls": [' + b", ".join(calls) + b"]}"
 
 
+def test_a_flood_of_calls_over_http_is_refused_before_any_call_is_read(http, sidecar, monkeypatch):
+    import sidecar.service.http_api as http_api
+
+    def never(*_args):
+        raise AssertionError("a call of a refused batch was converted")
+
+    monkeypatch.setattr(http_api, "_call", never)
+    context = json.dumps(Context().as_json())
+    body = f'{{"context": {context}, "calls": [{", ".join(["{}"] * 1000)}]}}'.encode()
+    status, answer = http.exchange("POST", "/v1/authorize-batch", body)
+    assert (status, answer["error"]) == (400, {"code": "INVALID_ARGUMENT",
+                                               "message": "a batch holds at most 64 calls, not 1000"})
+    assert sidecar.pump.answered == 0
+
+
 def test_a_raw_member_inside_an_array_is_the_exact_bytes_received():
     from sidecar.service.json_body import ANY_ITEM
 

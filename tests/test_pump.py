@@ -101,6 +101,33 @@ def test_a_bad_request_in_a_batch_fails_alone(sidecar, pump):
     assert isinstance(bad, InputError) and bad.code == "bad_input"
 
 
+def test_a_plan_raising_stop_iteration_fails_alone_and_leaves_no_one_waiting(sidecar):
+    # A future refuses StopIteration: set on one, it would raise in the loop's callback
+    # and leave every later answer of the batch unset, its callers waiting for ever.
+    def stops():
+        raise StopIteration
+
+    pump = DecisionPump(sidecar.authorizer, inline_after=None)
+    hold, entered, release = held_first_batch(pump)
+
+    async def main():
+        held = asyncio.ensure_future(pump.answer(hold))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        answers = [asyncio.ensure_future(pump.answer(stops)),
+                   asyncio.ensure_future(pump.answer(plan_for(sidecar, make_request(call_id="after"))))]
+        await asyncio.sleep(0)
+        assert pump.waiting == 2  # so they share one batch, the StopIteration first
+        release.set()
+        await asyncio.gather(held, return_exceptions=True)
+        return await asyncio.wait_for(asyncio.gather(*answers, return_exceptions=True), 30)
+
+    try:
+        stopped, after = asyncio.run(main())
+    finally:
+        pump.close()
+    assert isinstance(stopped, RuntimeError) and after.decision is Decision.ALLOW and after.token is not None
+
+
 def test_a_failed_commit_fails_every_request_of_its_batch_with_no_token(sidecar, pump, monkeypatch):
     def broken_apply(ops):
         raise StoreUnavailable("disk gone")

@@ -11,6 +11,9 @@ bundle loads; `fast_validator` says why.
 
 Left to `jsonschema`, with the reason:
 - `multipleOf`: floats are divided differently (0.3 is a multiple of 0.1 for one only);
+- an integer beyond ±(2^53-1) anywhere in a keyword's value: jsonschema-rs compares it
+  with a float input (which may be any size) in floats, jsonschema exactly, so the two
+  part on `minimum: 2^64+1` against `1.8446744073709552e19`, and on `const` or `enum`;
 - `unevaluated*`, `$dynamicRef`, `$id`, `$anchor`, `contentEncoding`..., a `$ref` other
   than `#/$defs/<name>`, `$defs` or `$schema` below the root: not covered by the test;
 - a `pattern` outside the subset: Python's `re` and Rust's `regex` read `\\d`, `\\w`,
@@ -46,6 +49,7 @@ _SCHEMA_MAPS = frozenset({"properties", "dependentSchemas"})
 # reference names one of those definitions (no deeper pointer, no %-escapes).
 _ROOT_ONLY = frozenset({"$schema", "$defs"})
 _LOCAL_REF = re.compile(r"#/\$defs/[A-Za-z0-9_-]+\Z")
+_MAX_SAFE_INT = 2**53 - 1  # every integer up to this is exactly a float, and an input's integer is no larger
 
 # The regex subset read alike by Python's `re` (after the catalog's `$` rewrite) and
 # Rust's `regex`: ASCII literals, escaped metacharacters, `.`, classes of those with
@@ -103,6 +107,8 @@ def _unproven(node: Any, formats: set[str], *, root: bool = False) -> str:
         return "a schema that is not an object"
     for key, value in node.items():
         if key in _VALUE_KEYWORDS:
+            if _holds_unsafe_int(value):
+                return f"an integer beyond ±(2^53-1) in `{key}`"
             continue
         if key in _ROOT_ONLY:
             if not root:
@@ -149,3 +155,15 @@ def _unproven(node: Any, formats: set[str], *, root: bool = False) -> str:
         else:
             return f"the keyword `{shown(key)}`"
     return ""
+
+
+def _holds_unsafe_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+    if isinstance(value, list):
+        return any(_holds_unsafe_int(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_unsafe_int(item) for item in value.values())
+    return False

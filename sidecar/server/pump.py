@@ -277,6 +277,10 @@ def _settle(settled: list[tuple[asyncio.Future, Any]]) -> None:
     for future, answer in settled:
         if future.done():
             continue  # its caller was cancelled (the client went away)
+        if isinstance(answer, StopIteration):
+            # A future refuses it (a coroutine's becomes a RuntimeError too): raised here,
+            # it would leave the answers after it unset and their callers waiting.
+            answer = RuntimeError("a plan raised StopIteration")
         if isinstance(answer, BaseException):
             future.set_exception(answer)
         else:

@@ -50,7 +50,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
-from sidecar.batch import DEFAULT_LIMITS, BatchCall, BatchLimits, plan_batch
+from sidecar.batch import DEFAULT_LIMITS, BatchCall, BatchLimits, check_count, plan_batch
 from sidecar.digest import MAX_DEPTH
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
@@ -195,7 +195,8 @@ class HttpApi:
     async def authorize_batch(self, request: Request) -> Response:
         body = await self._json_body(request, raw=_BATCH_RAW)
         _only(body, "", ("context", "calls"))
-        ctx, calls, limits = _context(body.get("context")), _batch_calls(body.get("calls")), self._batch_limits
+        ctx, limits = _context(body.get("context")), self._batch_limits
+        calls = _batch_calls(body.get("calls"), limits)
         caller = (await self._gate.admit_async(request, "AuthorizeBatch", _about(ctx, ""))).caller.id
         async with _client_presence(request) as gone:
             def wanted() -> bool:
@@ -319,11 +320,12 @@ def _call(value: object, at: str = "/call") -> ProposedCall:
     return ProposedCall(_string(members, "call_id", at), _string(members, "name", at), raw_input.data)
 
 
-def _batch_calls(value: object) -> list[BatchCall]:
+def _batch_calls(value: object, limits: BatchLimits) -> list[BatchCall]:
     if value is None:
         raise RequestError("missing `calls`")
     if not isinstance(value, list):
         raise RequestError("`/calls` must be a JSON array")
+    check_count(len(value), limits)  # before converting what may be a flood of calls
     calls = []
     for k, item in enumerate(value):
         members = _members(item, f"/calls/{k}", ("call", "entities"))
