@@ -44,6 +44,8 @@ class Workers:
         self.out: list[str] = []
         self.err: list[str] = []
         self._serving = threading.Event()
+        self._lines = threading.Condition()  # a line read, or standard output ended
+        self._out_ended = False
         self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out, True), daemon=True),
                          threading.Thread(target=self._read, args=(self.proc.stderr, self.err, False), daemon=True)]
         for reader in self._readers:
@@ -51,11 +53,27 @@ class Workers:
 
     def _read(self, stream, lines: list[str], watch: bool) -> None:
         for line in stream:
-            lines.append(line.rstrip("\n"))
+            with self._lines:
+                lines.append(line.rstrip("\n"))
+                self._lines.notify_all()
             if watch and "serving" in line:
                 self._serving.set()
         if watch:
+            with self._lines:
+                self._out_ended = True
+                self._lines.notify_all()
             self._serving.set()
+
+    def await_line(self, text: str) -> str:
+        """The first line of standard output that holds `text`, once it has been printed
+        (lines after "serving" may still be on their way when it is seen)."""
+        def printed() -> str | None:
+            return next((x for x in self.out if text in x), None)
+        with self._lines:
+            self._lines.wait_for(lambda: printed() is not None or self._out_ended, START_TIMEOUT)
+            line = printed()
+        assert line is not None, f"no line with `{text}` in:\n" + "\n".join(self.out)
+        return line
 
     def wait_serving(self) -> list[int]:
         assert self._serving.wait(START_TIMEOUT), "workers did not start"
