@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -64,6 +64,8 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"cache-control", b"no-store"),
 )
 MAX_REASON = 500
+# The largest form is the OIDC sign-in's: an ID token (sidecar/oidc.py MAX_ID_TOKEN_BYTES) and the CSRF token.
+MAX_FORM_BYTES = 32 * 1024
 INBOX_LIMIT = 200
 RECENT_LIMIT = 25
 
@@ -169,7 +171,7 @@ class Console:
             visit = Visit(request, session, None)
             try:
                 if request.method == "POST":
-                    visit.form = await request.form(max_files=0, max_fields=32, max_part_size=64 * 1024)
+                    visit.form = await _form(request)
                     if not csrf_ok(session, visit.form.get(CSRF_FIELD)):
                         raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
                                              "try again")
@@ -378,6 +380,29 @@ class Console:
     async def status(self, visit: Visit) -> Response:
         status = await run_in_threadpool(self.deps.status)
         return self.render(visit, "status.html", {"st": status})
+
+
+async def _form(request: Request) -> FormData:
+    """The posted form, its body read only up to MAX_FORM_BYTES: the parser's caps per
+    field and on the number of fields let an unbounded run of empty fields through, and
+    this runs for anyone, before the CSRF check, on the loop the gRPC server shares."""
+    too_large = HTTPException(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        raise too_large
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                raise too_large
+    except ClientDisconnect:  # gone before its form was whole: nothing to do, no one to answer
+        raise HTTPException(400, "the client disconnected") from None
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+    return await Request(request.scope, replay).form(max_files=0, max_fields=32, max_part_size=MAX_FORM_BYTES)
 
 
 def _headers(request: Request) -> dict[str, str]:
