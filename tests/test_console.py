@@ -195,8 +195,9 @@ def test_pages_need_a_person_and_audit_pages_an_auditor(sidecar, console):
     answer = client.get("/inbox")
     assert answer.status_code == 303 and answer.headers["location"] == "/signin"
     sign_in(client, "bob")
-    for path in ("/audit", "/audit/call?id=toolu_1", "/status", "/audit/verify"):
+    for path in ("/audit", "/audit/call?id=toolu_1", "/status"):
         assert client.get(path).status_code == 403, path
+    assert post_form(client, "/inbox", "/audit/verify").status_code == 403
     auditor = browser(console)
     sign_in(auditor, "erin", groups="auditors")
     assert auditor.get("/audit").status_code == 200

@@ -150,7 +150,8 @@ class Console:
             Route("/approvals/{approval_id}/decide", self._page(Console.decide), methods=["POST"]),
             Route("/audit", self._page(Console.explorer, auditor=True), methods=["GET"]),
             Route("/audit/call", self._page(Console.timeline, auditor=True), methods=["GET"]),
-            Route("/audit/verify", self._page(Console.verify, auditor=True), methods=["GET"]),
+            # A POST with the CSRF token: it reads every record, so no other site may start it.
+            Route("/audit/verify", self._page(Console.verify, auditor=True), methods=["POST"]),
             Route("/status", self._page(Console.status, auditor=True), methods=["GET"]),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
         ]
