@@ -408,12 +408,13 @@ async def _form(request: Request) -> FormData:
 
 def _headers(request: Request) -> dict[str, str]:
     """The request's headers by lower-case name. A header sent twice has its values
-    joined by a newline, which no sign-in value accepts: a second user, tenant or
-    groups header (a client's, passed on by a proxy that appends) is refused, never
-    silently preferred or merged."""
+    joined by a NUL, which no sign-in value accepts and no stripping of whitespace
+    removes (a newline was, beside an empty value): a second user, tenant or groups
+    header (a client's, passed on by a proxy that appends) is refused, never silently
+    preferred or merged."""
     joined: dict[str, str] = {}
     for name, value in request.headers.items():
-        joined[name] = f"{joined[name]}\n{value}" if name in joined else value
+        joined[name] = f"{joined[name]}\x00{value}" if name in joined else value
     return joined
 
 
