@@ -313,8 +313,11 @@ class Console:
             failure = failure_of(exc, "console decide")
             try:
                 return await self.approval(visit, failure.message, failure.status.http_status)
-            except (ForbiddenError, NotFoundError):  # a page they may not see: the desk's answer alone
-                return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
+            except NotFoundError as hidden:  # another tenant's: its existence is not told (the desk audited it)
+                failure = failure_of(hidden, "console decide")
+            except ForbiddenError:  # a page they may not see: the desk's answer alone
+                pass
+            return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
         return RedirectResponse(f"/approvals/{approval_id}", 303)
 
     # -- audit ------------------------------------------------------------------------
