@@ -16,6 +16,7 @@ from console_pages import LARGE, browser, console_for, csrf_of, post_form, propo
 
 from sidecar.audit.store import AuditQuery
 from sidecar.console.app import CSP
+from sidecar.console.session import COOKIE
 from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -207,10 +208,10 @@ def test_pages_need_a_person_and_audit_pages_an_auditor(sidecar, console):
 def test_a_tampered_session_cookie_signs_nobody_in(console):
     client = browser(console)
     sign_in(client, "bob")
-    cookie = client.cookies["toolauthz_console"]
+    cookie = client.cookies[COOKIE]
     client.cookies.clear()
     body, _, signature = cookie.rpartition(".")
-    client.cookies.set("toolauthz_console", body[:-2] + "xx." + signature, domain="localhost")
+    client.cookies.set(COOKIE, body[:-2] + "xx." + signature, domain="localhost")
     assert client.get("/inbox").status_code == 303
 
 

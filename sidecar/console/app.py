@@ -172,6 +172,10 @@ class Console:
             visit = Visit(request, session, None)
             try:
                 if request.method == "POST":
+                    # Behind a proxy the person may be proven by the proxy's own cookie, sent
+                    # with any site's form: a browser says whose form it is (absent: not a browser).
+                    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+                        raise ForbiddenError("a form another site submitted is refused")
                     visit.form = await _form(request)
                     if not csrf_ok(session, visit.form.get(CSRF_FIELD)):
                         raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
