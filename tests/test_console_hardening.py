@@ -102,3 +102,15 @@ def test_deciding_another_tenants_approval_says_it_does_not_exist(sidecar, conso
     # The attempt is still audited as the desk refused it.
     [refused] = sidecar.audit_log.query(AuditQuery(kind="approval", result="refused"), limit=5)
     assert refused.event.error_codes == ("cross_tenant",)
+
+
+@pytest.mark.both_stores
+def test_a_reason_with_a_nul_is_a_bad_request_on_every_store(sidecar, console):
+    # PostgreSQL text holds no NUL: the store's refusal read as "store unavailable" (503).
+    _, result = propose(sidecar)
+    bob = browser(console)
+    sign_in(bob, "bob")
+    page = f"/approvals/{result.approval_id}"
+    answer = post_form(bob, page, f"{page}/decide", verdict="REJECT", reason="no\x00pe")
+    assert answer.status_code == 400 and "NUL" in answer.text
+    assert sidecar.approvals.get(result.approval_id).status == "pending"
