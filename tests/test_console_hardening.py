@@ -114,3 +114,22 @@ def test_a_reason_with_a_nul_is_a_bad_request_on_every_store(sidecar, console):
     answer = post_form(bob, page, f"{page}/decide", verdict="REJECT", reason="no\x00pe")
     assert answer.status_code == 400 and "NUL" in answer.text
     assert sidecar.approvals.get(result.approval_id).status == "pending"
+
+
+@pytest.mark.both_stores
+def test_the_explorer_reads_only_the_last_checkpoint(sidecar, console, monkeypatch):
+    # One is signed a minute while calls come: every explorer page read them all.
+    for call_id in ("toolu_1", "toolu_2"):
+        propose(sidecar, call_id=call_id)
+        sidecar.checkpointer.checkpoint()
+    last = sidecar.audit_log.checkpoints()[-1]
+
+    def every_checkpoint():
+        raise AssertionError("the explorer read every checkpoint")
+
+    monkeypatch.setattr(sidecar.audit_log, "checkpoints", every_checkpoint)
+    auditor = browser(console)
+    sign_in(auditor, "erin", groups="auditors")
+    page = auditor.get("/audit")
+    assert page.status_code == 200
+    assert f'data-testid="last-checkpoint">{last.count}\n' in page.text

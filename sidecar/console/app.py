@@ -340,8 +340,7 @@ class Console:
         def read() -> tuple[list[Any], dict[str, Any]]:
             records = log_.query(asked.query, limit=asked.limit + 1, after_seq=asked.after_seq)
             count, head = log_.head()
-            checkpoints = log_.checkpoints()
-            return records, {"count": count, "head": head, "checkpoint": checkpoints[-1] if checkpoints else None}
+            return records, {"count": count, "head": head, "checkpoint": log_.last_checkpoint()}
 
         records, chain = await run_in_threadpool(read)
         more = len(records) > asked.limit
