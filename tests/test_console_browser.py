@@ -347,3 +347,20 @@ def test_the_browser_tests_would_see_a_dialog(open_page):
     page.set_content("<button id=b onclick=\"alert('hi')\">b</button>")
     page.click("#b")
     assert page.dialogs == ["hi"]
+
+
+def test_a_long_unbroken_value_wraps_instead_of_widening_the_page(open_page, stub):
+    # A model chooses the refund's reason: 500 characters with no space must not push the
+    # Approve button and the rest of the page off to the side.
+    approval_id = pending(stub, refund("call_wide", reason="W" * 500))
+    page = open_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    sign_in(page, "bob")
+    for path in ("/inbox", f"/approvals/{approval_id}"):
+        page.goto(path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280, path
+    auditor = open_page()
+    auditor.set_viewport_size({"width": 1280, "height": 800})
+    sign_in(auditor, "carol", groups="auditors")
+    auditor.goto("/audit/call?id=call_wide")
+    assert auditor.evaluate("document.documentElement.scrollWidth") <= 1280
