@@ -133,3 +133,17 @@ def test_the_explorer_reads_only_the_last_checkpoint(sidecar, console, monkeypat
     page = auditor.get("/audit")
     assert page.status_code == 200
     assert f'data-testid="last-checkpoint">{last.count}\n' in page.text
+
+
+def test_a_requester_sees_their_approval_but_never_decides_it(sidecar, console):
+    _, result = propose(sidecar)  # alice's call
+    alice = browser(console)
+    sign_in(alice, "alice", groups="finance")
+    page = f"/approvals/{result.approval_id}"
+    shown = alice.get(page)
+    assert shown.status_code == 200 and 'id="decide-form"' not in shown.text
+    answer = post_form(alice, page, f"{page}/decide", verdict="APPROVE")
+    assert answer.status_code == 403 and "never approves their own call" in answer.text
+    [refused] = sidecar.audit_log.query(AuditQuery(kind="approval", result="refused"), limit=5)
+    assert refused.event.error_codes == ("self_approval",)
+    assert sidecar.approvals.get(result.approval_id).status == "pending"
