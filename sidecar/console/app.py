@@ -2,8 +2,9 @@
 
 Every route goes through `Console._page`, which, in this order: refuses a `Host` a DNS
 name could have been rebound to (on a loopback listener, only loopback names are
-answered), reads the signed session, checks the CSRF token of a POST (403 before any
-work), finds the signed-in person (sidecar/console/signin.py) and their role, runs the
+answered), reads the signed session, refuses a POST another site sent (`Sec-Fetch-Site`),
+reads its form up to MAX_FORM_BYTES and checks its CSRF token (403 before any work),
+finds the signed-in person (sidecar/console/signin.py) and their role, runs the
 page, maps any error through the one table of service/failures.py to a page with that
 status, and writes the session cookie back (`HttpOnly`, `Secure`, `SameSite=Strict`).
 Every response, static files included, carries the security headers of `SECURITY_HEADERS`.
