@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import threading
 
@@ -195,7 +196,8 @@ def test_an_approver_sees_only_their_approvals_and_the_waiting_guard_gets_the_to
         assert page.inner_text("#approval-status") == "pending"
         assert page.inner_text("#approval-policy") == "refund-own-order-large-needs-finance"
         assert "7000" in page.inner_text("#approval-arguments")
-        assert page.inner_text("#countdown").startswith("expires in 15m")
+        # The deferred script fills it once the page has loaded: wait for that, not a moment.
+        expect(page.locator("#countdown")).to_have_text(re.compile(r"^expires in 15m"))
         page.fill("#reason", "checked the parcel tracking")
         screenshot(request, page, "approval.png")
         page.click("#approve")
