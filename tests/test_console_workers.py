@@ -21,7 +21,7 @@ def test_every_worker_serves_the_console_and_honours_one_session(workers_factory
                       f"generate_missing_keys: true\nconsole_listen: 127.0.0.1:{console_port}\n")
     workers = workers_factory("--config", str(config), "--workers", "2")
     pids = workers.wait_serving()
-    assert f"toolauthz console on http://127.0.0.1:{console_port}/" in workers.out
+    assert workers.wait_line("toolauthz console on") == f"toolauthz console on http://127.0.0.1:{console_port}/"
 
     first = http.client.HTTPConnection("127.0.0.1", console_port, timeout=30)
     first.request("GET", "/signin")

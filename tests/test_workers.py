@@ -44,6 +44,7 @@ class Workers:
         self.out: list[str] = []
         self.err: list[str] = []
         self._serving = threading.Event()
+        self._printed = threading.Condition()  # a line was read
         self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out, True), daemon=True),
                          threading.Thread(target=self._read, args=(self.proc.stderr, self.err, False), daemon=True)]
         for reader in self._readers:
@@ -51,17 +52,29 @@ class Workers:
 
     def _read(self, stream, lines: list[str], watch: bool) -> None:
         for line in stream:
-            lines.append(line.rstrip("\n"))
+            with self._printed:
+                lines.append(line.rstrip("\n"))
+                self._printed.notify_all()
             if watch and "serving" in line:
                 self._serving.set()
         if watch:
             self._serving.set()
+        with self._printed:
+            self._printed.notify_all()
 
     def wait_serving(self) -> list[int]:
         assert self._serving.wait(START_TIMEOUT), "workers did not start"
         assert self.proc.poll() is None, "\n".join(self.err)
         line = next(x for x in self.out if "serving" in x)
         return [int(p) for p in re.search(r"pids ([\d, ]+)\)", line).group(1).split(", ")]
+
+    def wait_line(self, text: str) -> str:
+        """The first output line holding `text`, waiting for it: the lines after the
+        `serving` one (metrics, console) may not have been read when that one was."""
+        with self._printed:
+            self._printed.wait_for(lambda: any(text in x for x in self.out) or self.proc.poll() is not None,
+                                   START_TIMEOUT)
+        return next((x for x in self.out if text in x), "")
 
     def wait(self, timeout: float = 30) -> int:
         try:
