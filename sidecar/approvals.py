@@ -166,6 +166,8 @@ class ApprovalDesk:
         self._check_envelope(approver)
         if verdict not in (APPROVE, REJECT):
             raise RequestError("verdict must be APPROVE or REJECT")
+        if "\x00" in reason:  # PostgreSQL text holds none: the store would refuse it as a failure of its own
+            raise RequestError("the reason must not contain a NUL character")
         now = self.clock.now()
         record = self.store.get(approval_id)
         if record is None:

@@ -5,7 +5,7 @@ the principal and the resource with their ancestors, and every entity the runtim
 supplied. Of a supplied entity only the attributes its tool's `audit.record_entities`
 lists for its type are kept (a runtime may send anything: a customer's address, a card
 number); every other attribute is left out, and so is anything over the caps below,
-with a count of what was left out.
+with a count of what was left out (a uid too long to read among them).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sidecar.engine import PreparedCall, supplied_entities
 from sidecar.model import TrustedContext
 
 MAX_UIDS = 64  # principal and resource with their ancestors, and the supplied entities
+MAX_UID_CHARS = 512  # one uid as text: a runtime's ids have no length limit of their own
 MAX_VALUE_CHARS = 256  # one attribute's value, as JSON
 _TENANT = "Tenant"
 
@@ -51,7 +52,7 @@ class _Budget:
 
     def take(self, uids: Iterable[UID]) -> list[UID]:
         every = list(uids)
-        kept = every[:self.left]
+        kept = [uid for uid in every if len(_text(uid)) <= MAX_UID_CHARS][:self.left]
         self.left -= len(kept)
         self.omitted += len(every) - len(kept)
         return kept

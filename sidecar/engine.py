@@ -73,6 +73,8 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         if isinstance(raw, float):  # `integer` accepts 7.0; the id is the canonical "7"
             raw = int(raw)
         rtype, rid = tool.resource_type, str(raw)
+        if "\x00" in rid:  # every store keeps the resource as text, and PostgreSQL's holds no NUL
+            raise InputError("invalid_input", f"input at `{tool.resource_pointer}` holds a NUL character")
     return PreparedCall(tool_slice, value, digested.digest, rtype, rid)
 
 

@@ -80,6 +80,20 @@ def test_the_uids_recorded_are_capped_with_a_count(stub, sidecar):
     assert decided["omitted"]["uids"] == 2 + 2 + len(many) - MAX_UIDS
 
 
+def test_a_uid_too_long_to_read_is_counted_not_kept(stub, sidecar):
+    # A runtime names any ids it likes: kept whole, 64 of them could make each decision's
+    # record, and its console timeline, a megabyte.
+    long_ones = [order_entity("o" * 10_000, "alice"), {"uid": {"type": "Group", "id": "g" * 10_000}, "attrs": {},
+                                                       "parents": []}]
+    entities = [order_entity("ord_1", "alice"), *long_ones]
+    assert stub.Authorize(make_request(call_id="call_long", entities=entities)).decision == pb.ALLOW
+    decided = _decision(sidecar, "call_long")
+    assert decided["resource"] == ['Order::"ord_1"', 'Tenant::"acme"']
+    assert [e["uid"] for e in decided["supplied"]] == ['Order::"ord_1"']
+    assert decided["omitted"]["uids"] == 2
+    assert len(json.dumps(decided)) < 1000
+
+
 def test_show_and_export_give_the_entities_escaped(stub, sidecar, capsys):
     stub.Authorize(make_request(call_id="call_card", entities=[_order_with_card()]))
     sidecar.close()

@@ -490,3 +490,17 @@ def test_the_run_limit_holds_when_denials_and_allowed_calls_race(stub, sidecar, 
     assert sum(r.decision == pb.ALLOW for r in small) == 3
     assert all(error_codes(r) == ["limit_exceeded"] for r in small if r.decision != pb.ALLOW)
     assert all(responses[i].decision == pb.DENY for i in range(1, 12, 2))
+
+
+@pytest.mark.both_stores
+def test_a_resource_id_with_a_nul_is_invalid_input_on_every_store(stub, sidecar, bundle_dir):
+    # A tool whose schema lets any order id through: PostgreSQL text holds no NUL, and the
+    # store's refusal answered UNAVAILABLE ("store unavailable") where SQLite allowed.
+    tool = bundle_dir / "tools" / "issue_refund.yaml"
+    tool.write_text(tool.read_text().replace('pattern: "^ord_[A-Za-z0-9]{1,32}$"', 'pattern: "^ord_"'))
+    assert sidecar.reloader.reload()
+    order = "ord_\x00x"
+    response = stub.Authorize(make_request(args={"order_id": order, "amount_cents": 100},
+                                           entities=[order_entity(order, "alice")]))
+    assert response.decision == pb.DENY
+    assert [e.code for e in response.errors] == ["invalid_input"]

@@ -16,6 +16,7 @@ from console_pages import LARGE, browser, console_for, csrf_of, post_form, propo
 
 from sidecar.audit.store import AuditQuery
 from sidecar.console.app import CSP
+from sidecar.console.session import COOKIE
 from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -139,7 +140,7 @@ def test_the_desk_refuses_in_the_console_what_it_refuses_over_grpc(sidecar, cons
     sign_in(gina, "gina", "globex")
     assert gina.get(page).status_code == 404  # another tenant's approval does not exist for her
     token = csrf_of(gina.get("/inbox").text)
-    assert gina.post(f"{page}/decide", data={"csrf_token": token, "verdict": "APPROVE"}).status_code == 403
+    assert gina.post(f"{page}/decide", data={"csrf_token": token, "verdict": "APPROVE"}).status_code == 404
     bob = browser(console)
     sign_in(bob, "bob")
     assert post_form(bob, page, f"{page}/decide", verdict="REJECT", reason="no").status_code == 303
@@ -195,8 +196,9 @@ def test_pages_need_a_person_and_audit_pages_an_auditor(sidecar, console):
     answer = client.get("/inbox")
     assert answer.status_code == 303 and answer.headers["location"] == "/signin"
     sign_in(client, "bob")
-    for path in ("/audit", "/audit/call?id=toolu_1", "/status", "/audit/verify"):
+    for path in ("/audit", "/audit/call?id=toolu_1", "/status"):
         assert client.get(path).status_code == 403, path
+    assert post_form(client, "/inbox", "/audit/verify").status_code == 403
     auditor = browser(console)
     sign_in(auditor, "erin", groups="auditors")
     assert auditor.get("/audit").status_code == 200
@@ -206,10 +208,10 @@ def test_pages_need_a_person_and_audit_pages_an_auditor(sidecar, console):
 def test_a_tampered_session_cookie_signs_nobody_in(console):
     client = browser(console)
     sign_in(client, "bob")
-    cookie = client.cookies["toolauthz_console"]
+    cookie = client.cookies[COOKIE]
     client.cookies.clear()
     body, _, signature = cookie.rpartition(".")
-    client.cookies.set("toolauthz_console", body[:-2] + "xx." + signature, domain="localhost")
+    client.cookies.set(COOKIE, body[:-2] + "xx." + signature, domain="localhost")
     assert client.get("/inbox").status_code == 303
 
 

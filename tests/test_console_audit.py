@@ -126,7 +126,7 @@ def test_the_chain_is_verified_on_demand_with_its_last_checkpoint(sidecar, conso
     explorer = auditor.get("/audit").text
     assert 'data-testid="last-checkpoint">4\n  records at 2027-01-15T08:00:00Z<' in explorer
     assert 'id="verify-chain"' in explorer
-    verified = auditor.get("/audit/verify")
+    verified = post_form(auditor, "/audit", "/audit/verify")
     assert verified.status_code == 200 and "Intact: 4 records" in verified.text
     assert "Last verified at" in auditor.get("/audit").text
 
@@ -151,6 +151,6 @@ def test_a_rewritten_record_shows_as_a_finding(sidecar, console, auditor):
     conn.execute("UPDATE audit_record SET result = 'REJECT' WHERE kind = 'approval'")
     conn.commit()
     conn.close()
-    verified = auditor.get("/audit/verify")
+    verified = post_form(auditor, "/audit", "/audit/verify")
     assert verified.status_code == 200 and "The audit trail was altered" in verified.text
     assert 'id="findings"' in verified.text

@@ -118,6 +118,10 @@ class AuditLog(Protocol):
     def checkpoints(self) -> list[Checkpoint]:
         """Every stored checkpoint, by count, each with its token."""
 
+    def last_checkpoint(self) -> Checkpoint | None:
+        """The stored checkpoint of the highest count, without reading the others (one
+        is signed a minute while calls come)."""
+
     def close(self) -> None:
         """Release connections; later calls raise StoreUnavailable."""
 

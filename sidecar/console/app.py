@@ -2,8 +2,9 @@
 
 Every route goes through `Console._page`, which, in this order: refuses a `Host` a DNS
 name could have been rebound to (on a loopback listener, only loopback names are
-answered), reads the signed session, checks the CSRF token of a POST (403 before any
-work), finds the signed-in person (sidecar/console/signin.py) and their role, runs the
+answered), reads the signed session, refuses a POST another site sent (`Sec-Fetch-Site`),
+reads its form up to MAX_FORM_BYTES and checks its CSRF token (403 before any work),
+finds the signed-in person (sidecar/console/signin.py) and their role, runs the
 page, maps any error through the one table of service/failures.py to a page with that
 status, and writes the session cookie back (`HttpOnly`, `Secure`, `SameSite=Strict`).
 Every response, static files included, carries the security headers of `SECURITY_HEADERS`.
@@ -28,7 +29,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -64,6 +65,8 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"cache-control", b"no-store"),
 )
 MAX_REASON = 500
+# The largest form is the OIDC sign-in's: an ID token (sidecar/oidc.py MAX_ID_TOKEN_BYTES) and the CSRF token.
+MAX_FORM_BYTES = 32 * 1024
 INBOX_LIMIT = 200
 RECENT_LIMIT = 25
 
@@ -148,7 +151,8 @@ class Console:
             Route("/approvals/{approval_id}/decide", self._page(Console.decide), methods=["POST"]),
             Route("/audit", self._page(Console.explorer, auditor=True), methods=["GET"]),
             Route("/audit/call", self._page(Console.timeline, auditor=True), methods=["GET"]),
-            Route("/audit/verify", self._page(Console.verify, auditor=True), methods=["GET"]),
+            # A POST with the CSRF token: it reads every record, so no other site may start it.
+            Route("/audit/verify", self._page(Console.verify, auditor=True), methods=["POST"]),
             Route("/status", self._page(Console.status, auditor=True), methods=["GET"]),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
         ]
@@ -169,7 +173,11 @@ class Console:
             visit = Visit(request, session, None)
             try:
                 if request.method == "POST":
-                    visit.form = await request.form(max_files=0, max_fields=32, max_part_size=64 * 1024)
+                    # Behind a proxy the person may be proven by the proxy's own cookie, sent
+                    # with any site's form: a browser says whose form it is (absent: not a browser).
+                    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+                        raise ForbiddenError("a form another site submitted is refused")
+                    visit.form = await _form(request)
                     if not csrf_ok(session, visit.form.get(CSRF_FIELD)):
                         raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
                                              "try again")
@@ -310,8 +318,11 @@ class Console:
             failure = failure_of(exc, "console decide")
             try:
                 return await self.approval(visit, failure.message, failure.status.http_status)
-            except (ForbiddenError, NotFoundError):  # a page they may not see: the desk's answer alone
-                return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
+            except NotFoundError as hidden:  # another tenant's: its existence is not told (the desk audited it)
+                failure = failure_of(hidden, "console decide")
+            except ForbiddenError:  # a page they may not see: the desk's answer alone
+                pass
+            return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
         return RedirectResponse(f"/approvals/{approval_id}", 303)
 
     # -- audit ------------------------------------------------------------------------
@@ -330,8 +341,7 @@ class Console:
         def read() -> tuple[list[Any], dict[str, Any]]:
             records = log_.query(asked.query, limit=asked.limit + 1, after_seq=asked.after_seq)
             count, head = log_.head()
-            checkpoints = log_.checkpoints()
-            return records, {"count": count, "head": head, "checkpoint": checkpoints[-1] if checkpoints else None}
+            return records, {"count": count, "head": head, "checkpoint": log_.last_checkpoint()}
 
         records, chain = await run_in_threadpool(read)
         more = len(records) > asked.limit
@@ -380,14 +390,38 @@ class Console:
         return self.render(visit, "status.html", {"st": status})
 
 
+async def _form(request: Request) -> FormData:
+    """The posted form, its body read only up to MAX_FORM_BYTES: the parser's caps per
+    field and on the number of fields let an unbounded run of empty fields through, and
+    this runs for anyone, before the CSRF check, on the loop the gRPC server shares."""
+    too_large = HTTPException(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        raise too_large
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                raise too_large
+    except ClientDisconnect:  # gone before its form was whole: nothing to do, no one to answer
+        raise HTTPException(400, "the client disconnected") from None
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+    return await Request(request.scope, replay).form(max_files=0, max_fields=32, max_part_size=MAX_FORM_BYTES)
+
+
 def _headers(request: Request) -> dict[str, str]:
     """The request's headers by lower-case name. A header sent twice has its values
-    joined by a newline, which no sign-in value accepts: a second user, tenant or
-    groups header (a client's, passed on by a proxy that appends) is refused, never
-    silently preferred or merged."""
+    joined by a NUL, which no sign-in value accepts and no stripping of whitespace
+    removes (a newline was, beside an empty value): a second user, tenant or groups
+    header (a client's, passed on by a proxy that appends) is refused, never silently
+    preferred or merged."""
     joined: dict[str, str] = {}
     for name, value in request.headers.items():
-        joined[name] = f"{joined[name]}\n{value}" if name in joined else value
+        joined[name] = f"{joined[name]}\x00{value}" if name in joined else value
     return joined
 
 

@@ -84,6 +84,7 @@ def _time(text: str | None, what: str) -> float | None:
 def _number(text: str | None, what: str, default: int, low: int, high: int) -> int:
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    # isdigit alone takes `²` (which int refuses) and other scripts' digits (which it reads)
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise RequestError(f"`{what}` must be a whole number from {low} to {high}, not `{shown(text)}`")
     return int(text)

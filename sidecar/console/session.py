@@ -11,7 +11,8 @@ reaches. Expiry is read from the injected clock.
 CSRF: the synchronizer-token pattern. Every session holds a random token; every form
 that changes something carries it in a hidden `csrf_token` field, and a POST whose field
 does not equal the session's (compared in constant time) is refused with 403 before any
-work. A cross-site page can neither read the token nor send the cookie (SameSite=Strict).
+work. A cross-site page can neither read the token nor send the cookie (SameSite=Strict),
+nor set a cookie of its own for the console's host (the `__Host-` prefix).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 
 from itsdangerous import BadSignature, URLSafeSerializer
 
-COOKIE = "toolauthz_console"
+# `__Host-`: the browser keeps it only if Secure, Path=/ and without Domain, so no sibling
+# domain can plant a session of its own (and the CSRF token it knows) in a person's browser.
+COOKIE = "__Host-toolauthz_console"
 CSRF_FIELD = "csrf_token"
 SECRET_FILE = "console-secret"
 _SALT = "toolauthz.console.session.v1"

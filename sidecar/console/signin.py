@@ -147,6 +147,8 @@ class ProxySignIn:
             address = ipaddress.ip_address(peer)
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # an IPv4 proxy as a dual-stack socket names it
         return any(address in network for network in self._trusted)
 
     def person(self, headers: Mapping[str, str], peer: str, session: Mapping[str, Any]) -> Person | None:

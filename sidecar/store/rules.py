@@ -223,6 +223,10 @@ class AuditLogOf:
         with self._unit.reading() as reads:
             return reads.checkpoints()
 
+    def last_checkpoint(self) -> Checkpoint | None:
+        with self._unit.reading() as reads:
+            return reads.last_checkpoint()
+
     def close(self) -> None:
         self._unit.close()
 

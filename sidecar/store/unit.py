@@ -63,6 +63,8 @@ class Reads(Protocol):
 
     def checkpoints(self) -> list[Checkpoint]: ...
 
+    def last_checkpoint(self) -> Checkpoint | None: ...
+
 
 class Transaction(Reads, Protocol):
     """Writes inside one transaction; reads in it see its writes. A backend runs write

@@ -31,7 +31,7 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import COLUMNS, filter_clauses, from_row, to_row
+from sidecar.store.audit_rows import CHECKPOINT_SELECT, COLUMNS, filter_clauses, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
 from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
@@ -115,8 +115,12 @@ class PgTransaction:
         return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._all("SELECT count, head_hash, time, kid, token FROM audit_checkpoint ORDER BY count, id", ())
+        rows = self._all(f"{CHECKPOINT_SELECT} ORDER BY count, id", ())
         return [Checkpoint(*row) for row in rows]
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        row = self._one(f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1", ())
+        return Checkpoint(*row) if row else None
 
     # -- writes --
 

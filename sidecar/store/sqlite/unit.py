@@ -20,7 +20,7 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import from_row, to_row
+from sidecar.store.audit_rows import CHECKPOINT_SELECT, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
 from sidecar.store.rules import Store
@@ -156,9 +156,12 @@ class SqliteTransaction:
         return (row[0], row[1]) if row else (0, GENESIS_HASH)
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._db.execute("SELECT count, head_hash, time, kid, token FROM audit_checkpoint "
-                                "ORDER BY count, id").fetchall()
+        rows = self._db.execute(f"{CHECKPOINT_SELECT} ORDER BY count, id").fetchall()
         return [Checkpoint(*row) for row in rows]
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        row = self._db.execute(f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1").fetchone()
+        return Checkpoint(*row) if row else None
 
     # -- writes --
 
@@ -370,3 +373,6 @@ class SqliteAuditLog(SqliteStore):
 
     def checkpoints(self) -> list[Checkpoint]:
         return self.audit_log.checkpoints()
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self.audit_log.last_checkpoint()
