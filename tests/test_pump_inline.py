@@ -296,3 +296,23 @@ def test_a_slow_inline_decision_sends_calls_to_the_pump_for_a_while(sidecar, pla
         pump.close()
     assert [t.name == "decision-pump" for t in plans.threads] == [False, True, False]
     assert pump.inlined == 2
+
+
+def test_an_inline_decision_does_not_wake_the_pumps_idle_thread(sidecar, plans, monkeypatch):
+    """The pump's thread sleeps on the condition until a job is queued: an inline decision
+    notifying it would wake it for nothing (a futex round trip and a GIL hand-off per call
+    at one call in flight)."""
+    pump = DecisionPump(sidecar.authorizer, inline_after=0)
+    notified, notify = [], pump._cond.notify  # notify_all() calls notify()
+    monkeypatch.setattr(pump._cond, "notify", lambda n=1: [notified.append(n), notify(n)])
+
+    async def main():
+        for i in range(3):
+            assert (await pump.answer(plans.authorize(make_request(call_id=f"i{i}")))).token
+
+    try:
+        asyncio.run(main())
+        assert pump.inlined == 3 and notified == []
+    finally:
+        pump.close()
+    assert notified  # close() wakes the thread to end it

@@ -201,7 +201,8 @@ class DecisionPump:
                 self._inlined += 1
                 self._batches += 1
                 self._answered += 1
-                self._cond.notify_all()  # close() may be waiting for it
+                if self._closed:  # close() may be waiting for it; else no one is: the pump's
+                    self._cond.notify_all()  # thread woken here would only take the GIL and sleep again
         _settle([(jobs[0].future, answers[0])])
         if self.after_batch is not None:
             self.after_batch()
