@@ -16,6 +16,8 @@ EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))
 JSON_COLUMNS = ("reasons", "error_codes", "fields", "detail")
 COLUMNS = ("seq", *EVENT_COLUMNS, "prev_hash", "hash")
 CHECKPOINT_SELECT = "SELECT count, head_hash, time, kid, token FROM audit_checkpoint"
+CHECKPOINTS_IN_ORDER = f"{CHECKPOINT_SELECT} ORDER BY count, id"
+LAST_CHECKPOINT = f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1"
 # AuditQuery fields matched by equality on the column of the same name: each has an index.
 EQUALITY_FILTERS = ("tenant", "principal", "tool", "call_id", "request_id", "result", "kind", "resource",
                     "approver", "approval_id", "decision_id")

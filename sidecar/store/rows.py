@@ -31,6 +31,17 @@ def insert_call_sql(mark: str) -> str:
     return f"INSERT INTO calls ({', '.join(CALL_INSERT_COLUMNS)}) VALUES ({marks})"
 
 
+def consume_token_sql(mark: str) -> tuple[str, str]:
+    """Consuming a token, with the backend's placeholder `mark`: the INSERT of its jti
+    (nothing if it was consumed before) and the UPDATE of its call's row (nothing if the
+    call was verified before); the token is consumed only if both wrote a row."""
+    insert = (f"INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES ({mark}, {mark}, {mark}, "
+              f"{mark}) ON CONFLICT DO NOTHING")
+    update = (f"UPDATE calls SET verified_jti = {mark}, verified_at = {mark} WHERE tenant = {mark} AND call_id = "
+              f"{mark} AND verified_jti = ''")
+    return insert, update
+
+
 def call_values(entry: CallEntry, decided: RecordedDecision) -> tuple[Any, ...]:
     """A new call's row, as `call_of` reads it back."""
     return (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,

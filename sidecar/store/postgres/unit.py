@@ -31,13 +31,22 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINT_SELECT, COLUMNS, filter_clauses, from_row, to_row
+from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, COLUMNS, LAST_CHECKPOINT, filter_clauses, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
-from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
+from sidecar.store.rows import (
+    APPROVAL_COLUMNS,
+    CALL_COLUMNS,
+    approval_of,
+    call_of,
+    call_values,
+    consume_token_sql,
+    insert_call_sql,
+)
 from sidecar.store.unit import ApprovalVerdict
 
 _INSERT_CALL = insert_call_sql("%s")
+_CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("%s")
 _AUDIT_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit_record"
 _AUDIT_INSERT = (f"INSERT INTO audit_record ({', '.join(COLUMNS)}) "
                  f"VALUES ({', '.join(['%s'] * len(COLUMNS))})")
@@ -115,11 +124,11 @@ class PgTransaction:
         return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._all(f"{CHECKPOINT_SELECT} ORDER BY count, id", ())
+        rows = self._all(CHECKPOINTS_IN_ORDER, ())
         return [Checkpoint(*row) for row in rows]
 
     def last_checkpoint(self) -> Checkpoint | None:
-        row = self._one(f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1", ())
+        row = self._one(LAST_CHECKPOINT, ())
         return Checkpoint(*row) if row else None
 
     # -- writes --
@@ -128,12 +137,8 @@ class PgTransaction:
         self._conn.execute(_INSERT_CALL, call_values(entry, decided))
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
-        inserted = self._conn.execute(
-            "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
-        updated = self._conn.execute(
-            "UPDATE calls SET verified_jti = %s, verified_at = %s WHERE tenant = %s AND call_id = %s "
-            "AND verified_jti = ''", (jti, now, tenant, call_id)).rowcount
+        inserted = self._conn.execute(_CONSUME_TOKEN, (jti, tenant, call_id, now)).rowcount
+        updated = self._conn.execute(_MARK_VERIFIED, (jti, now, tenant, call_id)).rowcount
         return bool(inserted and updated)
 
     def set_outcome(self, entry: CallEntry) -> None:

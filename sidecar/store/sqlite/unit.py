@@ -20,9 +20,17 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINT_SELECT, from_row, to_row
+from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, LAST_CHECKPOINT, from_row, to_row
 from sidecar.store.ledger import CallEntry, RecordedDecision
-from sidecar.store.rows import APPROVAL_COLUMNS, CALL_COLUMNS, approval_of, call_of, call_values, insert_call_sql
+from sidecar.store.rows import (
+    APPROVAL_COLUMNS,
+    CALL_COLUMNS,
+    approval_of,
+    call_of,
+    call_values,
+    consume_token_sql,
+    insert_call_sql,
+)
 from sidecar.store.rules import Store
 from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
 from sidecar.store.sqlite.base import WriteLock, sync_log
@@ -93,6 +101,7 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
 """
 _INSERT_CALL = insert_call_sql("?")
+_CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("?")
 # Columns added after the approvals table's first version: a database file created
 # before them gets them when it is opened.
 _ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
@@ -156,11 +165,11 @@ class SqliteTransaction:
         return (row[0], row[1]) if row else (0, GENESIS_HASH)
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._db.execute(f"{CHECKPOINT_SELECT} ORDER BY count, id").fetchall()
+        rows = self._db.execute(CHECKPOINTS_IN_ORDER).fetchall()
         return [Checkpoint(*row) for row in rows]
 
     def last_checkpoint(self) -> Checkpoint | None:
-        row = self._db.execute(f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1").fetchone()
+        row = self._db.execute(LAST_CHECKPOINT).fetchone()
         return Checkpoint(*row) if row else None
 
     # -- writes --
@@ -169,12 +178,8 @@ class SqliteTransaction:
         self._db.execute(_INSERT_CALL, call_values(entry, decided))
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
-        inserted = self._db.execute(
-            "INSERT INTO consumed_tokens (jti, tenant, call_id, consumed_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT DO NOTHING", (jti, tenant, call_id, now)).rowcount
-        updated = self._db.execute(
-            "UPDATE calls SET verified_jti = ?, verified_at = ? WHERE tenant = ? AND call_id = ? AND verified_jti = ''",
-            (jti, now, tenant, call_id)).rowcount
+        inserted = self._db.execute(_CONSUME_TOKEN, (jti, tenant, call_id, now)).rowcount
+        updated = self._db.execute(_MARK_VERIFIED, (jti, now, tenant, call_id)).rowcount
         return bool(inserted and updated)
 
     def set_outcome(self, entry: CallEntry) -> None:
