@@ -126,6 +126,12 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
 def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, parent: int) -> None:
     """Process target: build_sidecar + create_server on 127.0.0.1:0, with the bundle kept
     out of the garbage collector's way as `toolauthz serve` does."""
+    _run_sidecar(conn, settings, max_seconds, parent, shared_port=None)
+
+
+def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int, *, shared_port: int | None) -> None:
+    """A sidecar served until the orchestrator says stop: on a port of its own, or on
+    `shared_port` with SO_REUSEPORT (fleet replicas)."""
     import logging
 
     logging.basicConfig(level=logging.ERROR)
@@ -138,7 +144,9 @@ def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, pare
     _watchdog(stop, max_seconds, parent)
     try:
         car = build_sidecar(Settings(**settings))
-        if car.settings.listeners:  # the mTLS run: its one listener, as `toolauthz serve` serves it
+        if shared_port is not None:
+            server, port = create_server(car, f"{HOST}:{shared_port}", reuse_port=True)
+        elif car.settings.listeners:  # the mTLS run: its one listener, as `toolauthz serve` serves it
             server, bound = create_listener_server(car, car.settings.listeners[0])
             port = port_of(bound)
         else:
@@ -325,27 +333,7 @@ def process_tree_cpu(root: int) -> float:
 def replica_server_main(conn, settings: dict[str, Any], port: int, max_seconds: float, parent: int) -> None:
     """Process target: a sidecar on `port` with SO_REUSEPORT, so that replicas on one
     store share the address and the kernel spreads connections over them."""
-    import logging
-
-    logging.basicConfig(level=logging.ERROR)
-    from sidecar.server.build import build_sidecar, create_server
-    from sidecar.server.config import Settings
-    from sidecar.server.heap import keep_bundles_frozen
-
-    stop = threading.Event()
-    _watchdog(stop, max_seconds, parent)
-    try:
-        car = build_sidecar(Settings(**settings))
-        server, bound = create_server(car, f"{HOST}:{port}", reuse_port=True)
-        keep_bundles_frozen(car)
-    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
-        conn.send({"error": f"{type(exc).__name__}: {exc}"})
-        return
-    conn.send({"port": bound, "pid": os.getpid(), "policy_version": car.bundles.current.version})
-    _serve_until_stopped(conn, stop)
-    server.stop(grace=5).wait()
-    car.close()
-    conn.send({"closed": True})
+    _run_sidecar(conn, settings, max_seconds, parent, shared_port=port)
 
 
 def start_replicas(settings: dict[str, Any], count: int, *, max_seconds: float = DEFAULT_MAX_SECONDS,
