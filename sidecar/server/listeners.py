@@ -115,12 +115,7 @@ def planned_listeners(settings: Settings) -> tuple[ListenerSettings, ...]:
                                       services=tuple(s for s in SERVICES if s != "approvals" or not approvals_apart)),)
         if approvals_apart:
             listeners += (ListenerSettings(address=settings.approvals_listen, services=("approvals",)),)
-    seen: set[Address] = set()
-    for listener in listeners:
-        address = check_listener(listener)
-        if address in seen and not (isinstance(address, TcpAddress) and address.port == 0):
-            raise ToolAuthzError(f"two listeners on `{address}`")
-        seen.add(address)
+    _check_each_apart(listeners, check_listener, "listeners")
     return listeners
 
 
@@ -322,13 +317,20 @@ def planned_http_listeners(settings: Settings) -> tuple[ListenerSettings, ...]:
                              "addresses in one place")
     listeners = settings.http_listeners or (
         (ListenerSettings(address=settings.http_listen, services=HTTP_SERVICES),) if settings.http_listen else ())
+    _check_each_apart(listeners, check_http_listener, "HTTP listeners")
+    return listeners
+
+
+def _check_each_apart(listeners: Iterable[ListenerSettings], check: Callable[[ListenerSettings], Address],
+                      what: str) -> None:
+    """Every listener checked, and no two on one address (port 0 excepted: each binds a
+    port of its own). Raises ToolAuthzError."""
     seen: set[Address] = set()
     for listener in listeners:
-        address = check_http_listener(listener)
+        address = check(listener)
         if address in seen and not (isinstance(address, TcpAddress) and address.port == 0):
-            raise ToolAuthzError(f"two HTTP listeners on `{address}`")
+            raise ToolAuthzError(f"two {what} on `{address}`")
         seen.add(address)
-    return listeners
 
 
 # The HTTP API serves the authorizer's RPCs (Authorize, Verify, ReportOutcome, GetKeys).
