@@ -33,7 +33,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.build import create_listener_server, create_server
 from sidecar.server.config import ListenerSettings, Settings
-from sidecar.server.listeners import parse_address, planned_listeners, unauthenticated_notice
+from sidecar.server.listeners import parse_address, planned_http_listeners, planned_listeners, unauthenticated_notice
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import UNAUTHENTICATED, Caller, caller_of
@@ -244,6 +244,16 @@ def test_a_plaintext_listener_off_loopback_starts_when_it_says_insecure(serve):
     bound = serve(ListenerSettings(address="0.0.0.0:0", insecure=True))
     with grpc.insecure_channel(f"127.0.0.1:{bound.rsplit(':', 1)[1]}") as channel:
         assert status_of(channel) is None
+
+
+def test_two_listeners_on_one_address_refuse_to_start():
+    with pytest.raises(ToolAuthzError, match="two listeners on `127.0.0.1:50051`"):
+        planned_listeners(Settings(listen="127.0.0.1:50051", approvals_listen="127.0.0.1:50051"))
+    with pytest.raises(ToolAuthzError, match="two HTTP listeners on `127.0.0.1:8080`"):
+        planned_http_listeners(Settings(http_listeners=[ListenerSettings(address="127.0.0.1:8080"),
+                                                        ListenerSettings(address="127.0.0.1:8080")]))
+    # Port 0: each binds a port of its own.
+    assert len(planned_listeners(Settings(listen="127.0.0.1:0", approvals_listen="127.0.0.1:0"))) == 2
 
 
 def test_one_line_says_which_listeners_do_not_authenticate(pki):
