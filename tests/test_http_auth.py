@@ -5,7 +5,6 @@ same `callers:` roles and the same listener checks."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import pathlib
 import shutil
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import order_entity
-from transports import Call, Context, _body
+from transports import Call, Context, _body, exchange
 
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import ToolAuthzError
@@ -47,17 +46,6 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(os.fspath(self._path))
-
-
-def _exchange(connection: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
-              headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    try:
-        sent = {"Content-Type": "application/json"} if body is not None else {}
-        connection.request(method, path, body=body, headers={**sent, **(headers or {})})
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 @pytest.fixture
@@ -98,16 +86,16 @@ def test_an_mtls_http_listener_refuses_a_client_without_a_certificate_from_its_c
     # TLS 1.3 sends the client's certificate after the client considers the handshake
     # done: the server's refusal arrives as an alert on the first read.
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
-        _exchange(connection, "GET", "/healthz")
+        exchange(connection, "GET", "/healthz")
     assert sidecar.audit_log.query(AuditQuery(), limit=10) == []
 
 
 def test_the_client_certificate_is_the_caller_and_the_roles_decide(mtls_http):
     sidecar, connect = mtls_http
-    status, allowed = _exchange(connect(RUNTIME), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
+    status, allowed = exchange(connect(RUNTIME), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
     assert (status, allowed["decision"]) == (200, "ALLOW")
     stranger = Call("toolu_2", REFUND.name, REFUND.input)
-    status, refused = _exchange(connect(STRANGER), "POST", "/v1/authorize", _body(ctx=ALICE, call=stranger))
+    status, refused = exchange(connect(STRANGER), "POST", "/v1/authorize", _body(ctx=ALICE, call=stranger))
     assert (status, refused["error"]["code"]) == (403, "PERMISSION_DENIED")
     records = {r.event.call_id: r.event for r in sidecar.audit_log.query(AuditQuery(), limit=10)}
     assert (records["toolu_1"].result, records["toolu_1"].caller) == ("ALLOW", RUNTIME)
@@ -118,7 +106,7 @@ def test_an_mtls_http_listener_answers_any_host_name(mtls_http):
     """No web page can reach a TLS listener under a name it rebinds: the certificate
     would not match it. The Host rule is for plaintext TCP."""
     _sidecar, connect = mtls_http
-    assert _exchange(connect(RUNTIME), "GET", "/healthz", headers={"Host": "sidecar.internal"}) == \
+    assert exchange(connect(RUNTIME), "GET", "/healthz", headers={"Host": "sidecar.internal"}) == \
         (200, {"status": "SERVING"})
 
 
@@ -139,7 +127,7 @@ def test_a_unix_socket_http_listener_has_its_mode_and_identity_and_is_removed_at
     try:
         assert stat.S_ISSOCK(os.lstat(path).st_mode) and stat.S_IMODE(os.lstat(path).st_mode) == 0o600
         assert server.http_port is None
-        status, allowed = _exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
+        status, allowed = exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
         assert (status, allowed["decision"]) == (200, "ALLOW")
         [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
         assert record.event.caller == RUNTIME
@@ -157,7 +145,7 @@ def test_a_unix_socket_http_listener_without_identity_is_unauthenticated(setting
     sidecar = build_sidecar(configured, clock=clock)
     server, _port = create_server(sidecar, "127.0.0.1:0")
     try:
-        status, refused = _exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
+        status, refused = exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
         assert (status, refused["error"]["code"]) == (403, "PERMISSION_DENIED")
         [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
         assert (record.event.result, record.event.caller) == ("refused", "unauthenticated")
@@ -219,9 +207,9 @@ def test_with_workers_the_unix_socket_is_served_by_worker_0_and_the_tcp_port_by_
         port = int(re.search(r"HTTP on 127\.0\.0\.1:(\d+), unix://", line).group(1))
         assert port != 0
         for _ in range(4):  # fresh connections, spread over the workers by the kernel
-            assert _exchange(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "GET", "/healthz") == \
+            assert exchange(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "GET", "/healthz") == \
                 (200, {"status": "SERVING"})
-        assert _exchange(_UnixConnection(path), "GET", "/healthz") == (200, {"status": "SERVING"})
+        assert exchange(_UnixConnection(path), "GET", "/healthz") == (200, {"status": "SERVING"})
         workers.proc.send_signal(signal.SIGTERM)
         assert workers.wait() == 0
         assert not os.path.lexists(path)

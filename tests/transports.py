@@ -166,6 +166,18 @@ class GrpcTransport:
         self._ask(raw, b"\xff\xff\xff")
 
 
+def exchange(connection: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None, *,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """One request on `connection`, which is then closed: (status, parsed JSON body)."""
+    try:
+        sent = {"Content-Type": "application/json"} if body is not None else {}
+        connection.request(method, path, body=body, headers={**sent, **(headers or {})})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def _call_proto(call: Call) -> pb.ToolCall:
     return pb.ToolCall(call_id=call.call_id, name=call.name, input_json=call.input)
 
@@ -184,14 +196,8 @@ class HttpTransport:
     def exchange(self, method: str, path: str, body: bytes | None, *,
                  headers: dict[str, str] | None = None) -> tuple[int, Any]:
         """One request on a fresh connection: (status, parsed JSON body)."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            sent = {"Content-Type": "application/json"} if body is not None else {}
-            connection.request(method, path, body=body, headers={**sent, **(headers or {})})
-            response = connection.getresponse()
-            return response.status, json.loads(response.read())
-        finally:
-            connection.close()
+        return exchange(http.client.HTTPConnection("127.0.0.1", self.port, timeout=30), method, path, body,
+                        headers=headers)
 
     def _post(self, path: str, body: bytes) -> Any:
         # A request the document calls invalid must be refused, whatever else is true.
