@@ -28,7 +28,16 @@ from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import canonical_json
 from sidecar.display import shown
-from sidecar.engine import ApprovalSubject, PreparedCall, RunCounts, evaluate, may_approve, prepare, request_entities
+from sidecar.engine import (
+    ApprovalSubject,
+    PreparedCall,
+    RunCounts,
+    evaluate,
+    may_approve,
+    prepare,
+    request_entities,
+    supplied_entities,
+)
 from sidecar.errors import ForbiddenError, InputError, NotFoundError, PreconditionError, RequestError
 from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
 from sidecar.oidc import IdTokenRefused, IdTokenVerifier, ProvenPerson
@@ -325,7 +334,8 @@ def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run
         prepared = prepare(bundle, requester, call)
         if prepared.digest != digest:
             return Verdict(Decision.DENY, errors=(ErrorDetail("digest_mismatch", "the call is not the one approved"),))
-        return evaluate(bundle, requester, prepared, run, request_entities(bundle, requester, prepared))
+        supplied = supplied_entities(requester.entities_json)
+        return evaluate(bundle, requester, prepared, run, request_entities(bundle, requester, prepared, supplied))
     except (InputError, RequestError) as exc:
         code = exc.code if isinstance(exc, InputError) else "invalid_request"
         return Verdict(Decision.DENY, errors=(ErrorDetail(code, "the call can no longer be prepared"),))

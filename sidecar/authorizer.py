@@ -27,7 +27,7 @@ from sidecar.clock import Clock
 from sidecar.decided_by import decided_by
 from sidecar.digest import InputLimits, digest_call
 from sidecar.display import display
-from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities
+from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities, supplied_entities
 from sidecar.errors import InputError, RequestError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.approvals import ApprovalRecord
@@ -247,13 +247,14 @@ class Authorizer:
 
         record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=self._fields(prepared))
         try:
-            entities = request_entities(bundle, ctx, prepared)
+            supplied = supplied_entities(ctx.entities_json)
+            entities = request_entities(bundle, ctx, prepared, supplied)
         except RequestError as exc:  # refused before anything but its audit record is stored
             refusal = record.event(self.clock.now(), "refused", error_codes=("invalid_entities",),
                                    detail={"error": str(exc)[:500]})
             return Plan(AppendAudit(refusal), functools.partial(_refuse, exc), trace=trace)
         tool = prepared.slice.tool.name
-        decided = {"decided_by": decided_by(bundle, ctx, prepared)}
+        decided = {"decided_by": decided_by(bundle, ctx, prepared, supplied)}
 
         def draft(counts: tuple[int, int]) -> _Draft:
             with tracing.step("evaluate", trace, {"toolauthz.tool": tool}):

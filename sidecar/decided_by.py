@@ -10,7 +10,7 @@ with a count of what was left out (a uid too long to read among them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import rfc8785
@@ -18,7 +18,7 @@ import rfc8785
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import resolve_pointer
 from sidecar.bundle.entity_graph import UID, parents_of
-from sidecar.engine import PreparedCall, supplied_entities
+from sidecar.engine import PreparedCall
 from sidecar.model import TrustedContext
 
 MAX_UIDS = 64  # principal and resource with their ancestors, and the supplied entities
@@ -27,11 +27,12 @@ MAX_VALUE_CHARS = 256  # one attribute's value, as JSON
 _TENANT = "Tenant"
 
 
-def decided_by(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall) -> dict[str, Any]:
+def decided_by(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall,
+               supplied_entities: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """`{"principal": [uid, ancestors...], "resource": [...], "supplied": [{"uid", "attrs"}],
     "omitted": {"uids": n, "attributes": n}}`, each uid as Cedar writes it: `Order::"ord_1"`.
-    Call only after request_entities accepted the runtime's entities."""
-    supplied = {(e["uid"]["type"], e["uid"]["id"]): e for e in supplied_entities(ctx.entities_json)}
+    `supplied_entities`: the runtime's, as request_entities accepted them."""
+    supplied = {(e["uid"]["type"], e["uid"]["id"]): e for e in supplied_entities}
     budget = _Budget(MAX_UIDS)
     anchors = (ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)
     principal, resource = (_texts(budget.take(_lineage(bundle, ctx.tenant, supplied, uid))) for uid in anchors)

@@ -134,15 +134,17 @@ def _interpret(bundle: Bundle, result: cedarpy.AuthzResult) -> Verdict:
     return Verdict(Decision.ALLOW, reasons, errors, detail=detail)
 
 
-def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall) -> cedarpy.Entities:
-    """Static entities + the runtime's trusted entities, with the principal and the
-    resource parented to the caller's tenant."""
-    return trusted_entities(bundle, ctx.tenant, ctx.entities_json,
+def request_entities(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall,
+                     supplied: Sequence[dict[str, Any]]) -> cedarpy.Entities:
+    """Static entities + the runtime's trusted entities (`supplied`: `ctx.entities_json`
+    read by `supplied_entities`, once per call), with the principal and the resource
+    parented to the caller's tenant."""
+    return trusted_entities(bundle, ctx.tenant, supplied,
                             [(ctx.principal.type, ctx.principal.id), (prepared.resource_type, prepared.resource_id)],
                             reach=prepared.slice.policy_reach)
 
 
-def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, anchors: list[tuple[str, str]],
+def trusted_entities(bundle: Bundle, tenant_id: str, supplied: Sequence[dict[str, Any]], anchors: list[tuple[str, str]],
                      extra: Sequence[dict[str, Any]] = (), reach: frozenset[UID] = frozenset()) -> cedarpy.Entities:
     """The static entities of the request's tenant that it can reach + entities a trusted
     caller vouches for (checked by _check_supplied) + `extra` built by the sidecar itself.
@@ -155,12 +157,12 @@ def trusted_entities(bundle: Bundle, tenant_id: str, entities_json: bytes, ancho
     graph = bundle.static_graph
     tenant = {"type": "Tenant", "id": tenant_id}
     by_uid: dict[UID, dict[str, Any]] = {}
-    for entity in supplied_entities(entities_json):
+    for entity in supplied:
         uid = uid_of(entity)
         if uid in by_uid:
             raise RequestError(f"entity `{show_uid(uid)}` is supplied twice")
         _check_supplied(bundle, tenant_id, uid, entity)
-        by_uid[uid] = entity
+        by_uid[uid] = {**entity, "parents": list(entity["parents"])}  # an anchor's gets its tenant below
     built = {uid_of(entity) for entity in extra}
     anchored: list[UID] = []  # anchors the tenant is added to here: shared static ones and unknown ones
     for uid in dict.fromkeys(anchors):
@@ -265,7 +267,8 @@ def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCoun
         prepared = prepare(bundle, ctx, call)
     except InputError as exc:
         return Verdict(Decision.DENY, errors=(ErrorDetail(exc.code, exc.message),))
-    return evaluate(bundle, ctx, prepared, run, request_entities(bundle, ctx, prepared))
+    return evaluate(bundle, ctx, prepared, run,
+                    request_entities(bundle, ctx, prepared, supplied_entities(ctx.entities_json)))
 
 
 @dataclass(frozen=True)
@@ -310,13 +313,13 @@ def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubje
                           "requester": subject.requester},
                 "parents": [{"type": "Tenant", "id": subject.tenant}]}
     if proven_groups is None:
-        entities = trusted_entities(bundle, approver.tenant, approver.entities_json,
+        entities = trusted_entities(bundle, approver.tenant, supplied_entities(approver.entities_json),
                                     [(approver.principal.type, approver.principal.id)], [approval],
                                     reach=bundle.approve_reach)
     else:
         if approver.entities_json:
             raise RequestError("an approver proven by an ID token supplies no entities")
-        entities = trusted_entities(bundle, approver.tenant, b"", [],
+        entities = trusted_entities(bundle, approver.tenant, (), [],
                                     [approval, proven_approver(bundle, approver, proven_groups)],
                                     reach=bundle.approve_reach)
     request = {"principal": {"type": approver.principal.type, "id": approver.principal.id},

@@ -110,7 +110,7 @@ def test_reached_entities_decide_as_all_of_them(bundle, monkeypatch):
 def test_a_request_gets_what_it_reaches_and_not_the_whole_file(bundle):
     ctx = TrustedContext("acme", Principal("User", "u3"), "run", json.dumps(order("u1")).encode())
     prepared = engine.prepare(bundle, ctx, ProposedCall("c1", "lookup_order", CALLS["lookup_order"]))
-    given = engine.request_entities(bundle, ctx, prepared)
+    given = engine.request_entities(bundle, ctx, prepared, engine.supplied_entities(ctx.entities_json))
     assert len(bundle.static_graph) > UNRELATED
     # u3 -> g2 -> root, its manager u4 -> g1 (-> g2), u1's dept d1 -> head u1; the tenant,
     # the order, the policies' own Group::"root" and Group::"finance"; Action::"approve".
