@@ -6,12 +6,14 @@ runs a model's tool calls only as the sidecar allows (see docs/sdk.md).
 
 from sidecar.client.aguard import AsyncGuard
 from sidecar.client.aio import AsyncAuthzClient
+from sidecar.client.assembly import AssembledCall, RefusedCall
 from sidecar.client.context import EntitiesProvider, Principal, ProposedCall, TrustedContext
 from sidecar.client.guard import Guard, GuardEvent, GuardStateError, UnknownCallError
 from sidecar.client.offline import OfflineVerifier
 from sidecar.client.results import APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED, CallResult
 from sidecar.client.retry import NO_RETRY, RetryPolicy
 from sidecar.client.schemas import load_output_schemas
+from sidecar.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream, input_limits
 from sidecar.client.sync import AuthzClient, OutcomeReport
 from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet
 from sidecar.client.transport import ClientTls
@@ -22,4 +24,6 @@ __all__ = [
     "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
     "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",
     "Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "OfflineVerifier",
+    "AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream", "input_limits",
+    "AssembledCall", "RefusedCall",
 ]

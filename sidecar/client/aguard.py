@@ -15,6 +15,7 @@ from collections.abc import Generator
 from typing import Any, TypeVar
 
 from sidecar.client.aio import AsyncAuthzClient
+from sidecar.client.assembly import REFUSALS, AssembledCall, RefusedCall
 from sidecar.client.context import TrustedContext
 from sidecar.client.guard_core import Attempt, End, Execute, GuardCore, Ran, Rpc, Step, Stepper, WatchApproval
 from sidecar.client.results import CallResult
@@ -64,6 +65,14 @@ class AsyncGuard(GuardCore):
             log.exception("guard failed in call %s", call_id)
             end = self._broken(call, att, exc)
         return self._finish(call_id, await self._report(end))
+
+    async def run_assembled(self, answer: AssembledCall | RefusedCall, **options: Any) -> CallResult:
+        """A call from a streamed response (client/streaming.py): an assembled call runs as
+        `run` would run it (`options` are run's); a refused one ends `failed` with its
+        code, authorizing nothing."""
+        if isinstance(answer, RefusedCall):
+            return self.refuse(answer.call_id, answer.name, answer.code, REFUSALS[answer.code])
+        return await self.run(answer.call_id, answer.name, answer.input_json, **options)
 
     async def cancel(self, call_id: str) -> CallResult:
         """Ends a call that waits for approval (see Guard.cancel)."""

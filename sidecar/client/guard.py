@@ -15,6 +15,7 @@ import time
 from collections.abc import Generator
 from typing import Any, TypeVar
 
+from sidecar.client.assembly import REFUSALS, AssembledCall, RefusedCall
 from sidecar.client.context import TrustedContext
 from sidecar.client.guard_core import (
     DEFAULT_EXECUTION_TIMEOUT,
@@ -82,6 +83,14 @@ class Guard(GuardCore):
             self._finish(call_id, self._report(self._interrupted(call, att, "interrupted")))
             raise
         return self._finish(call_id, self._report(end))
+
+    def run_assembled(self, answer: AssembledCall | RefusedCall, **options: Any) -> CallResult:
+        """A call from a streamed response (client/streaming.py): an assembled call runs as
+        `run` would run it (`options` are run's); a refused one ends `failed` with its
+        code, authorizing nothing."""
+        if isinstance(answer, RefusedCall):
+            return self.refuse(answer.call_id, answer.name, answer.code, REFUSALS[answer.code])
+        return self.run(answer.call_id, answer.name, answer.input_json, **options)
 
     def cancel(self, call_id: str) -> CallResult:
         """Ends a call that waits for approval: `cancelled`, reported to the sidecar.

@@ -272,6 +272,15 @@ class GuardCore:
                    reported=early.reported)
         return early
 
+    def refuse(self, call_id: str, name: str, code: str, content: str) -> CallResult:
+        """Ends, with no RPC, a call the runtime refused before authorization (a malformed
+        stream, see client/streaming.py): `failed` with `code`, never reported (the sidecar
+        never saw it), and kept like any outcome, so the same call id never runs later."""
+        opened = self._open(call_id, name, b"")
+        if isinstance(opened, CallResult):
+            return opened
+        return self._finish(call_id, CallResult(call_id, name, r.FAILED, code, content))
+
     def _finish(self, call_id: str, result: CallResult) -> CallResult:
         """Records the result of a pending call: the one place a call's state changes."""
         with self._lock:
