@@ -28,11 +28,12 @@ def test_the_scenario_trace_and_its_counts():
         # arguments rejected by the schema, with zero executions
         "toolu_02 authorize -> DENY  [invalid_input]",
         "toolu_02 outcome -> failed invalid_input  [ReportOutcome: not_in_ledger]",
+        # another customer's order denied: the same turn (one AuthorizeBatch), so both calls
+        # are decided and ended before the turn's results go back to the model, in its order
+        "toolu_03 authorize -> DENY  [policy_denied]",
         "tool_result toolu_02 (error): Not allowed, the call was not executed: input at `/` fails "
         "`additionalProperties`.",
         "(not executed; issue_refund implementation runs so far: 0)",
-        # another customer's order denied
-        "toolu_03 authorize -> DENY  [policy_denied]",
         "tool_result toolu_03 (error): Not allowed, the call was not executed: no policy permits this call.",
         # a small refund allowed and executed once
         "toolu_04 authorize -> ALLOW  [refund-own-order-small]",

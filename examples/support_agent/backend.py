@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sidecar.client import ProposedCall, ToolError, ToolInvocation, ToolSet, load_output_schemas
+from sidecar.client import ProposedCall, ToolError, ToolInvocation, ToolSet, load_output_schemas, load_side_effects
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Backend:
     # -- the tools ------------------------------------------------------------------------
 
     def tools(self, bundle_dir) -> ToolSet:
-        tools = ToolSet(output_schemas=load_output_schemas(bundle_dir))
+        tools = ToolSet(output_schemas=load_output_schemas(bundle_dir), side_effects=load_side_effects(bundle_dir))
 
         @tools.tool("lookup_order")
         def lookup_order(args: dict, call: ToolInvocation) -> dict:

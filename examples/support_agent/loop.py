@@ -2,7 +2,9 @@
 
 * the assistant's content is appended verbatim (every block, not the extracted text);
 * every tool_use of one turn gets a tool_result, and all of them go back in ONE user
-  message; a refused call is an `is_error` result, never dropped;
+  message, in the model's order; a refused call is an `is_error` result, never dropped;
+* the calls of one turn go to `Guard.run_turn`: one AuthorizeBatch, the read-only ones
+  run together, the others one at a time in the model's order;
 * limits are enforced here, outside the model, and the result says which one ended
   the run: `max_steps` (model calls; the first call is step 1) or `max_tool_calls`.
   When a limit is reached, the calls of that last turn are answered "not executed"
@@ -31,6 +33,11 @@ def not_executed(call_id: str, why: str) -> dict:
             "content": f"Not executed: {why}."}
 
 
+def _raw(response, block: dict) -> str:
+    raw = response.raw_arguments.get(block["id"])
+    return raw if raw is not None else json.dumps(block["input"])  # a non-streaming SDK gives only the input
+
+
 def run_agent(model, guard: Guard, messages: list[dict], *, tools: list[dict], max_steps: int = 8,
               max_tool_calls: int = 20, on_step: Callable | None = None,
               on_result: Callable | None = None) -> LoopResult:
@@ -43,30 +50,29 @@ def run_agent(model, guard: Guard, messages: list[dict], *, tools: list[dict], m
         if response.stop_reason != "tool_use":
             return LoopResult(messages, step, "end_turn", calls)
         stopped = "max_steps" if step == max_steps else ""
-        results = []
-        for block in response.content:
-            if block.get("type") != "tool_use":
-                continue
+        blocks = [block for block in response.content if block.get("type") == "tool_use"]
+        results: list[dict | None] = [None] * len(blocks)
+        turn = []  # (position, block) of the calls this turn sends to the Guard
+        for position, block in enumerate(blocks):
             if not stopped and calls >= max_tool_calls:
                 stopped = "max_tool_calls"
             if stopped:
                 why = ("the run reached its step limit" if stopped == "max_steps"
                        else "the run reached its tool-call limit")
-                result = not_executed(block["id"], why)
+                results[position] = not_executed(block["id"], why)
                 if on_result:
-                    on_result(block, None, result)
-                results.append(result)
+                    on_result(block, None, results[position])
                 continue
             calls += 1
-            raw = response.raw_arguments.get(block["id"])
-            if raw is None:  # a non-streaming SDK gives only the parsed input
-                raw = json.dumps(block["input"])
-            outcome = guard.run(block["id"], block["name"], raw)
-            result = outcome.to_tool_result()
+            turn.append((position, block))
+        # One AuthorizeBatch for the turn; read-only lookups may run together, refunds in
+        # the model's order; one result per call, in order, a refusal being its error result.
+        outcomes = guard.run_turn([(b["id"], b["name"], _raw(response, b)) for _, b in turn])
+        for (position, block), outcome in zip(turn, outcomes, strict=True):
+            results[position] = outcome.to_tool_result()
             if on_result:
-                on_result(block, outcome, result)
-            results.append(result)
-        messages.append({"role": "user", "content": results})
+                on_result(block, outcome, results[position])
+        messages.append({"role": "user", "content": [r for r in results if r is not None]})
         if stopped:
             return LoopResult(messages, step, stopped, calls)
     return LoopResult(messages, max_steps, "max_steps", calls)  # unreachable: the last step stops above

@@ -12,8 +12,8 @@ from sidecar.client.guard import Guard, GuardEvent, GuardStateError, UnknownCall
 from sidecar.client.offline import OfflineVerifier
 from sidecar.client.results import APPROVAL_PENDING, CANCELLED, COMPLETED, FAILED, OUTCOME_UNKNOWN, REJECTED, CallResult
 from sidecar.client.retry import NO_RETRY, RetryPolicy
-from sidecar.client.schemas import load_output_schemas
-from sidecar.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream, input_limits
+from sidecar.client.schemas import input_limits, load_output_schemas, load_side_effects
+from sidecar.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream
 from sidecar.client.sync import AuthzClient, OutcomeReport
 from sidecar.client.tools import Tool, ToolError, ToolInvocation, ToolSet
 from sidecar.client.transport import ClientTls
@@ -24,6 +24,6 @@ __all__ = [
     "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
     "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",
     "Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "OfflineVerifier",
-    "AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream", "input_limits",
+    "AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream", "input_limits", "load_side_effects",
     "AssembledCall", "RefusedCall",
 ]

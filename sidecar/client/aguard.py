@@ -11,15 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from typing import Any, TypeVar
 
+import grpc
+
+from sidecar.client import turn
 from sidecar.client.aio import AsyncAuthzClient
 from sidecar.client.assembly import REFUSALS, AssembledCall, RefusedCall
-from sidecar.client.context import TrustedContext
-from sidecar.client.guard_core import Attempt, End, Execute, GuardCore, Ran, Rpc, Step, Stepper, WatchApproval
+from sidecar.client.context import ProposedCall, TrustedContext
+from sidecar.client.guard_core import (
+    Attempt,
+    Authorized,
+    End,
+    Execute,
+    GuardCore,
+    Ran,
+    Rpc,
+    Step,
+    Stepper,
+    WatchApproval,
+)
 from sidecar.client.results import CallResult
 from sidecar.client.tools import ToolSet
+from sidecar.client.turn import TurnCall
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 
 __all__ = ["AsyncGuard"]
@@ -49,9 +64,59 @@ class AsyncGuard(GuardCore):
         call = self._open(call_id, name, input_json)
         if isinstance(call, CallResult):
             return call
+        return await self._run_admitted(call, timeout, approval_wait)
+
+    async def run_turn(self, calls: Iterable[TurnCall], *, timeout: float | None = None,
+                       approval_wait: float | None = None) -> list[CallResult]:
+        """The calls of one model turn (see Guard.run_turn and `sidecar.client.turn`).
+        Cancelling the task ends the turn: calls not started end `cancelled`, started
+        ones `outcome_unknown`, each recorded and reported; then CancelledError is raised."""
+        slots = turn.admit(self, calls)
+        try:
+            for slot in slots:
+                if slot.call is not None:
+                    slot.context = await self._perform(self.call_context(slot.call))
+                    if slot.context is None:
+                        slot.result = self._finish(slot.call.call_id, await self._report(
+                            self._fail(slot.call, Attempt(), "context_error", report=False)))
+            for chunk in turn.batches(slots):
+                try:
+                    answers: Any = await self.client.authorize_batch(
+                        self.context.to_proto(), turn.batch_calls(chunk), timeout=self.rpc_timeout)
+                except grpc.RpcError as exc:
+                    answers = exc
+                turn.authorized_of(chunk, answers)
+            for group in turn.groups(slots):
+                await asyncio.gather(*(self._run_slot(slot, timeout, approval_wait) for slot in group))
+        except asyncio.CancelledError:
+            await self._end_unstarted(slots)
+            raise
+        return [slot.result for slot in slots if slot.result is not None]
+
+    async def _run_slot(self, slot: turn.Slot, timeout: float | None, approval_wait: float | None) -> None:
+        assert slot.call is not None
+        slot.result = await self._run_admitted(slot.call, timeout, approval_wait, slot.authorized)
+
+    async def _end_unstarted(self, slots: list[turn.Slot]) -> None:
+        """After the turn was cancelled: every admitted call that never ran ends `cancelled`
+        (reported when the batch decided it), so each call id has its one outcome."""
+        for slot in slots:
+            if slot.call is None or slot.result is not None or self.result(slot.call.call_id) is not None:
+                continue
+            att = Attempt(authorize_sent=slot.authorized is not None)
+            end = self._cancelled(slot.call, att, report=att.authorize_sent)
+            report = asyncio.ensure_future(self._report(end))
+            try:
+                result = await asyncio.shield(report)
+            except asyncio.CancelledError:
+                result = end.result
+            slot.result = self._finish(slot.call.call_id, result)
+
+    async def _run_admitted(self, call: ProposedCall, timeout: float | None, approval_wait: float | None,
+                            authorized: Authorized | None = None) -> CallResult:
         att = Attempt()
         try:
-            end = await self._perform(self.decide(call, att, timeout, approval_wait, _never))
+            end = await self._perform(self.decide(call, att, timeout, approval_wait, _never, authorized))
         except asyncio.CancelledError:
             interrupted = self._interrupted(call, att, "cancelled_after_start")
             report = asyncio.ensure_future(self._report(interrupted))
@@ -59,12 +124,12 @@ class AsyncGuard(GuardCore):
                 result = await asyncio.shield(report)
             except asyncio.CancelledError:  # cancelled again: the report finishes on its own
                 result = interrupted.result
-            self._finish(call_id, result)
+            self._finish(call.call_id, result)
             raise
         except Exception as exc:
-            log.exception("guard failed in call %s", call_id)
+            log.exception("guard failed in call %s", call.call_id)
             end = self._broken(call, att, exc)
-        return self._finish(call_id, await self._report(end))
+        return self._finish(call.call_id, await self._report(end))
 
     async def run_assembled(self, answer: AssembledCall | RefusedCall, **options: Any) -> CallResult:
         """A call from a streamed response (client/streaming.py): an assembled call runs as

@@ -12,14 +12,19 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import grpc
+
+from sidecar.client import turn
 from sidecar.client.assembly import REFUSALS, AssembledCall, RefusedCall
-from sidecar.client.context import TrustedContext
+from sidecar.client.context import ProposedCall, TrustedContext
 from sidecar.client.guard_core import (
     DEFAULT_EXECUTION_TIMEOUT,
     Attempt,
+    Authorized,
     End,
     Execute,
     GuardCore,
@@ -35,6 +40,7 @@ from sidecar.client.guard_core import (
 from sidecar.client.results import CallResult
 from sidecar.client.sync import ApprovalStream, AuthzClient
 from sidecar.client.tools import ToolSet
+from sidecar.client.turn import TurnCall
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 
 __all__ = ["Guard", "GuardEvent", "GuardStateError", "UnknownCallError", "DEFAULT_EXECUTION_TIMEOUT"]
@@ -69,20 +75,58 @@ class Guard(GuardCore):
         call = self._open(call_id, name, input_json)
         if isinstance(call, CallResult):
             return call
+        return self._run_admitted(call, cancel, timeout, approval_wait)
+
+    def run_turn(self, calls: Iterable[TurnCall], *, cancel: threading.Event | None = None,
+                 timeout: float | None = None, approval_wait: float | None = None) -> list[CallResult]:
+        """The calls of one model turn: authorized in one AuthorizeBatch, run by the rules
+        of `sidecar.client.turn` (consecutive concurrent tools together, the others in the
+        model's order), one result per call in the model's order. `calls`: (call id, tool
+        name, argument text) tuples, or what a stream assembled. `cancel` ends the turn:
+        calls not started end `cancelled`, started ones `outcome_unknown`."""
+        slots = turn.admit(self, calls)
+        for slot in slots:
+            if slot.call is not None:
+                slot.context = self._perform(self.call_context(slot.call))
+                if slot.context is None:
+                    slot.result = self._finish(slot.call.call_id, self._report(
+                        self._fail(slot.call, Attempt(), "context_error", report=False)))
+        for chunk in turn.batches(slots):
+            try:
+                answers: Any = self.client.authorize_batch(self.context.to_proto(), turn.batch_calls(chunk),
+                                                           timeout=self.rpc_timeout)
+            except grpc.RpcError as exc:
+                answers = exc
+            turn.authorized_of(chunk, answers)
+        for group in turn.groups(slots):
+            if len(group) == 1:
+                self._run_slot(group[0], cancel, timeout, approval_wait)
+                continue
+            with ThreadPoolExecutor(len(group), thread_name_prefix="toolauthz-turn") as pool:
+                list(pool.map(lambda s: self._run_slot(s, cancel, timeout, approval_wait), group))
+        return [slot.result for slot in slots if slot.result is not None]
+
+    def _run_slot(self, slot: turn.Slot, cancel: threading.Event | None, timeout: float | None,
+                  approval_wait: float | None) -> None:
+        assert slot.call is not None
+        slot.result = self._run_admitted(slot.call, cancel, timeout, approval_wait, slot.authorized)
+
+    def _run_admitted(self, call: ProposedCall, cancel: threading.Event | None, timeout: float | None,
+                      approval_wait: float | None, authorized: Authorized | None = None) -> CallResult:
         att = Attempt()
 
         def cancelled() -> bool:
             return cancel is not None and cancel.is_set()
 
         try:
-            end = self._perform(self.decide(call, att, timeout, approval_wait, cancelled), cancel)
+            end = self._perform(self.decide(call, att, timeout, approval_wait, cancelled, authorized), cancel)
         except Exception as exc:
-            log.exception("guard failed in call %s", call_id)
+            log.exception("guard failed in call %s", call.call_id)
             end = self._broken(call, att, exc)
         except BaseException:
-            self._finish(call_id, self._report(self._interrupted(call, att, "interrupted")))
+            self._finish(call.call_id, self._report(self._interrupted(call, att, "interrupted")))
             raise
-        return self._finish(call_id, self._report(end))
+        return self._finish(call.call_id, self._report(end))
 
     def run_assembled(self, answer: AssembledCall | RefusedCall, **options: Any) -> CallResult:
         """A call from a streamed response (client/streaming.py): an assembled call runs as

@@ -58,7 +58,8 @@ from sidecar.client.tools import OutputProblem, Tool, ToolError, ToolInvocation,
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
-__all__ = ["GuardCore", "GuardEvent", "GuardStateError", "UnknownCallError", "Attempt", "End", "Ran", "Step",
+__all__ = ["GuardCore", "GuardEvent", "GuardStateError", "UnknownCallError", "Attempt", "Authorized", "End", "Ran",
+           "Step",
            "Await", "Rpc", "WatchApproval", "Execute", "Stepper", "DEFAULT_EXECUTION_TIMEOUT"]
 
 log = logging.getLogger("toolauthz.client")
@@ -156,6 +157,9 @@ class Execute:
 
 
 Step = Await | Rpc | WatchApproval | Execute
+# A call's context and its Authorize answer (or the status it failed with), when a turn's
+# AuthorizeBatch asked for it (client/turn.py).
+Authorized = tuple[pb.TrustedContext, "pb.AuthorizeResponse | grpc.RpcError"]
 
 
 @dataclass(frozen=True)
@@ -316,26 +320,41 @@ class GuardCore:
 
     # -- the algorithm -----------------------------------------------------------------
 
-    def decide(self, call: ProposedCall, att: Attempt, timeout: float | None, approval_wait: float | None,
-               cancelled: Callable[[], bool]) -> Generator[Step, Any, End]:
-        """Authorize → (approval) → Verify → execute, for one admitted call: its End.
-        `cancelled()` says whether the caller cancelled the call (a driver whose
-        cancellation arrives as an exception answers False)."""
-        if cancelled():
-            return self._cancelled(call, att, report=False)
+    def call_context(self, call: ProposedCall) -> Generator[Step, Any, pb.TrustedContext | None]:
+        """The run's context with the entities the runtime vouches for this call, or None
+        when the entities provider failed (logged)."""
         try:
             entities = self.context.entities(call) if self.context.entities else None
             if inspect.isawaitable(entities):
                 entities = yield Await(entities)
-            ctx = self.context.to_proto(entities)
+            return self.context.to_proto(entities)
         except Exception:
             log.exception("entities provider failed for call %s", call.call_id)
-            return self._fail(call, att, "context_error", report=False)
-        att.authorize_sent = True
-        try:
-            response: pb.AuthorizeResponse = yield self._authorize(ctx, call)
-        except grpc.RpcError as exc:
-            return self._fail(call, att, self._authorize_failed(call, exc))
+            return None
+
+    def decide(self, call: ProposedCall, att: Attempt, timeout: float | None, approval_wait: float | None,
+               cancelled: Callable[[], bool], authorized: Authorized | None = None) -> Generator[Step, Any, End]:
+        """Authorize → (approval) → Verify → execute, for one admitted call: its End.
+        `cancelled()` says whether the caller cancelled the call (a driver whose
+        cancellation arrives as an exception answers False). `authorized`: the call's
+        context and Authorize answer when a turn's batch already asked (client/turn.py)."""
+        if cancelled():
+            return self._cancelled(call, att, report=authorized is not None)
+        if authorized is None:
+            ctx = yield from self.call_context(call)
+            if ctx is None:
+                return self._fail(call, att, "context_error", report=False)
+            att.authorize_sent = True
+            try:
+                response: pb.AuthorizeResponse = yield self._authorize(ctx, call)
+            except grpc.RpcError as exc:
+                return self._fail(call, att, self._authorize_failed(call, exc))
+        else:
+            att.authorize_sent = True
+            ctx, answer = authorized
+            if isinstance(answer, grpc.RpcError):
+                return self._fail(call, att, self._authorize_failed(call, answer))
+            response = answer
         tool = self._on_authorized(call, att, response)
         if isinstance(tool, End):
             return tool

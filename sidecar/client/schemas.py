@@ -1,6 +1,9 @@
-"""The output schemas of a bundle's tools, read for the Guard.
+"""What the runtime reads of a bundle's tool files: output schemas (checked by the Guard),
+side effects (which calls of a turn may run at once) and input limits (enforced while
+arguments stream).
 
-    tools = ToolSet(output_schemas=load_output_schemas("policies"))
+    tools = ToolSet(output_schemas=load_output_schemas("policies"),
+                    side_effects=load_side_effects("policies"))
 
 It reads the files the sidecar's catalog reads (`tools/*.yaml`, `.yml`, `.json`) with
 YAML and jsonschema only: a runtime that calls the sidecar loads no policy engine. It
@@ -20,7 +23,7 @@ from jsonschema import Draft202012Validator
 from sidecar.errors import BundleError, Problem
 from sidecar.tool_files import tool_documents
 
-__all__ = ["load_output_schemas"]
+__all__ = ["load_output_schemas", "input_limits", "load_side_effects"]
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
@@ -72,3 +75,37 @@ def _output_schema(schema: Any, rel: str, problems: list[Problem]) -> dict[str, 
         problems.append(Problem(rel, f"invalid JSON Schema: {exc.message}", pointer=where))
         return None
     return schema
+
+
+def input_limits(bundle_dir: str | pathlib.Path) -> dict[str, int]:
+    """Each tool's `limits.max_input_bytes`, by name (client/streaming.py enforces it while
+    the arguments stream); a tool without one gets the assembly's default."""
+    limits: dict[str, int] = {}
+    for name, raw in _fields(bundle_dir, "limits").items():
+        value = raw.get("max_input_bytes") if isinstance(raw, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            limits[name] = value
+    return limits
+
+
+def _fields(bundle_dir: str | pathlib.Path, key: str) -> dict[str, Any]:
+    """One top-level field of every tool file that has it, by tool name (the sidecar checks
+    the rest of each file when it loads the bundle)."""
+    tools_dir = pathlib.Path(bundle_dir) / "tools"
+    if not tools_dir.is_dir():
+        raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
+    problems: list[Problem] = []
+    found: dict[str, Any] = {}
+    for _rel, document in tool_documents(tools_dir, problems):
+        name = document.get("name")
+        if isinstance(name, str) and key in document:
+            found[name] = document[key]
+    if problems:
+        raise BundleError(problems)
+    return found
+
+
+def load_side_effects(bundle_dir: str | pathlib.Path) -> dict[str, str]:
+    """Each tool's `side_effect` (read, create, update, delete, communicate, purchase), by
+    name: `ToolSet(side_effects=...)` lets the calls of `read` tools of one turn run at once."""
+    return {name: value for name, value in _fields(bundle_dir, "side_effect").items() if isinstance(value, str)}

@@ -1,6 +1,6 @@
 """Streamed tool calls of the major model APIs, assembled for the Guard.
 
-    assembler = AnthropicToolStream(input_limits("policies"))
+    assembler = AnthropicToolStream(input_limits("policies"))   # client/schemas.py
     for event in stream:                       # the SDK's events, or their dicts
         for answer in assembler.feed(event):
             results.append(guard.run_assembled(answer))
@@ -30,35 +30,14 @@ Events may be mappings or SDK objects (anything with `model_dump()`).
 from __future__ import annotations
 
 import json
-import pathlib
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 from sidecar.client.assembly import Answer, CallAssembly
-from sidecar.errors import BundleError, Problem
-from sidecar.tool_files import tool_documents
 
-__all__ = ["AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream", "input_limits"]
+__all__ = ["AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream"]
 
 _ENDED_WELL = ("tool_calls", "stop", "function_call")
-
-
-def input_limits(bundle_dir: str | pathlib.Path) -> dict[str, int]:
-    """Each tool's `limits.max_input_bytes` from a bundle's tool files, by name (the
-    sidecar checks the rest of each file). A tool without one gets the assembly's default."""
-    tools_dir = pathlib.Path(bundle_dir) / "tools"
-    if not tools_dir.is_dir():
-        raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
-    problems: list[Problem] = []
-    limits: dict[str, int] = {}
-    for _rel, document in tool_documents(tools_dir, problems):
-        name, raw = document.get("name"), (document.get("limits") or {})
-        value = raw.get("max_input_bytes") if isinstance(raw, Mapping) else None
-        if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            limits[name] = value
-    if problems:
-        raise BundleError(problems)
-    return limits
 
 
 def _plain(event: Any) -> Mapping[str, Any]:

@@ -81,6 +81,9 @@ class Tool:
     timeout: float | None = None  # seconds; None: the Guard's default
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     validator: Draft202012Validator | None = field(default=None, repr=False, compare=False)
+    # May run at the same time as other such calls of one turn (Guard.run_turn): calls
+    # that commute. By default, the tools whose `side_effect` is `read`.
+    concurrent: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -114,13 +117,16 @@ class ToolSet:
     """The implementations a Guard may run, by tool name (reusable across runs)."""
 
     def __init__(self, output_schemas: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES):
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, side_effects: Mapping[str, str] | None = None):
         self._schemas = dict(output_schemas or {})
+        self._side_effects = dict(side_effects or {})  # by tool name, as `load_side_effects` reads them
         self._max_output_bytes = max_output_bytes
         self._tools: dict[str, Tool] = {}
 
     def register(self, name: str, fn: Callable[..., Any], *, output_schema: Mapping[str, Any] | None = None,
-                 timeout: float | None = None) -> Tool:
+                 timeout: float | None = None, concurrent: bool | None = None) -> Tool:
+        """`concurrent`: whether calls of this tool commute with each other (default: its
+        `side_effect` is `read`, from `side_effects`)."""
         if name in self._tools:
             raise ValueError(f"tool `{name}` is already registered")
         try:
@@ -132,16 +138,19 @@ class ToolSet:
         if schema is not None:
             Draft202012Validator.check_schema(schema)
             validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-        tool = Tool(name, fn, schema, timeout, self._max_output_bytes, validator)
+        if concurrent is None:
+            concurrent = self._side_effects.get(name) == "read"
+        tool = Tool(name, fn, schema, timeout, self._max_output_bytes, validator, bool(concurrent))
         self._tools[name] = tool
         return tool
 
     def tool(self, name: str | None = None, *, output_schema: Mapping[str, Any] | None = None,
-             timeout: float | None = None):
+             timeout: float | None = None, concurrent: bool | None = None):
         """Decorator: `@tools.tool("issue_refund")` (default name: the function's)."""
 
         def register(fn):
-            self.register(name or fn.__name__, fn, output_schema=output_schema, timeout=timeout)
+            self.register(name or fn.__name__, fn, output_schema=output_schema, timeout=timeout,
+                          concurrent=concurrent)
             return fn
 
         return register
