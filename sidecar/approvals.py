@@ -24,6 +24,7 @@ from ulid import ULID
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder
+from sidecar.bundle.catalog import resolve_pointer
 from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.digest import canonical_json
@@ -100,6 +101,12 @@ class ApprovalDesk:
         keeps what re-deciding the call needs (arguments, trusted entities, run counts)
         until it is decided or expires."""
         now = self.clock.now()
+        tool = prepared.slice.tool
+        for pointer in tool.approver_fields:  # `audit.record` came with `fields`; `display` `show: true` too
+            if pointer not in fields:
+                found, value = resolve_pointer(prepared.input, pointer)
+                if found:
+                    fields = {**fields, pointer: value}
         record = ApprovalRecord(
             approval_id=str(ULID.from_timestamp(now)), tenant=ctx.tenant, call_id=call_id,
             request_id=ctx.request_id, requester_type=ctx.principal.type, requester_id=ctx.principal.id,

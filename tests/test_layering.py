@@ -22,7 +22,8 @@ PACKAGE = ROOT / "sidecar"
 # so `sidecar.server.pump` sits below the rest of `sidecar.server`.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
-                               "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.tool_files"})),
+                               "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.display_hints",
+                               "sidecar.tool_files"})),
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
@@ -36,6 +37,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("store", frozenset({"sidecar.store"})),
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
                                          "sidecar.batch"})),
+    # Approval notifications: events read from the store, sent off the decision path.
+    ("notify", frozenset({"sidecar.notify"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
     # hand their work to it, so it sits below the service although server/ holds it.
     ("decision pump", frozenset({"sidecar.server.pump"})),

@@ -21,6 +21,7 @@ from jsonschema.exceptions import ValidationError
 from sidecar.bundle.entity_graph import ENTITY_TYPE_NAME
 from sidecar.bundle.fast_schema import fast_validator
 from sidecar.display import shown
+from sidecar.display_hints import DisplayHint, parse_display
 from sidecar.errors import Problem
 from sidecar.tool_files import check_mcp_block, tool_documents
 
@@ -36,7 +37,7 @@ _PINNING_KEYWORDS = ("pattern", "enum", "const")
 _PINNING_FORMATS = ("uuid",)
 log = logging.getLogger(__name__)
 _KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
-               "resource", "limits", "audit", "mcp"}
+               "resource", "limits", "audit", "mcp", "display"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ class Tool:
     # else None and `schema_engine` says why.
     fast_validator: Any = field(default=None, repr=False, compare=False)
     schema_engine: str = "jsonschema"
+    # How people see the arguments (`display`, sidecar/display_hints.py); `show: true`
+    # allow-lists a field for approvers.
+    display: Mapping[str, DisplayHint] = field(default_factory=dict)
+
+    @property
+    def approver_fields(self) -> tuple[str, ...]:
+        """The arguments approvers may see: `audit.record` and `display` with `show: true`."""
+        shown = [p for p, hint in self.display.items() if hint.show and p not in self.audit_fields]
+        return (*self.audit_fields, *sorted(shown))
 
     def accepts(self, value: Any) -> bool:
         """Whether the parsed input is valid against the input schema."""
@@ -152,6 +162,8 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     max_bytes, max_calls = _parse_limits(raw.get("limits"), bad)
     audit_fields = _parse_audit(raw.get("audit"), input_schema, bad)
     audit_entities = _parse_audit_entities(raw.get("audit"), bad)
+    hints = parse_display(raw.get("display"),
+                          lambda ptr: schema_at(input_schema, ptr)[0] if input_schema is not None else None, bad)
 
     if len(problems) > before or input_schema is None:
         return None
@@ -165,6 +177,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         audit_fields=audit_fields, audit_entities=audit_entities, source=rel,
         validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
         fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
+        display=hints,
     )
 
 

@@ -26,6 +26,7 @@ from sidecar.console import Console, ConsoleDeps
 from sidecar.console.session import Sessions, load_or_create_secret
 from sidecar.console.signin import Authenticator, DevSignIn, OidcSignIn, ProxySignIn
 from sidecar.errors import KeyFileError, StoreUnavailable, ToolAuthzError
+from sidecar.notify import Notifier
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -45,6 +46,7 @@ from sidecar.server.listeners import (
     split_listen,
     transport_of,
 )
+from sidecar.server.notifications import notifier_of
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.server.roles import id_token_verifier, role_policy
@@ -90,6 +92,7 @@ class Sidecar:
     reloader: BundleReloader
     watches: WatchLimits
     gate: Gate  # every handler's check of its caller's roles and tenants
+    notifier: Notifier | None = None  # approval notifications (`notifications:`), started by the server
     closed: bool = False
     started_at: float = field(default_factory=time.time)
     worker_index: int = 0
@@ -142,6 +145,8 @@ class Sidecar:
         if self._sampler is not None:
             self._sampler.join()
         self.reloader.close()
+        if self.notifier is not None:
+            self.notifier.close()
         self.pump.close()
         if self.board is not None:
             self.board.close()
@@ -191,8 +196,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
+    notifier = notifier_of(settings.notifications, store, bundles, clock)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader, watches, gate)
+                   desk, approval_store, DecisionPump(authorizer), reloader, watches, gate, notifier)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:

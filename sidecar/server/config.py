@@ -161,6 +161,36 @@ class ConsoleSettings(_Strict):
     session_seconds: int = Field(8 * 3600, ge=60, le=7 * 24 * 3600)
 
 
+class NotificationSinkSettings(_Strict):
+    """One place approval events go (sidecar/notify/sinks.py)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    kind: Literal["webhook", "slack"]
+    url: str = Field(min_length=1, max_length=2048)
+    # webhook: the Standard Webhooks secret (`whsec_<base64>`), in a file only its owner reads
+    secret_file: pathlib.Path | None = None
+    ca_file: pathlib.Path | None = None  # trust for the sink's TLS, when not the system's
+    timeout_seconds: float = Field(5.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _webhook_needs_a_secret(self) -> NotificationSinkSettings:
+        if self.kind == "webhook" and self.secret_file is None:
+            raise ValueError(f"sink `{self.name}`: a webhook sink needs `secret_file`")
+        return self
+
+
+class NotificationSettings(_Strict):
+    """Approval events (created, expiring, decided) sent to `sinks`, off the decision path."""
+
+    sinks: tuple[NotificationSinkSettings, ...] = Field(min_length=1)
+    # The console's public address, for the deep link to an approval; empty: no link.
+    console_url: str = ""
+    expiry_warning_seconds: float = Field(120.0, ge=0)
+    poll_seconds: float = Field(1.0, gt=0, le=60)
+    max_attempts: int = Field(8, ge=1, le=100)
+    keep_dead: int = Field(100, ge=1, le=100_000)
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
@@ -191,6 +221,7 @@ class Settings(_Strict):
     audit: AuditSettings = AuditSettings()
     approvals: ApprovalSettings = ApprovalSettings()
     batch: BatchSettings = BatchSettings()
+    notifications: NotificationSettings | None = None
     # HOST:PORT serving Prometheus text at /metrics (summed over the workers); empty: off.
     metrics_listen: str = ""
     tracing: TracingSettings = TracingSettings()

@@ -229,6 +229,8 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
                 metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), None)
                 sidecar.sample_metrics()
             serving = start_listeners(sidecar, listeners)
+            if sidecar.notifier is not None:
+                sidecar.notifier.start()
         except BaseException:
             sidecar.close()
             if metrics_server is not None:
@@ -489,6 +491,8 @@ def _worker_main(settings: Settings, listeners: tuple[ListenerSettings, ...], in
         if settings.metrics_listen:
             sidecar.sample_metrics()
         serving = _start_shared_listeners(sidecar, listeners)
+        if sidecar.notifier is not None:
+            sidecar.notifier.start()  # every worker sends; each event is claimed by one
     except Exception as exc:  # noqa: BLE001 - reported once by the parent
         sidecar.close()
         conn.send(("error", [f"toolauthz: {exc}"]))

@@ -20,6 +20,7 @@ from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.deliveries import Delivery
 from sidecar.store.ledger import CallEntry, RecordedDecision
 
 
@@ -40,6 +41,12 @@ class ApprovalVerdict:
 
 class Reads(Protocol):
     """Reads that need no write transaction."""
+
+    def recent_approvals(self, since: float, limit: int) -> list[ApprovalRecord]: ...
+
+    def due_deliveries(self, now: float, limit: int) -> list[Delivery]: ...
+
+    def list_deliveries(self, status: str, limit: int) -> list[Delivery]: ...
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None: ...
 
@@ -105,6 +112,16 @@ class Transaction(Reads, Protocol):
         transaction commits, that the approval changed (see `UnitOfWork.listen`)."""
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None: ...
+
+    # Notification deliveries (store/deliveries.py): claimed once per fleet.
+    def claim_delivery(self, event_id: str, sink: str, now: float, lease_until: float) -> bool: ...
+
+    def retake_delivery(self, delivery: Delivery, now: float, lease_until: float) -> bool: ...
+
+    def settle_delivery(self, event_id: str, sink: str, *, status: str, attempts: int, next_at: float, now: float,
+                        error: str = "") -> None: ...
+
+    def prune_deliveries(self, done_before: float, keep_dead: int) -> None: ...
 
 
 class UnitOfWork(Protocol):

@@ -44,6 +44,11 @@ RELOADS = Counter("toolauthz_reloads", "Bundle reloads that swapped in a new ver
 RELOAD_ERRORS = Counter("toolauthz_reload_errors", "Bundle reloads refused (the last good bundle kept serving)")
 POLICY_INFO = Gauge("toolauthz_policy_info", "1 for the policy version a worker serves (info metric)",
                     ["version"], multiprocess_mode="livemax")
+NOTIFICATIONS = Counter("toolauthz_notifications",
+                        "Approval notifications by sink kind, event and result (delivered, retry, skipped, dead)",
+                        ["sink", "event", "result"])
+NOTIFICATIONS_DEAD = Gauge("toolauthz_notifications_dead", "Dead-letter notifications kept (sampled from the store)",
+                           multiprocess_mode="livemostrecent")
 SHADOW_DISAGREEMENTS = Counter("toolauthz_shadow_disagreements",
                                "Calls whose decision a @shadow policy would have changed", ["policy"])
 

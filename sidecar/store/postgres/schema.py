@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from sidecar.audit.records import KINDS
 from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUMNS
+from sidecar.store.deliveries import DELIVERY_TABLE
+from sidecar.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 
 # Every write transaction takes this advisory lock first (`pg_advisory_xact_lock`): one
 # writer at a time on the database, so the audit chain has one head and a run's counts
@@ -17,7 +19,7 @@ from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUM
 WRITE_LOCK = 0x746F6F6C617574  # "toolaut"
 
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
-LEDGER_TABLES = ("calls", "consumed_tokens", "approvals")
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE)
 
 _V1_LEDGER = """
 CREATE TABLE calls (
@@ -115,6 +117,8 @@ CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_check
 # (version, statements). Append only: a released migration never changes.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_LEDGER + _V1_AUDIT),
+    # Approval notifications: which event went to which sink (store/deliveries.py).
+    (2, DELIVERY_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -32,6 +32,7 @@ from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
 from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, COLUMNS, LAST_CHECKPOINT, filter_clauses, from_row, to_row
+from sidecar.store.deliveries import DeliveryRows, DeliverySql
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
 from sidecar.store.rows import (
@@ -64,12 +65,20 @@ APPROVAL_CHANNEL = "toolauthz_approval"
 log = logging.getLogger("toolauthz.store")
 
 
-class PgTransaction:
+class PgTransaction(DeliveryRows):
     """The backend's reads and writes on one connection (inside a transaction holding
     the write lock, or in autocommit for reads)."""
 
+    _delivery_sql = DeliverySql.with_mark("%s")
+
     def __init__(self, conn: psycopg.Connection[Any]):
         self._conn = conn
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._all(sql, params)
+
+    def _write(self, sql: str, params: Sequence[Any]) -> int:
+        return int(self._conn.execute(sql, params).rowcount)
 
     def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._conn.execute(sql, params).fetchone()

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
 from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
@@ -21,6 +22,8 @@ from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
 from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, LAST_CHECKPOINT, from_row, to_row
+from sidecar.store.deliveries import SCHEMA as DELIVERY_SCHEMA
+from sidecar.store.deliveries import DeliveryRows, DeliverySql
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.rows import (
     APPROVAL_COLUMNS,
@@ -119,12 +122,20 @@ _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' A
           "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
-class SqliteTransaction:
+class SqliteTransaction(DeliveryRows):
     """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
     transaction, in autocommit for reads)."""
 
+    _delivery_sql = DeliverySql.with_mark("?")
+
     def __init__(self, db: sqlite3.Connection):
         self._db = db
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return list(self._db.execute(sql, params).fetchall())
+
+    def _write(self, sql: str, params: Sequence[Any]) -> int:
+        return int(self._db.execute(sql, params).rowcount)
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
         row = self._db.execute(f"SELECT {CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
@@ -259,7 +270,7 @@ class SqliteUnit:
         with self._write_lock.held(self._busy_timeout):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _statements(_LEDGER_SCHEMA + audit_schema()):
+                for statement in _statements(_LEDGER_SCHEMA + DELIVERY_SCHEMA + audit_schema()):
                     conn.execute(statement)
                 present = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
                 for name, definition in _ADDED_COLUMNS.items():
