@@ -101,9 +101,10 @@ def shown_value(value: Any, hint: DisplayHint | None) -> str:
 
 
 def labelled(fields: Mapping[str, Any], hints: Mapping[str, DisplayHint]) -> dict[str, str]:
-    """Allow-listed fields (`{pointer: value}`) as `{label: shown value}`, in pointer order."""
+    """Allow-listed fields (`{pointer: value}`) as `{label: shown value}`: those with a
+    hint in the order the tool file lists them, then the others by pointer."""
     out: dict[str, str] = {}
-    for pointer in sorted(fields):
+    for pointer in [p for p in hints if p in fields] + sorted(p for p in fields if p not in hints):
         hint = hints.get(pointer)
         out[(hint.label if hint and hint.label else pointer)] = shown_value(fields[pointer], hint)
     return out

@@ -89,6 +89,7 @@ def bundle_dir(bundle_dir):
                      ("record: [/order_id, /amount_cents]", "record: [/order_id, /amount_cents, /reason]")):
         assert old in text
         text = text.replace(old, new)
+    text += """  /reason: {label: "Model's reason"}\n"""  # the display block ends the file
     refund.write_text(text)
     return bundle_dir
 
@@ -195,7 +196,7 @@ def test_an_approver_sees_only_their_approvals_and_the_waiting_guard_gets_the_to
         rows.first.locator("[data-testid=approval-link]").click()
         assert page.inner_text("#approval-status") == "pending"
         assert page.inner_text("#approval-policy") == "refund-own-order-large-needs-finance"
-        assert "7000" in page.inner_text("#approval-arguments")
+        assert "70.00 EUR" in page.inner_text("#approval-arguments")  # the display hint: money, EUR
         # The deferred script fills it once the page has loaded: wait for that, not a moment.
         expect(page.locator("#countdown")).to_have_text(re.compile(r"^expires in 15m"))
         page.fill("#reason", "checked the parcel tracking")
@@ -249,7 +250,8 @@ def test_an_expired_approval_is_shown_expired_and_cannot_be_approved(open_page, 
     page.goto(f"/approvals/{approval_id}")
     assert page.inner_text("#approval-status") == "expired"
     assert page.is_visible("#expired-notice") and page.locator("#decide-form").count() == 0
-    assert page.inner_text("#countdown") == "expired"
+    assert page.locator("#countdown").count() == 0  # nothing counts down on an ended approval
+    assert page.inner_text("#approval-heading") == "issue_refund: expired"
     # Posting the decision anyway (with the session's CSRF token) is refused by the desk.
     token = page.context.cookies()
     assert token  # signed in
@@ -366,3 +368,97 @@ def test_a_long_unbroken_value_wraps_instead_of_widening_the_page(open_page, stu
     sign_in(auditor, "carol", groups="auditors")
     auditor.goto("/audit/call?id=call_wide")
     assert auditor.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
+WRAPS = """root => {
+  // Where each text node of the table's cells wraps: a line starting inside a text node
+  // (not at a <wbr>, which splits nodes) is a break inside a word unless a space ends the
+  // line before it. Returns [mid-word breaks, breaks at separators].
+  const inside = [];
+  let between = 0;
+  for (const td of root.querySelectorAll("td")) {
+    const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+    let node, lastTop = null;
+    while ((node = walker.nextNode())) {
+      const text = node.textContent;
+      for (let i = 0; i < text.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const rects = range.getClientRects();
+        if (!rects.length) continue;
+        const top = Math.round(rects[0].top);
+        if (lastTop !== null && top > lastTop + 2) {
+          if (i > 0 && text[i - 1] !== " " && text[i] !== " ") inside.push(text.slice(0, i) + "/" + text.slice(i));
+          else between++;
+        }
+        lastTop = top;
+      }
+    }
+  }
+  return [inside, between];
+}"""
+
+
+def test_the_inbox_shows_amounts_and_counts_down_and_a_decided_page_stops(request, open_page, stub, clock):
+    approval_id = pending(stub, refund("call_amount", amount=7550, reason="parcel lost in transit"))
+    page = open_page()
+    sign_in(page, "bob")
+    row = page.locator(f"[data-approval-id='{approval_id}']")
+    assert row.locator("[data-testid=inbox-fields]").inner_text().split() == [
+        "Order", "ord_1", "Amount", "75.50", "EUR", "Model's", "reason", "parcel", "lost", "in", "transit"]
+    countdown = row.locator("[data-testid=inbox-countdown]")
+    expect(countdown).to_have_text(re.compile(r"^expires in 15m"))
+    page.clock.set_fixed_time(clock.now() + 61)  # a minute on: the script counts, no reload
+    expect(countdown).to_have_text(re.compile(r"^expires in 13m 59s"))
+    screenshot(request, page, "inbox.png")
+
+    row.locator("[data-testid=approval-link]").click()
+    expect(page.locator("#approval-heading")).to_have_text(re.compile(r"^Approve issue_refund\?"))
+    amount = page.locator("[data-testid=argument-row]", has_text="Amount")
+    assert amount.locator("[data-testid=argument-value]").inner_text() == "75.50 EUR"
+    assert amount.locator("[data-testid=argument-threshold]").inner_text().strip() == "> 50.00 EUR"
+    page.fill("#reason", "tracking shows lost")
+    page.click("#approve")
+    expect(page.locator("#approval-heading")).to_have_text('issue_refund: approved by User::"bob"')
+    assert "receives the token for exactly this call" in page.inner_text("#decided-notice")
+    assert page.locator("#countdown").count() == 0 and page.locator("#decide-form").count() == 0
+    screenshot(request, page, "decided.png")
+
+
+def test_an_approval_page_shows_the_requesters_recent_calls(open_page, stub):
+    for n, amount in enumerate((1200, 2500)):
+        assert stub.Authorize(refund(f"call_small_{n}", amount=amount)).decision == pb.ALLOW
+    approval_id = pending(stub, refund("call_big", amount=9000))
+    page = open_page()
+    sign_in(page, "bob")
+    page.goto(f"/approvals/{approval_id}")
+    rows = page.locator("[data-testid=history-row]")
+    expect(rows).to_have_count(2)
+    texts = rows.all_inner_texts()
+    assert "25.00 EUR" in texts[0] and "12.00 EUR" in texts[1]  # newest first; not this call itself
+    assert all("ALLOW" in t for t in texts)
+
+
+def test_the_explorer_lists_newest_first_groups_its_filters_and_wraps_ids_only_at_separators(
+        request, open_page, stub):
+    principal = "alice.of_the_support_desk-emea"
+    for n in range(3):
+        stub.Authorize(make_request(call_id=f"call_{n}_of_a_long_running_support_conversation", principal=principal,
+                                    args={"order_id": f"ord_{n}_replacement_parcel", "amount_cents": 100},
+                                    entities=[order_entity(f"ord_{n}_replacement_parcel", principal)]))
+    page = open_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    sign_in(page, "carol", groups="auditors")
+    page.goto("/audit")
+    seqs = [int(s) for s in page.locator("[data-testid=audit-row]").evaluate_all("r => r.map(x => x.dataset.seq)")]
+    assert len(seqs) >= 3 and seqs == sorted(seqs, reverse=True)
+    assert page.locator("[data-testid=filter-group] legend").all_inner_texts() == ["Who", "What", "When", "Outcome"]
+    inside, between = page.locator("#audit-results").evaluate(WRAPS)
+    assert inside == [] and between > 0  # ids did wrap, and only between their parts
+    screenshot(request, page, "explorer.png")
+    page.select_option("#filter-order", "oldest")
+    page.click("#search")
+    page.wait_for_url("**order=oldest**")
+    seqs = [int(s) for s in page.locator("[data-testid=audit-row]").evaluate_all("r => r.map(x => x.dataset.seq)")]
+    assert seqs == sorted(seqs)

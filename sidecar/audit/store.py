@@ -59,6 +59,9 @@ class AuditQuery:
     policy_id: str | None = None  # one of the record's reasons: the policies that decided it
     time_from: float | None = None
     time_to: float | None = None
+    # Newest first: `after_seq` is then the last (lowest) seq of the page before, 0 for
+    # the first page, and a page holds the records just below it.
+    newest_first: bool = False
 
 
 def checked_result(text: str) -> str:

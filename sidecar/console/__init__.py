@@ -20,6 +20,7 @@ Layers: above the service layer (it uses its error table and loopback rules), be
 server, which builds it from the settings (sidecar/server/build.py `console_of`).
 """
 
-from sidecar.console.app import Console, ConsoleDeps
+from sidecar.console.app import Console
+from sidecar.console.visit import ConsoleDeps
 
 __all__ = ["Console", "ConsoleDeps"]

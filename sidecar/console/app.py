@@ -15,18 +15,16 @@ on the event loop, which the console shares with the gRPC server and the HTTP AP
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
+import re
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -35,22 +33,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
-from sidecar.audit.records import KINDS
-from sidecar.audit.store import MAX_PAGE, RESULTS, AuditLog, AuditQuery
-from sidecar.audit.timeline import build_timeline
-from sidecar.audit.verify import verify_chain
-from sidecar.console.explorer import FILTERS, query_of
+from sidecar.console.approval_pages import ApprovalPages
+from sidecar.console.audit_pages import AuditPages
 from sidecar.console.session import COOKIE, CSRF_FIELD, Sessions, csrf_ok
 from sidecar.console.signin import Authenticator, Person, SignInRefused
+from sidecar.console.visit import ConsoleDeps, Visit, iso, json_text
 from sidecar.display import display, display_uid
-from sidecar.engine import ApprovalSubject, may_approve
-from sidecar.errors import ForbiddenError, NotFoundError, RequestError, ResourceExhaustedError
-from sidecar.model import Decision, TrustedContext
+from sidecar.errors import ForbiddenError
 from sidecar.service.failures import failure_of
 from sidecar.service.loopback import loopback_host_header
-from sidecar.service.status import SidecarStatus
-from sidecar.store.approvals import PENDING, ApprovalRecord
 
 log = logging.getLogger("toolauthz.console")
 
@@ -64,45 +55,13 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 )
-MAX_REASON = 500
 # The largest form is the OIDC sign-in's: an ID token (sidecar/oidc.py MAX_ID_TOKEN_BYTES) and the CSRF token.
 MAX_FORM_BYTES = 32 * 1024
-INBOX_LIMIT = 200
-RECENT_LIMIT = 25
-
-
-@dataclass(frozen=True)
-class ConsoleDeps:
-    """What the console reads and acts through: the same desk and audit log as gRPC."""
-
-    desk: ApprovalDesk
-    audit_log: AuditLog
-    audit_public_key: Any  # pyseto public key of the audit checkpoints
-    status: Callable[[], SidecarStatus]
-
-
-@dataclass
-class Visit:
-    """One request as the boundary resolved it."""
-
-    request: Request
-    session: dict[str, Any]
-    person: Person | None
-    form: FormData | None = None
-    notice: str = ""  # a sign-in refused: shown on the sign-in page
+LONGEST_RUN = 24
+_AFTER_SEPARATOR = re.compile(r'(?<=[:"_./@-])')
 
 
 Handler = Callable[["Console", Visit], Awaitable[Response]]
-
-
-def _iso(epoch: float | None) -> str:
-    if epoch is None:
-        return ""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def templates() -> jinja2.Environment:
@@ -113,9 +72,23 @@ def templates() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters["text"] = lambda value: display(str(value), quotes=False)
     env.filters["uid"] = lambda value: display_uid(str(value))
-    env.filters["iso"] = _iso
-    env.filters["json"] = lambda value: display(_json(value), quotes=False)
+    env.filters["wuid"] = lambda value: wrap_at_separators(display_uid(str(value)))  # in table cells
+    env.filters["id"] = lambda value: wrap_at_separators(display(str(value), quotes=False))
+    env.filters["iso"] = iso
+    env.filters["json"] = lambda value: display(json_text(value), quotes=False)
     return env
+
+
+def wrap_at_separators(shown: str) -> Markup:
+    """`shown` (already made visible by `display`) HTML-escaped, with a line-break
+    opportunity after each separator of an id (`::`, quotes, `_`, `-`, `.`, `/`, `@`) and
+    inside any run longer than LONGEST_RUN: an id wraps between its parts, never inside a
+    word, and a hostile unbroken value still cannot widen the page."""
+    pieces: list[Markup] = []
+    for part in _AFTER_SEPARATOR.split(shown):
+        runs = [part[i:i + LONGEST_RUN] for i in range(0, len(part), LONGEST_RUN)] or [""]
+        pieces.append(Markup("<wbr>").join(escape(run) for run in runs))
+    return Markup("<wbr>").join(pieces)
 
 
 def security_headers(app: ASGIApp) -> ASGIApp:
@@ -130,7 +103,7 @@ def security_headers(app: ASGIApp) -> ASGIApp:
     return with_headers
 
 
-class Console:
+class Console(ApprovalPages, AuditPages):
     def __init__(self, deps: ConsoleDeps, authenticator: Authenticator, sessions: Sessions, *,
                  auditor_groups: tuple[str, ...], loopback: bool):
         self.deps = deps
@@ -249,146 +222,6 @@ class Console:
         visit.session = self.sessions.fresh(self.deps.desk.clock.now())
         return RedirectResponse("/signin", 303)
 
-    # -- approvals --------------------------------------------------------------------
-
-    def may_decide(self, person: Person, record: ApprovalRecord) -> bool:
-        """The approver check of DecideApproval (engine.may_approve), for the inbox: the
-        person's tenant, not their own call, and a permit of `Action::"approve"` with the
-        bundle's groups (or, signed in with an ID token, the token's, as the desk reads them)."""
-        if record.tenant != person.tenant or \
-                (record.requester_type, record.requester_id) == (person.principal.type, person.principal.id):
-            return False
-        subject = ApprovalSubject(record.approval_id, record.tenant, record.tool, record.group, record.requester)
-        approver = TrustedContext(person.tenant, person.principal, "")
-        groups = person.groups if person.via == "oidc" else None
-        try:
-            return may_approve(self.deps.desk.bundles.current, approver, subject, groups).decision is Decision.ALLOW
-        except RequestError:
-            return False
-
-    async def inbox(self, visit: Visit) -> Response:
-        person = _signed_in(visit)
-        desk = self.deps.desk
-
-        def read() -> tuple[list[ApprovalRecord], list[ApprovalRecord]]:
-            pending = desk.list(tenant=person.tenant, status=PENDING, limit=INBOX_LIMIT)
-            recent = [r for r in desk.list(tenant=person.tenant, limit=INBOX_LIMIT) if r.status != PENDING]
-            return ([r for r in pending if self.may_decide(person, r)],
-                    [r for r in recent if self.may_decide(person, r)][:RECENT_LIMIT])
-
-        pending, recent = await run_in_threadpool(read)
-        return self.render(visit, "inbox.html", {"pending": pending, "recent": recent})
-
-    async def _visible_approval(self, visit: Visit) -> ApprovalRecord:
-        person = _signed_in(visit)
-        approval_id = visit.request.path_params["approval_id"]
-        record = await run_in_threadpool(self.deps.desk.get, approval_id)
-        if record.tenant != person.tenant:
-            raise NotFoundError("no such approval")  # another tenant's: not even its existence is told
-        if not (self.may_decide(person, record) or self.is_auditor(person)
-                or record.requester == person.uid):
-            raise ForbiddenError("you may not decide this approval")
-        return record
-
-    async def approval(self, visit: Visit, error: str = "", status: int = 200) -> Response:
-        record = await self._visible_approval(visit)
-        person = _signed_in(visit)
-        return self.render(visit, "approval.html", {
-            "a": record, "error": error, "now": self.deps.desk.clock.now(),
-            "can_decide": record.status == PENDING and self.may_decide(person, record),
-            "arguments": [(name, _json(value)) for name, value in sorted(record.fields.items())]}, status)
-
-    async def decide(self, visit: Visit) -> Response:
-        """The same desk call as gRPC DecideApproval, so the same refusals (expired, not
-        an approver, another tenant, already decided, policy_changed) with the same audit
-        records; a decision pokes the desk's watchers, so a waiting Guard gets its token."""
-        person = _signed_in(visit)
-        assert visit.form is not None
-        approval_id = visit.request.path_params["approval_id"]
-        verdict, reason = str(visit.form.get("verdict", "")), str(visit.form.get("reason", ""))
-        try:
-            if verdict not in (APPROVE, REJECT):
-                raise RequestError("verdict must be APPROVE or REJECT")
-            if len(reason) > MAX_REASON:
-                raise RequestError(f"the reason is longer than {MAX_REASON} characters")
-            approver = TrustedContext(person.tenant, person.principal, "")
-            await run_in_threadpool(lambda: self.deps.desk.decide(
-                approval_id, approver, verdict, reason, caller=f"console:{person.via}", id_token=person.id_token))
-        except Exception as exc:  # noqa: BLE001 - shown on the approval's page, with its status
-            failure = failure_of(exc, "console decide")
-            try:
-                return await self.approval(visit, failure.message, failure.status.http_status)
-            except NotFoundError as hidden:  # another tenant's: its existence is not told (the desk audited it)
-                failure = failure_of(hidden, "console decide")
-            except ForbiddenError:  # a page they may not see: the desk's answer alone
-                pass
-            return self.render(visit, "error.html", {"message": failure.message}, failure.status.http_status)
-        return RedirectResponse(f"/approvals/{approval_id}", 303)
-
-    # -- audit ------------------------------------------------------------------------
-
-    async def explorer(self, visit: Visit) -> Response:
-        person = _signed_in(visit)
-        params = {k: v for k, v in visit.request.query_params.items()}
-        values = {"filters": FILTERS, "results": RESULTS, "kinds": KINDS}
-        try:
-            asked = query_of(params, person.tenant)
-        except RequestError as exc:
-            return self.render(visit, "audit.html", {**values, "error": str(exc), "records": [], "next_params": None,
-                                                     "values": params, "chain": None}, 400)
-        log_ = self.deps.audit_log
-
-        def read() -> tuple[list[Any], dict[str, Any]]:
-            records = log_.query(asked.query, limit=asked.limit + 1, after_seq=asked.after_seq)
-            count, head = log_.head()
-            return records, {"count": count, "head": head, "checkpoint": log_.last_checkpoint()}
-
-        records, chain = await run_in_threadpool(read)
-        more = len(records) > asked.limit
-        records = records[:asked.limit]
-        next_params = None
-        if more:
-            next_params = {**{k: v for k, v in asked.values.items() if k != "after_seq"},
-                           "after_seq": str(records[-1].seq)}
-        return self.render(visit, "audit.html", {**values, "error": "", "records": records, "next_params": next_params,
-                                                 "values": asked.values, "chain": chain,
-                                                 "verified": self._last_verify})
-
-    async def timeline(self, visit: Visit) -> Response:
-        person = _signed_in(visit)
-        call_id = visit.request.query_params.get("id", "")
-        if not call_id or len(call_id) > 256:
-            raise RequestError("name a call: /audit/call?id=CALL_ID")
-        records = await run_in_threadpool(self.deps.audit_log.query, AuditQuery(tenant=person.tenant, call_id=call_id),
-                                          limit=MAX_PAGE)
-        if not records:
-            raise NotFoundError("no audit records for this call in your tenant")
-        story = build_timeline(records)
-        return self.render(visit, "timeline.html", {"t": story, "s": story.summary, "call_id": call_id})
-
-    async def verify(self, visit: Visit) -> Response:
-        """The whole chain checked now, on demand (verify_chain reads every record: O(n)),
-        one verification at a time; the explorer shows the last result and the head."""
-        if not self._verifying.acquire(blocking=False):
-            raise ResourceExhaustedError("a verification is running; try again when it has finished")
-        try:
-            log_, key = self.deps.audit_log, self.deps.audit_public_key
-
-            def run() -> dict[str, Any]:
-                count, head = log_.head()
-                findings = verify_chain(log_.iter_records(), log_.checkpoints(), key, max_findings=20)
-                return {"ok": not findings, "count": count, "head": head, "findings": findings,
-                        "at": self.deps.desk.clock.now()}
-
-            self._last_verify = await run_in_threadpool(run)
-        finally:
-            self._verifying.release()
-        return self.render(visit, "verify.html", {"v": self._last_verify})
-
-    async def status(self, visit: Visit) -> Response:
-        status = await run_in_threadpool(self.deps.status)
-        return self.render(visit, "status.html", {"st": status})
-
 
 async def _form(request: Request) -> FormData:
     """The posted form, its body read only up to MAX_FORM_BYTES: the parser's caps per
@@ -423,9 +256,3 @@ def _headers(request: Request) -> dict[str, str]:
     for name, value in request.headers.items():
         joined[name] = f"{joined[name]}\x00{value}" if name in joined else value
     return joined
-
-
-def _signed_in(visit: Visit) -> Person:
-    if visit.person is None:
-        raise ForbiddenError("sign in first")
-    return visit.person

@@ -22,7 +22,18 @@ FILTERS: dict[str, str] = {
     "tool": "tool", "principal": "principal", "result": "result", "kind": "kind", "call_id": "call_id",
     "request_id": "request_id"}
 TIMES = ("since", "until")
-PAGING = ("after_seq", "limit")
+PAGING = ("after_seq", "limit", "order")
+# The filter form, grouped as a person asks: who, what, when, with what outcome; the
+# common filters of each group first. (name, placeholder) pairs; `since`/`until` are times.
+FILTER_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Who", (("principal", 'User::"alice"'), ("approver", 'User::"bob"'), ("caller", "spiffe://…"))),
+    ("What", (("tool", "issue_refund"), ("resource", 'Order::"ord_777"'), ("call_id", ""), ("request_id", ""),
+              ("approval_id", ""), ("decision_id", ""))),
+    ("When", (("since", "2026-05-01T00:00:00Z"), ("until", ""))),
+    ("Outcome", (("result", "ALLOW"), ("kind", "authorize"), ("error_code", ""), ("policy", ""),
+                 ("policy_version", ""))),
+)
+ORDERS = ("newest", "oldest")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_VALUE = 1024
@@ -36,6 +47,7 @@ class ExplorerQuery:
     after_seq: int
     limit: int
     values: dict[str, str]  # the fields as given, to fill the form again
+    newest_first: bool = True
 
 
 def query_of(params: Mapping[str, str], tenant: str) -> ExplorerQuery:
@@ -53,10 +65,15 @@ def query_of(params: Mapping[str, str], tenant: str) -> ExplorerQuery:
             filters[name] = _uid(filters[name], name)
     if "resource" in filters:
         filters["resource"] = _uid(filters["resource"], "resource")
+    order = values.get("order", "newest")
+    if order not in ORDERS:
+        raise RequestError(f"`order` is newest or oldest, not `{shown(order)}`")
     query = checked_query(AuditQuery(tenant=tenant, time_from=_time(values.get("since"), "since"),
-                                     time_to=_time(values.get("until"), "until"), **filters))
+                                     time_to=_time(values.get("until"), "until"), newest_first=order == "newest",
+                                     **filters))
     return ExplorerQuery(query, _number(values.get("after_seq"), "after_seq", 0, 0, 2**62),
-                         _number(values.get("limit"), "limit", DEFAULT_LIMIT, 1, MAX_LIMIT), values)
+                         _number(values.get("limit"), "limit", DEFAULT_LIMIT, 1, MAX_LIMIT), values,
+                         order == "newest")
 
 
 def _uid(text: str, what: str) -> str:

@@ -46,7 +46,7 @@ from sidecar.server.listeners import (
     split_listen,
     transport_of,
 )
-from sidecar.server.notifications import notifier_of
+from sidecar.server.notifications import dead_letters_of, notifier_of
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.server.roles import id_token_verifier, role_policy
@@ -305,7 +305,8 @@ def console_of(sidecar: Sidecar) -> Console:
         authenticator = DevSignIn(loopback=loopback)
     else:
         raise ToolAuthzError(f"console.sign_in `{c.sign_in}` is not configured completely")
-    deps = ConsoleDeps(sidecar.approvals, sidecar.audit_log, sidecar.audit_key.public_key, sidecar.status)
+    deps = ConsoleDeps(sidecar.approvals, sidecar.audit_log, sidecar.audit_key.public_key, sidecar.status,
+                       dead_letters=dead_letters_of(sidecar.store, settings.notifications))
     sessions = Sessions(load_or_create_secret(pathlib.Path(settings.data_dir)), c.session_seconds)
     return Console(deps, authenticator, sessions, auditor_groups=c.auditor_groups, loopback=loopback)
 

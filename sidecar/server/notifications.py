@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 
 from sidecar.bundle import BundleHolder
 from sidecar.clock import Clock
@@ -12,6 +13,7 @@ from sidecar.notify import Notifier, NotifierOptions, SlackSink, WebhookSink
 from sidecar.notify.sinks import Sink
 from sidecar.server.config import NotificationSettings
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.deliveries import DEAD, Delivery
 from sidecar.store.rules import Store
 
 
@@ -56,3 +58,16 @@ def notifier_of(settings: NotificationSettings | None, store: Store, bundles: Bu
                               poll_seconds=settings.poll_seconds, max_attempts=settings.max_attempts,
                               keep_dead=settings.keep_dead)
     return Notifier(store.unit, sinks_of(settings), clock, fields_of, options)
+
+
+def dead_letters_of(store: Store, settings: NotificationSettings | None) -> Callable[[], list[Delivery]]:
+    """The console's view of undelivered notifications: the newest dead letters."""
+    if settings is None:
+        return lambda: []
+    limit = settings.keep_dead
+
+    def read() -> list[Delivery]:
+        with store.unit.reading() as reads:
+            return reads.list_deliveries(DEAD, limit)
+
+    return read

@@ -57,6 +57,10 @@ def from_row(row: Sequence[Any]) -> AuditRecord:
     return AuditRecord(seq, AuditEvent.from_storage(**values), prev_hash, hash_)
 
 
+def order_by(filters: AuditQuery) -> str:
+    return "ORDER BY seq DESC" if filters.newest_first else "ORDER BY seq"
+
+
 def filter_clauses(filters: AuditQuery, after_seq: int, *, mark: str,
                    has_element: Callable[[str], str]) -> tuple[list[str], list[object]]:
     """The WHERE clauses and values that every backend shares for a query: the page's
@@ -64,8 +68,12 @@ def filter_clauses(filters: AuditQuery, after_seq: int, *, mark: str,
     `has_element(column)` the backend's test that a JSON list column holds a value.
     Column names come from the fixed lists above; values are always bound. Each backend
     adds its own time window."""
-    clauses = [f"seq > {mark}"]
-    params: list[object] = [after_seq]
+    if filters.newest_first:
+        clauses = [f"seq < {mark}"]
+        params: list[object] = [after_seq if after_seq > 0 else 2**62]
+    else:
+        clauses = [f"seq > {mark}"]
+        params = [after_seq]
     for name in (*EQUALITY_FILTERS, *UNINDEXED_FILTERS):
         value = getattr(filters, name)
         if value is not None:

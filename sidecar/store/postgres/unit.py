@@ -31,7 +31,15 @@ from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, COLUMNS, LAST_CHECKPOINT, filter_clauses, from_row, to_row
+from sidecar.store.audit_rows import (
+    CHECKPOINTS_IN_ORDER,
+    COLUMNS,
+    LAST_CHECKPOINT,
+    filter_clauses,
+    from_row,
+    order_by,
+    to_row,
+)
 from sidecar.store.deliveries import DeliveryRows, DeliverySql
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.postgres.schema import WRITE_LOCK
@@ -121,7 +129,7 @@ class PgTransaction(DeliveryRows):
         if filters.time_to is not None:
             clauses.append("time < %s")
             params.append(filters.time_to)
-        sql = f"{_AUDIT_SELECT} WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT %s"
+        sql = f"{_AUDIT_SELECT} WHERE {' AND '.join(clauses)} {order_by(filters)} LIMIT %s"
         return [from_row(row) for row in self._all(sql, (*params, limit))]
 
     def audit_page(self, after_seq: int, limit: int) -> list[AuditRecord]:

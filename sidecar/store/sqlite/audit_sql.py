@@ -15,7 +15,7 @@ from sidecar.store.audit_rows import COLUMNS as _COLUMNS
 from sidecar.store.audit_rows import EQUALITY_FILTERS as _EQUALITY_FILTERS
 from sidecar.store.audit_rows import EVENT_COLUMNS as _EVENT_COLUMNS
 from sidecar.store.audit_rows import JSON_COLUMNS as _JSON_COLUMNS
-from sidecar.store.audit_rows import filter_clauses
+from sidecar.store.audit_rows import filter_clauses, order_by
 
 SELECT = f"SELECT {', '.join(_COLUMNS)} FROM audit_record"
 INSERT = (f"INSERT INTO audit_record ({', '.join(_COLUMNS)}) "
@@ -103,7 +103,7 @@ def build_query(filters: AuditQuery, after_seq: int, limit: int) -> tuple[str, l
     # The limit is inlined (a checked int): with `LIMIT ?` the planner cannot see that
     # a page is small and walks seq order rather than read a time window by its index.
     where = " AND ".join(clauses)
-    return f"{SELECT} WHERE {where} ORDER BY seq LIMIT {int(limit)}", params
+    return f"{SELECT} WHERE {where} {order_by(filters)} LIMIT {int(limit)}", params
 
 
 def _has_element(column: str) -> str:
