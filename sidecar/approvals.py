@@ -3,9 +3,9 @@
 An approval is bound to the call's digest; approving it yields a token for that digest
 and nothing else. Who may approve is decided by Cedar (`Action::"approve"` on
 `Approval::"<id>"`, through the engine); two rules hold whatever the policies say: a
-requester never approves their own call, and an approver from another tenant is refused:
-neither the tenant the request names nor an ID token (`prove_person`) makes a person the
-bundle declares in another tenant an approver here.
+requester never approves their own call, and an approver from another tenant is refused
+(sidecar/approvers.py: neither the tenant the request names nor an ID token makes a
+person the bundle declares in another tenant an approver here).
 
 A decision is only as good as the policies that made it: approving a call re-decides it
 under the bundle loaded now (from the arguments and entities the approval keeps while it
@@ -23,6 +23,7 @@ from typing import NoReturn, Protocol
 
 from ulid import ULID
 
+from sidecar.approvers import CROSS_TENANT_APPROVER, ApproverProof, OtherTenantsPerson
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder
@@ -52,11 +53,6 @@ TERMINAL = (APPROVED, REJECTED, "expired")
 # (worker processes share the database, not their pokes).
 MAX_WATCH_WAIT = 1.0
 POLICY_CHANGED = "policy_changed"
-CROSS_TENANT_PERSON = "cross_tenant_approver"
-
-
-class OtherTenantsPerson(ForbiddenError):
-    """The approver is a user the bundle declares in another tenant."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +93,7 @@ class ApprovalDesk:
     id_tokens: IdTokenVerifier | None = None
 
     def __post_init__(self) -> None:
+        self.proof = ApproverProof(self.bundles, self.id_tokens)
         self._listeners_lock = threading.Lock()
         self._listeners: tuple[ChangeListener, ...] = ()
 
@@ -201,11 +198,11 @@ class ApprovalDesk:
         person = None
         if self.id_tokens is not None:
             try:
-                person = self._proven(approver, id_token)
+                person = self.proof.from_token(approver, id_token)
             except IdTokenRefused as exc:
                 refuse(exc, exc.code, {"reason": exc.reason})
             except OtherTenantsPerson as exc:
-                refuse(exc, CROSS_TENANT_PERSON)
+                refuse(exc, CROSS_TENANT_APPROVER)
             except ForbiddenError as exc:
                 refuse(exc, "approver_mismatch")
             except RequestError as exc:
@@ -215,9 +212,9 @@ class ApprovalDesk:
             base = replace(base, principal=who, approver=who)
         else:
             try:
-                self._check_home_tenant(approver.principal, approver.tenant)
+                self.proof.check_home_tenant(approver.principal, approver.tenant)
             except OtherTenantsPerson as exc:
-                refuse(exc, CROSS_TENANT_PERSON)
+                refuse(exc, CROSS_TENANT_APPROVER)
 
         if approver.tenant != record.tenant:
             refuse(ForbiddenError("the approver is not in the tenant of the call"), "cross_tenant")
@@ -263,36 +260,6 @@ class ApprovalDesk:
             raise PreconditionError(f"the approval is {final.status}")
         self.poke(approval_id)
         return self.get(approval_id)
-
-    def prove_person(self, id_token: str, tenant: str) -> ProvenPerson:
-        """The person `id_token` proves for `tenant` (the provider must be bound to it:
-        sidecar/oidc.py), who must not be a user the bundle declares in another tenant.
-        Raises IdTokenRefused or OtherTenantsPerson. The console's OIDC sign-in and
-        DecideApproval both come here. May block for a key fetch: off the event loop."""
-        if self.id_tokens is None:
-            raise IdTokenRefused("no identity provider is configured (approvers.oidc)")
-        person = self.id_tokens.verify(id_token, tenant)
-        self._check_home_tenant(person.principal, tenant)
-        return person
-
-    def _check_home_tenant(self, principal: Principal, tenant: str) -> None:
-        home = self.bundles.current.static_graph.tenant_of((principal.type, principal.id))
-        if home not in (None, tenant):
-            raise OtherTenantsPerson(f"`{principal}` is a user of another tenant: never an approver in "
-                                     f"`{shown(tenant)}`")
-
-    def _proven(self, approver: TrustedContext, id_token: str) -> ProvenPerson:
-        """The person the ID token proves. The approval tool's own view of the approver is
-        never trusted over it: a principal it names must be the token's, and it supplies no
-        entities (the groups are the token's)."""
-        person = self.prove_person(id_token, approver.tenant)
-        claimed = approver.principal
-        if (claimed.type or claimed.id) and claimed != person.principal:
-            raise ForbiddenError("the approver named in the request is not the person the ID token proves")
-        if approver.entities_json:
-            raise RequestError("with approvers proven by ID tokens, the approver's entities come from the token: "
-                               "entities_json must be empty")
-        return person
 
     def _check_envelope(self, approver: TrustedContext) -> None:
         """A person approving is in no model run: the request id is optional. With an

@@ -37,8 +37,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Storage writes audit records in the ledger's own transaction, so it knows the
     # audit trail's records and chain; audit/ never knows storage.
     ("store", frozenset({"sidecar.store"})),
+    # approvers: who a deciding person is (ID tokens) and that they are of the tenant.
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
-                                         "sidecar.batch"})),
+                                         "sidecar.batch", "sidecar.approvers"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
     # hand their work to it, so it sits below the service although server/ holds it.
     ("decision pump", frozenset({"sidecar.server.pump"})),

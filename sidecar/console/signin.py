@@ -5,7 +5,7 @@
   proxy addresses (`console.proxy.trusted`, CIDRs); from any other peer they are refused,
   since anyone can send a header.
 - `oidc`: an ID token of the approvers' identity provider, proven for the console's
-  tenant exactly as gRPC `DecideApproval` proves it (`ApprovalDesk.prove_person`: the
+  tenant exactly as gRPC `DecideApproval` proves it (`ApproverProof.prove_person`, sidecar/approvers.py: the
   provider must be bound to the tenant, and a user the bundle declares in another tenant
   is refused whatever the token says), posted on the sign-in page
   or sent by an auth proxy as `Authorization: Bearer`. The session keeps the token and
@@ -172,7 +172,7 @@ class ProxySignIn:
 
 class OidcSignIn:
     """An ID token of the approvers' identity provider, for the console's tenant.
-    `prove(id_token, tenant)`: the approval desk's `prove_person`. It may block for a key
+    `prove(id_token, tenant)`: the approval desk's `proof.prove_person`. It may block for a key
     fetch: the console calls authenticators off its event loop."""
 
     kind = "oidc"
