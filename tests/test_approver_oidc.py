@@ -318,3 +318,16 @@ def test_the_keys_come_from_the_configured_source(settings, tmp_path, clock):
     assert isinstance(by_uri, RemoteJwks) and by_uri.settings.jwks_uri == "https://idp.example/jwks"
     discovered = approver_keys(oidc.model_copy(update={"jwks_file": None, "discovery": True}), clock)
     assert isinstance(discovered, RemoteJwks) and discovered.settings.issuer == ISSUER
+
+
+def test_a_provider_bound_to_several_tenants_without_a_claim_is_logged(settings, clock, caplog):
+    from sidecar.server.roles import id_token_verifier
+
+    shared = settings.approvers.oidc.model_copy(update={"tenants": ("acme", "globex")})
+    with caplog.at_level("WARNING", logger="toolauthz.server"):
+        id_token_verifier(settings.model_copy(update={"approvers": ApproverSettings(oidc=shared)}), clock)
+    assert "acme, globex without a tenant_claim" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toolauthz.server"):
+        id_token_verifier(settings, clock)
+    assert caplog.text == ""

@@ -28,6 +28,9 @@ def id_token_verifier(settings: Settings, clock: Clock) -> IdTokenVerifier | Non
     oidc = settings.approvers.oidc
     if oidc is None:
         return None
+    if len(oidc.tenants) > 1 and not oidc.tenant_claim:
+        log.warning("approvers.oidc is bound to tenants %s without a tenant_claim: every person its ID tokens "
+                    "prove may approve in each of them (as the policies allow)", ", ".join(oidc.tenants))
     return IdTokenVerifier(OidcSettings(
         issuer=oidc.issuer, audience=oidc.audience, keys=approver_keys(oidc, clock), tenants=oidc.tenants,
         tenant_claim=oidc.tenant_claim, principal_claim=oidc.principal_claim, groups_claim=oidc.groups_claim,
