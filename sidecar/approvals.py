@@ -3,7 +3,9 @@
 An approval is bound to the call's digest; approving it yields a token for that digest
 and nothing else. Who may approve is decided by Cedar (`Action::"approve"` on
 `Approval::"<id>"`, through the engine); two rules hold whatever the policies say: a
-requester never approves their own call, and an approver from another tenant is refused.
+requester never approves their own call, and an approver from another tenant is refused
+(sidecar/approvers.py: neither the tenant the request names nor an ID token makes a
+person the bundle declares in another tenant an approver here).
 
 A decision is only as good as the policies that made it: approving a call re-decides it
 under the bundle loaded now (from the arguments and entities the approval keeps while it
@@ -21,6 +23,7 @@ from typing import NoReturn, Protocol
 
 from ulid import ULID
 
+from sidecar.approvers import CROSS_TENANT_APPROVER, ApproverProof, OtherTenantsPerson
 from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder
@@ -91,6 +94,7 @@ class ApprovalDesk:
     id_tokens: IdTokenVerifier | None = None
 
     def __post_init__(self) -> None:
+        self.proof = ApproverProof(self.bundles, self.id_tokens)
         self._listeners_lock = threading.Lock()
         self._listeners: tuple[ChangeListener, ...] = ()
 
@@ -201,9 +205,11 @@ class ApprovalDesk:
         person = None
         if self.id_tokens is not None:
             try:
-                person = _proven(self.id_tokens, approver, id_token)
+                person = self.proof.from_token(approver, id_token)
             except IdTokenRefused as exc:
-                refuse(exc, "invalid_id_token", {"reason": exc.reason})
+                refuse(exc, exc.code, {"reason": exc.reason})
+            except OtherTenantsPerson as exc:
+                refuse(exc, CROSS_TENANT_APPROVER)
             except ForbiddenError as exc:
                 refuse(exc, "approver_mismatch")
             except RequestError as exc:
@@ -211,6 +217,11 @@ class ApprovalDesk:
             approver = replace(approver, principal=person.principal)
             who = str(person.principal)
             base = replace(base, principal=who, approver=who)
+        else:
+            try:
+                self.proof.check_home_tenant(approver.principal, approver.tenant)
+            except OtherTenantsPerson as exc:
+                refuse(exc, CROSS_TENANT_APPROVER)
 
         if approver.tenant != record.tenant:
             refuse(ForbiddenError("the approver is not in the tenant of the call"), "cross_tenant")
@@ -317,20 +328,6 @@ class ApprovalDesk:
         listener that reads the store then sees it."""
         for listener in self._listeners:  # a tuple replaced whole: safe to read unlocked
             listener.changed(approval_id)
-
-
-def _proven(id_tokens: IdTokenVerifier, approver: TrustedContext, id_token: str) -> ProvenPerson:
-    """The person the ID token proves. The approval tool's own view of the approver is
-    never trusted over it: a principal it names must be the token's, and it supplies no
-    entities (the groups are the token's)."""
-    person = id_tokens.verify(id_token)
-    claimed = approver.principal
-    if (claimed.type or claimed.id) and claimed != person.principal:
-        raise ForbiddenError("the approver named in the request is not the person the ID token proves")
-    if approver.entities_json:
-        raise RequestError("with approvers proven by ID tokens, the approver's entities come from the token: "
-                           "entities_json must be empty")
-    return person
 
 
 def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run: RunCounts, digest: str) -> Verdict:

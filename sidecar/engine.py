@@ -319,6 +319,11 @@ def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubje
     else:
         if approver.entities_json:
             raise RequestError("an approver proven by an ID token supplies no entities")
+        home = bundle.static_graph.tenant_of((approver.principal.type, approver.principal.id))
+        if home not in (None, approver.tenant):
+            # A user the bundle declares in another tenant: whatever a token says, not one of this tenant's.
+            return Verdict(Decision.DENY, errors=(ErrorDetail("cross_tenant_approver",
+                                                              "the approver is a user of another tenant"),))
         entities = trusted_entities(bundle, approver.tenant, (), [],
                                     [approval, proven_approver(bundle, approver, proven_groups)],
                                     reach=bundle.approve_reach)

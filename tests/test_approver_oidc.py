@@ -22,6 +22,7 @@ from sidecar.bundle import load_bundle
 from sidecar.clock import FrozenClock
 from sidecar.engine import ApprovalSubject, may_approve
 from sidecar.errors import KeyFileError
+from sidecar.jwks import static_keys
 from sidecar.model import Decision, Principal, TrustedContext
 from sidecar.oidc import IdTokenRefused, IdTokenVerifier, OidcSettings
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -43,8 +44,9 @@ def claims(**changes) -> dict:
     return {k: v for k, v in base.items() if v is not None}
 
 
-def id_token(key=RSA_KEY, alg="RS256", kid="rsa-1", **changes) -> str:
-    return jwt.encode({"alg": alg, "kid": kid}, claims(**changes), key, algorithms=[alg])
+def id_token(key=RSA_KEY, alg="RS256", kid="rsa-1", typ=None, **changes) -> str:
+    header = {"alg": alg, "kid": kid, **({"typ": typ} if typ else {})}
+    return jwt.encode(header, claims(**changes), key, algorithms=[alg])
 
 
 def b64(data: bytes) -> str:
@@ -84,35 +86,69 @@ BAD_TOKENS = {
     "algorithm not configured": lambda: id_token(alg="RS512"),
     "a principal id the sidecar refuses": lambda: id_token(sub="dave\n"),
     "groups not a list of strings": lambda: id_token(groups="finance"),
+    "an access token (typ at+jwt)": lambda: id_token(typ="at+jwt"),
+    "an access token (typ application/at+jwt)": lambda: id_token(typ="application/at+jwt"),
+    "a logout token": lambda: id_token(typ="logout+jwt"),
+    "no iat": lambda: id_token(iat=None),
+    "exp far in the future": lambda: id_token(exp=1e30),
+    "a lifetime over the bound": lambda: id_token(iat=NOW - 3000, exp=NOW + 601),
+    "several audiences, no azp": lambda: id_token(aud=["other", AUDIENCE]),
+    "several audiences, azp of another client": lambda: id_token(aud=["other", AUDIENCE], azp="other"),
+    "azp of another client": lambda: id_token(azp="other"),
 }
 
 
-def verifier(clock=None) -> IdTokenVerifier:
-    return IdTokenVerifier(OidcSettings(ISSUER, AUDIENCE, JWKS), clock or FrozenClock(NOW))
+def verifier(clock=None, **changes) -> IdTokenVerifier:
+    settings = OidcSettings(ISSUER, AUDIENCE, static_keys(JWKS), **{"tenants": ("acme",), **changes})
+    return IdTokenVerifier(settings, clock or FrozenClock(NOW))
 
 
 @pytest.mark.parametrize("name", sorted(BAD_TOKENS))
 def test_each_bad_id_token_is_refused(name):
     with pytest.raises(IdTokenRefused):
-        verifier().verify(BAD_TOKENS[name]())
+        verifier().verify(BAD_TOKENS[name](), "acme")
 
 
 def test_a_valid_token_proves_its_person_and_groups_within_the_leeway():
-    person = verifier().verify(id_token(groups=["finance", "oncall", "finance"]))
+    person = verifier().verify(id_token(groups=["finance", "oncall", "finance"]), "acme")
     assert person.principal == Principal("User", "dave") and person.groups == ("finance", "oncall")
-    assert verifier().verify(id_token(EC_KEY, alg="ES256", kid="ec-1")).principal.id == "dave"
-    assert verifier(FrozenClock(NOW + 300 + 29)).verify(id_token()).principal.id == "dave"  # clock skew
-    assert verifier().verify(id_token(aud=["other", AUDIENCE], nbf=NOW + 29)).principal.id == "dave"
+    assert verifier().verify(id_token(EC_KEY, alg="ES256", kid="ec-1"), "acme").principal.id == "dave"
+    assert verifier(FrozenClock(NOW + 300 + 29)).verify(id_token(), "acme").principal.id == "dave"  # clock skew
+    several = id_token(aud=["other", AUDIENCE], azp=AUDIENCE, nbf=NOW + 29)
+    assert verifier().verify(several, "acme").principal.id == "dave"
+    for typ in ("JWT", "jwt", "application/jwt"):
+        assert verifier().verify(id_token(typ=typ), "acme").principal.id == "dave"
+    assert verifier().verify(id_token(iat=NOW - 3000, exp=NOW + 600), "acme")  # exactly the largest lifetime
+    assert verifier(max_lifetime_seconds=7200).verify(id_token(iat=NOW - 3000, exp=NOW + 601), "acme")
 
 
 def test_the_clock_is_the_injected_one():
     token = id_token()
     clock = FrozenClock(NOW)
     checker = verifier(clock)
-    assert checker.verify(token)
+    assert checker.verify(token, "acme")
     clock.advance(300 + 30)
     with pytest.raises(IdTokenRefused, match="expired"):
-        checker.verify(token)
+        checker.verify(token, "acme")
+
+
+def test_a_token_is_accepted_only_in_a_tenant_the_provider_is_bound_to():
+    with pytest.raises(IdTokenRefused) as err:
+        verifier().verify(id_token(), "globex")
+    assert err.value.code == "id_token_tenant"
+    with pytest.raises(IdTokenRefused):
+        verifier(tenants=()).verify(id_token(), "acme")  # no binding: no tenant at all
+    claimed = verifier(tenants=("acme", "globex"), tenant_claim="org")
+    assert claimed.verify(id_token(org="globex"), "globex").principal.id == "dave"
+    assert claimed.verify(id_token(org=["acme", "globex"]), "acme").principal.id == "dave"
+    for org in ("acme", None, ["acme"], 7, ""):
+        with pytest.raises(IdTokenRefused) as err:
+            claimed.verify(id_token(org=org), "globex")
+        assert err.value.code == "id_token_tenant"
+    anywhere = verifier(tenants=("*",), tenant_claim="org")
+    assert anywhere.verify(id_token(org="initech"), "initech").principal.id == "dave"
+    with pytest.raises(KeyFileError, match="tenant_claim"):
+        verifier(tenants=("*",))
 
 
 @pytest.mark.parametrize("jwks", [
@@ -124,7 +160,7 @@ def test_the_clock_is_the_injected_one():
 ])
 def test_a_jwks_with_secrets_private_keys_or_unnamed_keys_is_refused_at_start(jwks):
     with pytest.raises(KeyFileError):
-        IdTokenVerifier(OidcSettings(ISSUER, AUDIENCE, jwks), FrozenClock(NOW))
+        static_keys(jwks)
 
 
 def test_groups_of_another_tenant_are_not_honoured(bundle_dir):
@@ -159,7 +195,7 @@ def test_the_token_replaces_static_memberships_of_its_person(bundle_dir):
 def settings(settings, tmp_path):
     jwks_file = tmp_path / "idp-jwks.json"
     jwks_file.write_text(json.dumps(JWKS))
-    oidc = OidcApproverSettings(issuer=ISSUER, audience=AUDIENCE, jwks_file=jwks_file)
+    oidc = OidcApproverSettings(issuer=ISSUER, audience=AUDIENCE, jwks_file=jwks_file, tenants=("acme",))
     return settings.model_copy(update={"approvers": ApproverSettings(oidc=oidc)})
 
 
@@ -251,3 +287,47 @@ def test_the_cli_sends_the_id_token_from_a_file_or_the_environment(stub, server,
     assert main([*args, second.approval_id, "--as", "User::erin", "--tenant", "acme"]) == 0
     out = capsys.readouterr().out
     assert 'User::"dave"' in out and 'User::"erin"' in out
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"tenants": ()}, "at least 1"),
+    ({"tenants": ("*",)}, "tenant_claim"),
+    ({"jwks_uri": "https://idp.acme.example/jwks"}, "exactly one of"),
+    ({"jwks_file": None}, "exactly one of"),
+    ({"jwks_file": None, "jwks_uri": "http://idp.acme.example/jwks"}, "https://"),
+    ({"jwks_file": None, "discovery": True, "issuer": "http://idp.acme.example"}, "https://"),
+    ({"refresh_interval_seconds": 3600, "max_key_age_seconds": 600}, "refresh_interval_seconds"),
+])
+def test_the_oidc_settings_are_checked_at_load(tmp_path, changes, message):
+    from pydantic import ValidationError
+
+    given = {"issuer": ISSUER, "audience": AUDIENCE, "jwks_file": tmp_path / "jwks.json", "tenants": ("acme",),
+             **changes}
+    with pytest.raises(ValidationError, match=message):
+        OidcApproverSettings(**given)
+
+
+def test_the_keys_come_from_the_configured_source(settings, tmp_path, clock):
+    from sidecar.jwks import RemoteJwks, StaticKeys
+    from sidecar.server.roles import approver_keys
+
+    oidc = settings.approvers.oidc
+    assert isinstance(approver_keys(oidc, clock), StaticKeys)
+    by_uri = approver_keys(oidc.model_copy(update={"jwks_file": None, "jwks_uri": "https://idp.example/jwks"}),
+                           clock)
+    assert isinstance(by_uri, RemoteJwks) and by_uri.settings.jwks_uri == "https://idp.example/jwks"
+    discovered = approver_keys(oidc.model_copy(update={"jwks_file": None, "discovery": True}), clock)
+    assert isinstance(discovered, RemoteJwks) and discovered.settings.issuer == ISSUER
+
+
+def test_a_provider_bound_to_several_tenants_without_a_claim_is_logged(settings, clock, caplog):
+    from sidecar.server.roles import id_token_verifier
+
+    shared = settings.approvers.oidc.model_copy(update={"tenants": ("acme", "globex")})
+    with caplog.at_level("WARNING", logger="toolauthz.server"):
+        id_token_verifier(settings.model_copy(update={"approvers": ApproverSettings(oidc=shared)}), clock)
+    assert "acme, globex without a tenant_claim" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toolauthz.server"):
+        id_token_verifier(settings, clock)
+    assert caplog.text == ""

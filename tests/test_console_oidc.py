@@ -29,7 +29,7 @@ def settings(settings, tmp_path):
     jwks = tmp_path / "jwks.json"
     jwks.write_text(json.dumps({"keys": [KEY.as_dict(private=False)]}))
     return Settings.model_validate({**settings.model_dump(), "approvers": {"oidc": {
-        "issuer": ISSUER, "audience": AUDIENCE, "jwks_file": str(jwks)}}})
+        "issuer": ISSUER, "audience": AUDIENCE, "jwks_file": str(jwks), "tenants": ["acme", "globex"]}}})
 
 
 def oidc_console(sidecar):
@@ -79,3 +79,23 @@ def test_an_id_token_too_large_for_a_cookie_is_refused_at_sign_in(sidecar):
     refused = post_form(client, "/signin", "/signin", id_token=large)
     assert refused.status_code == 403 and "Authorization: Bearer" in refused.text
     assert client.get("/inbox", headers={"Authorization": f"Bearer {large}"}).status_code == 200
+
+
+def test_the_console_signs_people_in_only_through_the_providers_tenant_binding(sidecar):
+    """The binding of DecideApproval (ApprovalDesk.prove_person): bob is acme's user, so
+    no token signs him into globex's console; a tenant the provider is not bound to
+    signs nobody in."""
+    globex = browser(console_for(sidecar, sign_in="oidc", oidc={"tenant": "globex"}))
+    refused = post_form(globex, "/signin", "/signin", id_token=id_token(sub="bob"))
+    assert refused.status_code == 403 and "another tenant" in refused.text
+    assert globex.get("/inbox", headers={"Authorization": f"Bearer {id_token(sub='bob')}"}).status_code == 403
+    assert post_form(globex, "/signin", "/signin", id_token=id_token(sub="gina")).status_code == 303
+    unbound = browser(console_for(sidecar, sign_in="oidc", oidc={"tenant": "initech"}))
+    refused = post_form(unbound, "/signin", "/signin", id_token=id_token(sub="dave"))
+    assert refused.status_code == 403 and "not bound to this tenant" in refused.text
+
+
+def test_a_console_tenant_the_provider_is_not_bound_to_is_refused_at_start(settings):
+    console = {"sign_in": "oidc", "oidc": {"tenant": "initech"}}
+    with pytest.raises(ValidationError, match="not among approvers.oidc.tenants"):
+        Settings.model_validate({**settings.model_dump(), "console_listen": "127.0.0.1:0", "console": console})

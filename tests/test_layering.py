@@ -27,6 +27,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
+    # jwks: an identity provider's keys by `kid` and third-party JWTs checked against
+    # them; used by approvers' ID tokens, the console sign-in and the MCP gateway.
+    ("jwks", frozenset({"sidecar.jwks"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
     ("engine", frozenset({"sidecar.engine", "sidecar.decided_by"})),
@@ -35,8 +38,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Storage writes audit records in the ledger's own transaction, so it knows the
     # audit trail's records and chain; audit/ never knows storage.
     ("store", frozenset({"sidecar.store"})),
+    # approvers: who a deciding person is (ID tokens) and that they are of the tenant.
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
-                                         "sidecar.batch"})),
+                                         "sidecar.batch", "sidecar.approvers"})),
     # Approval notifications: events read from the store, sent off the decision path.
     ("notify", frozenset({"sidecar.notify"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
@@ -66,14 +70,15 @@ FENCES: tuple[Fence, ...] = (
     Fence("sidecar.client",
           may_import=frozenset({"sidecar.client", "sidecar.errors", "sidecar.model", "sidecar.strict_json",
                                 "sidecar.digest", "sidecar.display", "sidecar.tool_files", "sidecar.tokens",
-                                "sidecar.proto"}),
+                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
           imported_by=frozenset({"sidecar.cli", "sidecar.mcp_proxy"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
+    # It checks bearer access tokens against its identity provider's keys (jwks).
     Fence("sidecar.mcp_proxy",
           may_import=frozenset({"sidecar.mcp_proxy", "sidecar.client", "sidecar.errors", "sidecar.model",
                                 "sidecar.strict_json", "sidecar.digest", "sidecar.display", "sidecar.tool_files",
-                                "sidecar.proto"}),
+                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
           imported_by=frozenset({"sidecar.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).

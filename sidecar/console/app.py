@@ -155,8 +155,10 @@ class Console(ApprovalPages, AuditPages):
                         raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
                                              "try again")
                 try:
-                    visit.person = self.authenticator.person(
-                        _headers(request), request.client.host if request.client else "", session)
+                    # Off the event loop: proving a person may fetch an identity provider's keys.
+                    visit.person = await run_in_threadpool(
+                        self.authenticator.person, _headers(request),
+                        request.client.host if request.client else "", session)
                 except SignInRefused as exc:
                     visit.notice = str(exc)
                     if not public:
@@ -212,7 +214,7 @@ class Console(ApprovalPages, AuditPages):
         assert visit.form is not None
         form = {k: v for k, v in visit.form.items() if isinstance(v, str)}
         try:
-            kept = self.authenticator.sign_in(form)
+            kept = await run_in_threadpool(self.authenticator.sign_in, form)
         except SignInRefused as exc:
             return await self.signin_page(visit, str(exc), 403)
         visit.session = self.sessions.fresh(self.deps.desk.clock.now(), **kept)

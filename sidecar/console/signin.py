@@ -4,8 +4,10 @@
   tenant in headers. Those headers are believed only on connections from the configured
   proxy addresses (`console.proxy.trusted`, CIDRs); from any other peer they are refused,
   since anyone can send a header.
-- `oidc`: an ID token of the approvers' identity provider, verified by the same
-  IdTokenVerifier as gRPC `DecideApproval` (sidecar/oidc.py), posted on the sign-in page
+- `oidc`: an ID token of the approvers' identity provider, proven for the console's
+  tenant exactly as gRPC `DecideApproval` proves it (`ApproverProof.prove_person`, sidecar/approvers.py: the
+  provider must be bound to the tenant, and a user the bundle declares in another tenant
+  is refused whatever the token says), posted on the sign-in page
   or sent by an auth proxy as `Authorization: Bearer`. The session keeps the token and
   verifies it again on every request (an expired token signs the person out), and a
   decision hands it to the desk, which verifies it once more, as over gRPC.
@@ -23,13 +25,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sidecar.display import shown
+from sidecar.errors import ForbiddenError
 from sidecar.model import PRINCIPAL_ID, PRINCIPAL_TYPE, TENANT, Principal
-from sidecar.oidc import IdTokenRefused, IdTokenVerifier
+from sidecar.oidc import ProvenPerson
 
 MAX_GROUPS = 64
 # The session cookie keeps the ID token, and browsers drop a cookie over 4 KB.
@@ -168,19 +171,21 @@ class ProxySignIn:
 
 
 class OidcSignIn:
-    """An ID token of the approvers' identity provider; the tenant is the console's."""
+    """An ID token of the approvers' identity provider, for the console's tenant.
+    `prove(id_token, tenant)`: the approval desk's `proof.prove_person`. It may block for a key
+    fetch: the console calls authenticators off its event loop."""
 
     kind = "oidc"
     has_form = True
 
-    def __init__(self, verifier: IdTokenVerifier, tenant: str):
-        self._verifier = verifier
+    def __init__(self, prove: Callable[[str, str], ProvenPerson], tenant: str):
+        self._prove = prove
         self._tenant = tenant
 
     def _person(self, id_token: str) -> Person:
         try:
-            proven = self._verifier.verify(id_token)
-        except IdTokenRefused as exc:
+            proven = self._prove(id_token, self._tenant)
+        except ForbiddenError as exc:
             raise SignInRefused(str(exc)) from None
         return Person(proven.principal, self._tenant, proven.groups, self.kind, id_token)
 

@@ -101,17 +101,48 @@ class CallerSettings(_Strict):
 
 
 class OidcApproverSettings(_Strict):
-    """The identity provider whose ID tokens prove who decides an approval."""
+    """The identity provider whose ID tokens prove who decides an approval, and the
+    tenants it is trusted for (README "Callers and roles")."""
 
     issuer: str = Field(min_length=1)
     audience: str = Field(min_length=1)
-    jwks_file: pathlib.Path
+    # The tenants whose approvers it proves; `*` (any tenant) only with a tenant claim.
+    tenants: tuple[Annotated[str, Field(pattern=_TENANT)], ...] = Field(min_length=1)
+    tenant_claim: str = ""  # when set, the ID token's claim must name the approval's tenant
+    # Its keys: exactly one of a file, a URL, or OpenID discovery from the issuer.
+    jwks_file: pathlib.Path | None = None
+    jwks_uri: str = ""
+    discovery: bool = False
+    ca_file: pathlib.Path | None = None  # the CA that alone is trusted for fetching keys (default: the system's)
+    refresh_interval_seconds: int = Field(60, ge=1, le=3600)
+    max_key_age_seconds: int = Field(3600, ge=60, le=7 * 24 * 3600)
+    fetch_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    max_jwks_bytes: int = Field(256 * 1024, ge=1024, le=4 * 1024 * 1024)
     principal_claim: str = Field("sub", min_length=1)
     groups_claim: str = Field("groups", min_length=1)
     principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     algorithms: tuple[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
                               "EdDSA"], ...] = Field(("RS256", "ES256", "EdDSA"), min_length=1)
     leeway_seconds: int = Field(30, ge=0, le=60)
+    max_lifetime_seconds: int = Field(3600, ge=60, le=7 * 24 * 3600)  # the largest `exp - iat` accepted
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> OidcApproverSettings:
+        given = [bool(self.jwks_file), bool(self.jwks_uri), self.discovery]
+        if sum(given) != 1:
+            raise ValueError("approvers.oidc needs exactly one of `jwks_file`, `jwks_uri` and `discovery: true`")
+        for name, url in (("jwks_uri", self.jwks_uri), ("issuer", self.issuer if self.discovery else "")):
+            if url and not url.startswith("https://"):
+                raise ValueError(f"approvers.oidc.{name} must be an https:// URL: keys are fetched over HTTPS only")
+        if self.refresh_interval_seconds > self.max_key_age_seconds:
+            raise ValueError("approvers.oidc.refresh_interval_seconds must not exceed max_key_age_seconds")
+        if "*" in self.tenants and not self.tenant_claim:
+            raise ValueError("approvers.oidc.tenants `*` (every tenant) needs a `tenant_claim` naming the "
+                             "person's tenant in each ID token")
+        return self
+
+    def binds(self, tenant: str) -> bool:
+        return tenant in self.tenants or "*" in self.tenants
 
 
 class ApproverSettings(_Strict):
@@ -288,6 +319,10 @@ class Settings(_Strict):
         if console.sign_in == "oidc" and (console.oidc is None or self.approvers.oidc is None):
             raise ValueError("console.sign_in `oidc` needs `console.oidc` (the tenant) and `approvers.oidc` "
                              "(the identity provider whose ID tokens it verifies)")
+        if console.sign_in == "oidc" and console.oidc is not None and self.approvers.oidc is not None \
+                and not self.approvers.oidc.binds(console.oidc.tenant):
+            raise ValueError(f"console.oidc.tenant `{console.oidc.tenant}` is not among approvers.oidc.tenants: "
+                             "no ID token could sign anyone in")
         if self.approvers.oidc is not None and console.sign_in != "oidc":
             raise ValueError("with `approvers.oidc`, deciding an approval needs the approver's ID token: "
                              "console.sign_in must be `oidc`")
