@@ -62,7 +62,7 @@ def test_the_cli_migrates_and_serve_takes_the_store(postgres_url, capsys):
     from sidecar.cli.main import main
 
     assert main(["store", "migrate", "--store", postgres_url]) == 0
-    assert "schema version 1 (created)" in capsys.readouterr().out
+    assert f"schema version {SCHEMA_VERSION} (created)" in capsys.readouterr().out
     assert main(["store", "--store", postgres_url, "migrate"]) == 0
     assert "already current" in capsys.readouterr().out
 
