@@ -72,11 +72,17 @@ def test_over_http_only_the_caller_and_run_of_a_call_verify_report_or_replay_it(
                                ("/v1/verify", _body(ctx=other_run, call=REFUND, token=decided["token"]), X)):
         status, refused = post(pki, port, path, body, uris=(caller,))
         assert (status, refused["error"]["code"]) == (403, "PERMISSION_DENIED"), path
+    run = {name: value for name, value in ALICE.as_json().items() if name != "entities"}
+    batch = json.dumps({"context": run, "calls": [
+        {"call": {"call_id": "toolu_1", "name": REFUND.name, "input": json.loads(REFUND.input)},
+         "entities": ALICE.entities}]}).encode()
+    status, answered = post(pki, port, "/v1/authorize-batch", batch, uris=(Y,))
+    assert (status, answered["answers"][0]["error"]["code"]) == (200, "PERMISSION_DENIED")
     entry = sidecar.ledger.get("acme", "toolu_1")
     assert (entry.caller, entry.outcome, entry.verified_jti) == (X, "", "")
     refusals = sidecar.audit_log.query(AuditQuery(error_code="not_call_owner"), limit=10)
     assert [(r.event.kind, r.event.caller) for r in refusals] == [
-        ("outcome", Y), ("verify", Y), ("authorize", Y), ("verify", X)]
+        ("outcome", Y), ("verify", Y), ("authorize", Y), ("verify", X), ("authorize", Y)]
     status, verified = post(pki, port, "/v1/verify", verify, uris=(X,))
     assert (status, verified["code"]) == (200, "ok")
 
