@@ -43,10 +43,8 @@ def admit_reader(gate: Gate, desk: ApprovalDesk, access: Access, rpc: Rpc, recor
         mismatch = [] if owner is not None and owner.caller == access.caller.id else ["caller"]
     if not mismatch:
         return claimant
-    refusal = CallerRefused("the approval is of a call that belongs to another caller, principal or run",
-                            NOT_CALL_OWNER)
     refused_record(gate, access, rpc, record, viewer, mismatch)
-    raise refusal
+    raise CallerRefused("the approval is of a call that belongs to another caller, principal or run", NOT_CALL_OWNER)
 
 
 def refused_record(gate: Gate, access: Access, rpc: Rpc, record: ApprovalRecord, viewer: TrustedContext | None,
