@@ -232,7 +232,7 @@ STAGES = [
     ("  call digest (RFC 8785 + sha256)", "sidecar/digest.py", "call_digest"),
     ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
     ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
-    ("  drafts before the write lock (Cedar, token)", "sidecar/authorizer.py", "_round_ops"),
+    ("  drafts before the write lock (Cedar, token)", "sidecar/authorizer/writes.py", "_round_ops"),
     ("ledger apply (row + audit record, 1 commit)", "sidecar/store/rules.py", "apply"),
     ("  audit record: chain + insert", "sidecar/store/sqlite/unit.py", "append_audit"),
     ("  fsync of the log, after the lock", "sidecar/store/sqlite/base.py", "sync_log"),
@@ -241,7 +241,7 @@ STAGES = [
     ("token issue (PASETO, Ed25519)", "sidecar/tokens/issue.py", "issue"),
     ("audit event build (AuditEvent)", "sidecar/audit/records.py", "__post_init__"),
     ("audit write (group commit, this thread)", "sidecar/store/audit_writer.py", "write"),
-    ("ULID", "sidecar/authorizer.py", "new_id"),
+    ("ULID", "sidecar/authorizer/parts.py", "new_id"),
 ]
 
 
@@ -279,7 +279,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
     calling thread."""
     import functools
 
-    import sidecar.authorizer as authorizer_module
+    import sidecar.authorizer.deciding as authorizer_module
 
     cpu: dict[str, int] = {}
     wall: dict[str, int] = {}

@@ -46,6 +46,7 @@ from sidecar.errors import ForbiddenError, InputError, NotFoundError, Preconditi
 from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
 from sidecar.oidc import IdTokenRefused, IdTokenVerifier, ProvenPerson
 from sidecar.store.approvals import APPROVED, PENDING, REJECTED, ApprovalRecord, ApprovalStore
+from sidecar.store.ledger import CallLedger, CallOwner
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer
 
 APPROVE, REJECT = "APPROVE", "REJECT"
@@ -92,6 +93,8 @@ class ApprovalDesk:
     ttl_seconds: float = 900.0
     # With an identity provider, the person deciding is the one their ID token proves.
     id_tokens: IdTokenVerifier | None = None
+    # The call ledger: an approval's token goes to the owner of its call alone.
+    calls: CallLedger | None = None
 
     def __post_init__(self) -> None:
         self.proof = ApproverProof(self.bundles, self.id_tokens)
@@ -121,25 +124,32 @@ class ApprovalDesk:
             call_entities=ctx.entities_json, run_calls=run.calls, run_tool_calls=run.tool_calls)
         return record
 
-    def get(self, approval_id: str, viewer: TrustedContext | None = None) -> ApprovalRecord:
+    def get(self, approval_id: str, owner: CallOwner | None = None) -> ApprovalRecord:
+        """The approval; with its token only for `owner`, when that is the owner of its
+        call (`call_owner`)."""
         record = self.store.get(approval_id)
         if record is None:
             raise NotFoundError(f"no approval `{shown(approval_id)}`")
-        return self._as_seen_by(record.as_of(self.clock.now()), viewer)
+        record = record.as_of(self.clock.now())
+        return self._as_seen_by(record, owner is not None and owner == self.call_owner(record))
+
+    def call_owner(self, record: ApprovalRecord) -> CallOwner | None:
+        """Whose call `record` approves: the caller, principal and run its ledger row
+        names (None: no ledger, or the call was pruned)."""
+        entry = self.calls.get(record.tenant, record.call_id) if self.calls is not None else None
+        return entry.owner if entry is not None else None
 
     def list(self, *, tenant: str = "", status: str = "", group: str = "", limit: int = 100) -> list[ApprovalRecord]:
         records = self.store.list(tenant=tenant, status=status, group=group, now=self.clock.now(), limit=limit)
-        return [self._as_seen_by(r, None) for r in records]
+        return [self._as_seen_by(r, False) for r in records]
 
-    def _as_seen_by(self, record: ApprovalRecord, viewer: TrustedContext | None) -> ApprovalRecord:
-        """The token goes to the requester alone, and only while the policies that
-        approved it are loaded: under others, the runtime replays the call through
+    def _as_seen_by(self, record: ApprovalRecord, by_owner: bool) -> ApprovalRecord:
+        """The token goes to the owner of the call alone, and only while the policies
+        that approved it are loaded: under others, the runtime replays the call through
         Authorize, which re-decides it. The kept arguments never leave the desk."""
-        is_requester = viewer is not None and (viewer.tenant, viewer.principal.type, viewer.principal.id) == \
-            (record.tenant, record.requester_type, record.requester_id)
         current = bool(record.approved_version) and record.approved_version == self.bundles.current.version
         shown = replace(record, call_input=b"", call_entities=b"")
-        return shown if is_requester and current else self.hide_token(shown)
+        return shown if by_owner and current else self.hide_token(shown)
 
     def expiry(self, approval_id: str) -> float | None:
         record = self.store.get(approval_id)

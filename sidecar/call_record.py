@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecar.audit.records import AuditEvent
 from sidecar.model import TrustedContext
-from sidecar.store.ledger import CallEntry
+from sidecar.store.ledger import CallEntry, CallOwner
+
+# The error code of every refusal of a request about a call its caller does not own.
+NOT_CALL_OWNER = "not_call_owner"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,20 @@ class CallRecord:
         return cls(kind, entry.tenant, entry.principal, entry.request_id, entry.call_id, entry.tool,
                    decision_id=entry.decision_id, policy_version=entry.policy_version, digest=entry.digest,
                    approval_id=entry.approval_id, caller=caller)
+
+    @property
+    def owner(self) -> CallOwner:
+        """Who asks, as the owner of the call they name would be."""
+        return CallOwner(self.tenant, self.caller, self.principal, self.request_id)
+
+    def not_owner(self, entry: CallEntry, time: float, detail: Mapping[str, Any] | None = None, *,
+                  jti: str = "") -> AuditEvent:
+        """The record of a refusal: this request named the call of `entry`, which it does
+        not own. Named as the caller claimed to be, with the call it tried to act on and
+        in which of the owner's fields it differs (never their values)."""
+        shown = replace(self, tool=entry.tool, decision_id=entry.decision_id)
+        return shown.event(time, "refused", error_codes=(NOT_CALL_OWNER,), jti=jti,
+                           detail={**(detail or {}), "mismatch": entry.owner.differences(self.owner)})
 
     def event(self, time: float, result: str, *, reasons: tuple[str, ...] = (), error_codes: tuple[str, ...] = (),
               jti: str = "", detail: Mapping[str, Any] | None = None) -> AuditEvent:

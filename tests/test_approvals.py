@@ -80,8 +80,12 @@ def test_token_is_only_for_the_requester(stub, approvals):
     request, response = pending(stub)
     decide(approvals, response.approval_id)
     for ctx in (approver("bob"), approver("alice", tenant="globex")):
-        seen = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=ctx))
-        assert seen.status == apb.APPROVED and seen.token == ""
+        with pytest.raises(grpc.RpcError) as info:
+            approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=ctx))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id)).token == ""
+    assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id,
+                                                        context=request.context)).token
 
 
 def test_requester_cannot_approve_their_own_call(stub, approvals, sidecar):

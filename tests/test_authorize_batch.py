@@ -205,7 +205,7 @@ def test_the_store_unavailable_fails_the_batch_with_no_token(stub, sidecar, monk
 def test_one_call_failing_inside_the_sidecar_fails_the_batch_and_withholds_every_token(stub, sidecar, monkeypatch):
     """An internal error deciding one call: the RPC fails, so the ALLOW decided beside
     it in the same commit reaches no one; asking again replays it with a token."""
-    import sidecar.authorizer as authorizer_module
+    import sidecar.authorizer.deciding as authorizer_module
 
     real = authorizer_module.evaluate
 

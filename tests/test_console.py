@@ -17,11 +17,11 @@ from console_pages import LARGE, browser, console_for, csrf_of, post_form, propo
 from sidecar.audit.store import AuditQuery
 from sidecar.console.app import CSP
 from sidecar.console.session import COOKIE
-from sidecar.model import Principal, TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.store.ledger import CallOwner
 
 GENEROUS = 30.0  # seconds: a deadline only a hang reaches
 
@@ -105,7 +105,8 @@ def test_a_rejection_and_its_reason_are_recorded(sidecar, console):
     assert post_form(client, page, f"{page}/decide", verdict="REJECT", reason="not this order").status_code == 303
     record = sidecar.approvals.get(result.approval_id)
     assert (record.status, record.reason, record.approver) == ("rejected", "not this order", 'User::"bob"')
-    requester = TrustedContext("acme", Principal("User", "alice"), "run-toolu_1")
+    requester = CallOwner("acme", "", 'User::"alice"', "run-toolu_1")  # the call's owner: no token when rejected
+    assert sidecar.approvals.call_owner(record) == requester
     assert not sidecar.approvals.get(result.approval_id, requester).token
 
 

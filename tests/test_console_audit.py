@@ -10,6 +10,7 @@ import pytest
 from console_pages import browser, console_for, post_form, propose, sign_in
 
 from sidecar.model import ProposedCall
+from sidecar.store.ledger import CallOwner
 
 ORDER = {"order_id": "ord_777", "amount_cents": 6000}
 
@@ -33,7 +34,7 @@ def refund_that_ran(sidecar, console) -> str:
     sign_in(bob, "bob")
     page = f"/approvals/{result.approval_id}"
     assert post_form(bob, page, f"{page}/decide", verdict="APPROVE", reason="customer called").status_code == 303
-    token = sidecar.approvals.get(result.approval_id, ctx).token
+    token = sidecar.approvals.get(result.approval_id, CallOwner("acme", "", str(ctx.principal), ctx.request_id)).token
     call = ProposedCall("toolu_777", "issue_refund", json.dumps(ORDER).encode())
     assert sidecar.authorizer.verify(token, ctx, call).valid
     sidecar.authorizer.report_outcome(ctx, "toolu_777", "completed")

@@ -13,6 +13,7 @@ from conftest import order_entity
 from sidecar.audit import verify_chain
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.server.build import build_sidecar
+from sidecar.store.ledger import CallOwner
 from sidecar.store.postgres import migrate
 
 SMALL = b'{"order_id": "ord_1", "amount_cents": 1500}'
@@ -93,8 +94,10 @@ def test_a_decision_on_one_replica_wakes_a_watch_on_the_other(fleet):
         assert heard.wait(WAIT), "A's desk did not hear of B's decision"
     finally:
         a.approvals.unsubscribe(listener)
-    token = a.approvals.get(asked.approval_id, context()).token
-    assert a.approvals.get(asked.approval_id, context()).status == "approved"
+    requester = context()
+    owner = CallOwner(requester.tenant, "", str(requester.principal), requester.request_id)  # the call's owner
+    token = a.approvals.get(asked.approval_id, owner).token
+    assert a.approvals.get(asked.approval_id, owner).status == "approved"
     assert b.authorizer.verify(token, context(), call("c1", LARGE)).code == "ok"
 
 

@@ -157,7 +157,7 @@ def test_mtls_refuses_a_caller_without_a_certificate_its_ca_signed(serve, pki, c
 
 @pytest.mark.parametrize(("names", "expected"), [
     ({"uris": (SPIFFE,), "common_name": "ignored when a URI SAN names the caller"}, SPIFFE),
-    ({"common_name": "approval-console", "dns": ("console.acme.example",)}, "approval-console"),
+    ({"common_name": "approval-console", "dns": ("console.acme.example",)}, "cn:approval-console"),
 ])
 def test_a_verified_client_certificate_names_the_caller_in_every_kind_of_handler(
         serve, pki, ca, tmp_path, callers_seen, names, expected):

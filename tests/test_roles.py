@@ -7,6 +7,8 @@ proves (sidecar/service/callers.py `caller_of`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 import pytest
 from conftest import make_request, verify_request
@@ -53,14 +55,19 @@ def as_(caller: str) -> tuple[tuple[str, str], ...]:
     return ((HEADER, caller),)
 
 
-@pytest.fixture
-def sidecar(settings, clock):
+def with_callers(settings, clock, callers: list[dict]) -> Iterator:
+    """A sidecar whose `callers:` are `callers`, each named by the test-only header."""
     from sidecar.server.build import build_sidecar
 
-    configured = settings.model_copy(update={"callers": tuple(CallerSettings(**c) for c in CALLERS)})
+    configured = settings.model_copy(update={"callers": tuple(CallerSettings(**c) for c in callers)})
     car = build_sidecar(configured, clock=clock, callers=header_callers)
     yield car
     car.close()
+
+
+@pytest.fixture
+def sidecar(settings, clock):
+    yield from with_callers(settings, clock, CALLERS)
 
 
 @pytest.fixture

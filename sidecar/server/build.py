@@ -184,7 +184,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     issuer = TokenIssuer(keyring, issuer=t.issuer, audience=t.audience, lifetime_seconds=t.lifetime_seconds,
                          clock=clock)
     desk = ApprovalDesk(bundles, approval_store, issuer, writer, clock, settings.approvals.ttl_seconds,
-                        id_tokens=id_token_verifier(settings, clock))
+                        id_tokens=id_token_verifier(settings, clock), calls=ledger)
     # Decisions made by other replicas wake this one's watchers (PostgreSQL: LISTEN/NOTIFY).
     store.listen_for_approvals(lambda _approval_id: desk.poke())
     authorizer = Authorizer(

@@ -65,7 +65,7 @@ class TlsSettings(_Strict):
     cert: pathlib.Path
     key: pathlib.Path
     # With a CA: clients must present a certificate it signed (mTLS); the caller's
-    # identity is then the certificate's URI SAN, or else its subject CN.
+    # identity is then the certificate's URI SAN, or else `cn:` and its subject CN.
     client_ca: pathlib.Path | None = None
 
 

@@ -15,9 +15,11 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.service.access import About, Gate
 from sidecar.service.callers import caller_of
 from sidecar.service.common import status_mapped, timestamp, trusted_context
+from sidecar.service.ownership import admit_reader
 from sidecar.service.roles import Access, Rpc
 from sidecar.service.watching import LoopNotifier, WatchLimits, watch_records
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.ledger import CallOwner
 from sidecar.telemetry import metrics
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
@@ -73,8 +75,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
     def _get(self, request: apb.GetApprovalRequest, context, rpc: Rpc) -> ApprovalRecord:
         viewer = _viewer(request)
         access = self._gate.admit(context, rpc, _about_viewer(request, viewer))
-        self._admit_tenant(access, request, rpc)
-        return self._desk.get(request.approval_id, _token_viewer(access, viewer))
+        return self._desk.get(request.approval_id, self._admit_reader(access, request, viewer, rpc))
 
     @status_mapped
     def DecideApproval(self, request: apb.DecideApprovalRequest, context) -> apb.Approval:
@@ -90,27 +91,31 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         metrics.APPROVALS_DECIDED.labels(verdict=record.status).inc()
         return approval_message(self._desk.hide_token(record))
 
-    async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> TrustedContext | None:
-        """WatchApproval's role and tenant checks (the approval is read, and a refusal
-        waits for its audit record, off the event loop): the viewer the token may go to."""
+    async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> CallOwner | None:
+        """WatchApproval's role, tenant and ownership checks (the approval is read, and a
+        refusal waits for its audit record, off the event loop): whom the token may go to."""
         viewer = _viewer(request)
         access = await self._gate.admit_async(context, "WatchApproval", _about_viewer(request, viewer))
-        await asyncio.get_running_loop().run_in_executor(None, self._admit_tenant, access, request, "WatchApproval")
-        return _token_viewer(access, viewer)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._admit_reader, access, request, viewer, "WatchApproval")
 
-    def _admit_tenant(self, access: Access, request: apb.GetApprovalRequest, rpc: Rpc) -> None:
-        tenant = self._desk.get(request.approval_id).tenant
-        self._gate.admit_tenant(access, rpc, About(tenant, approval_id=request.approval_id))
+    def _admit_reader(self, access: Access, request: apb.GetApprovalRequest, viewer: TrustedContext | None,
+                      rpc: Rpc) -> CallOwner | None:
+        """The approval's tenant, then its call's owner (service/ownership.py): whom the
+        token may go to."""
+        record = self._desk.get(request.approval_id)
+        self._gate.admit_tenant(access, rpc, About(record.tenant, approval_id=request.approval_id))
+        return admit_reader(self._gate, self._desk, access, rpc, record, viewer)
 
     @status_mapped
     async def WatchApproval(self, request: apb.GetApprovalRequest, context):
         # A coroutine, cancelled when the client goes away; its waiting holds no thread
         # (sidecar/service/watching.py). The slot is given back when the call ends, for
         # whatever reason, even if grpc never resumes this generator to close it.
-        viewer = await self._admit_watch(request, context)
+        owner = await self._admit_watch(request, context)
         slot = self._watches.admit(caller_of(context).id)
         context.add_done_callback(lambda _context: slot.release())
-        records = watch_records(self._desk, self._notifier(), request.approval_id, viewer)
+        records = watch_records(self._desk, self._notifier(), request.approval_id, owner)
         try:
             async with contextlib.aclosing(records):
                 async for record in records:
@@ -130,9 +135,3 @@ def _about_viewer(request: apb.GetApprovalRequest, viewer: TrustedContext | None
     if viewer is None:
         return About(approval_id=request.approval_id)
     return About(viewer.tenant, str(viewer.principal), request_id=viewer.request_id, approval_id=request.approval_id)
-
-
-def _token_viewer(access: Access, viewer: TrustedContext | None) -> TrustedContext | None:
-    """The context the token may go to: the requester's, and only through a caller with
-    the runtime role in its tenant (an approver never receives a token)."""
-    return viewer if viewer is not None and access.has("runtime", viewer.tenant) else None

@@ -2,9 +2,13 @@
 
 `caller_of(context)` is the one place a handler learns its caller. With a client
 certificate verified by a TLS listener the id is the certificate's URI SAN (e.g.
-`spiffe://acme.example/agent/support`) or else its subject CN; on a Unix socket it is the
-listener's configured identity; on a plaintext development listener it is
-`UNAUTHENTICATED`, and every audit record says so.
+`spiffe://acme.example/agent/support`) or else its subject CN, prefixed `cn:` (e.g.
+`cn:approval-console`); on a Unix socket it is the listener's configured identity; on a
+plaintext development listener it is `UNAUTHENTICATED`, and every audit record says so.
+
+The two certificate namespaces never meet: a CN reading `spiffe://acme.example/agent/support`
+is the caller `cn:spiffe://acme.example/agent/support`, never the SPIFFE identity, and a
+URI SAN of the scheme `cn` (which would read as a CN's id) names no caller.
 
 How a handler knows its listener: every listener has a gRPC server of its own, and the
 services of that server are registered through `TransportRegistration`, which hands each
@@ -36,6 +40,8 @@ log = logging.getLogger("toolauthz.callers")
 # An id longer than this, or holding a control character, is no identity: it would be
 # written into every audit record and log line of the caller.
 MAX_CALLER_ID = 512
+# The namespace of the ids that a certificate's subject CN names (one without URI SAN).
+CN_PREFIX = "cn:"
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,10 @@ def caller_through(transport: Transport, certificates: Sequence[bytes]) -> Calle
 
 @functools.lru_cache(maxsize=1024)
 def caller_of_certificate(pem: bytes) -> Caller:
-    """The id a verified client certificate names: its one URI SAN, else its one subject
-    CN. A certificate with several URI SANs (or CNs) names no single caller, and one whose
-    name is unusable names none: both are UNAUTHENTICATED."""
+    """The id a verified client certificate names: its one URI SAN, else `cn:` and its one
+    subject CN. A certificate with several URI SANs (or CNs) names no single caller, and
+    one whose name is unusable (or a URI SAN in the CNs' namespace) names none: all are
+    UNAUTHENTICATED."""
     try:
         certificate = x509.load_pem_x509_certificate(pem)
     except ValueError:
@@ -101,6 +108,12 @@ def caller_of_certificate(pem: bytes) -> Caller:
     if len(names) != 1 or not _usable(names[0]):
         log.warning("a client certificate names %d usable identities (%s); the caller is unauthenticated",
                     len(names), "URI SANs" if uris else "subject CNs")
+        return UNAUTHENTICATED
+    if not uris:
+        return Caller(CN_PREFIX + names[0], True)
+    if names[0][:len(CN_PREFIX)].lower() == CN_PREFIX:
+        log.warning("a client certificate's URI SAN is in the `cn:` namespace of subject CNs; "
+                    "the caller is unauthenticated")
         return UNAUTHENTICATED
     return Caller(names[0], True)
 

@@ -5,7 +5,8 @@ transport proved, sidecar/service/callers.py) and one RPC, with the tenant the r
 about when it names one, and raises ForbiddenError otherwise.
 
     runtime   Authorize, AuthorizeBatch, Verify, ReportOutcome, ReportRefusal, GetStatus, and
-              GetApproval/WatchApproval (the token only for the requester's own context)
+              GetApproval/WatchApproval of its own calls (the token only with the call's
+              context; service/ownership.py)
     approver  ListApprovals, GetApproval/WatchApproval (never a token), DecideApproval
     auditor   QueryDecisions
     anyone    GetKeys (public keys)

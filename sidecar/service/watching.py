@@ -24,8 +24,8 @@ from collections.abc import AsyncGenerator
 from sidecar.approvals import MAX_WATCH_WAIT, TERMINAL, ApprovalDesk
 from sidecar.display import shown
 from sidecar.errors import ResourceExhaustedError
-from sidecar.model import TrustedContext
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.ledger import CallOwner
 
 
 class WatchSlot:
@@ -136,9 +136,9 @@ class LoopNotifier:
 
 
 async def watch_records(desk: ApprovalDesk, notifier: LoopNotifier, approval_id: str,
-                        viewer: TrustedContext | None) -> AsyncGenerator[ApprovalRecord, None]:
-    """The approval as `viewer` sees it: now, then each time it changes, until it is
-    decided or expires. Must run on the notifier's loop."""
+                        owner: CallOwner | None) -> AsyncGenerator[ApprovalRecord, None]:
+    """The approval as `owner` (None: anyone but its call's owner) sees it: now, then
+    each time it changes, until it is decided or expires. Must run on the notifier's loop."""
     loop = asyncio.get_running_loop()
     flag = notifier.register(approval_id)
     try:
@@ -147,7 +147,7 @@ async def watch_records(desk: ApprovalDesk, notifier: LoopNotifier, approval_id:
             # Cleared before the read: a poke landing after it sets the flag again, and
             # one landing before it was made after a commit that this read sees.
             flag.clear()
-            record = await loop.run_in_executor(None, desk.get, approval_id, viewer)
+            record = await loop.run_in_executor(None, desk.get, approval_id, owner)
             if record != last:
                 yield record
                 last = record

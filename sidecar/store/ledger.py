@@ -44,10 +44,36 @@ class CallEntry:
     outcome: str = ""
     outcome_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Who asked for the call, as its listener proved them (AuditEvent.caller); "" on a
+    # row recorded before callers were recorded, which no caller owns.
+    caller: str = ""
 
     @property
     def decided(self) -> bool:
         return bool(self.decision)
+
+    @property
+    def owner(self) -> CallOwner:
+        return CallOwner(self.tenant, self.caller, self.principal, self.request_id)
+
+
+@dataclass(frozen=True)
+class CallOwner:
+    """Whose a call is: the caller its listener proved, and the tenant, principal and run
+    (request id) it was decided for. Only its owner verifies its token, reports its
+    outcome, replays it or receives its approval's token. Without configured callers
+    every caller of a plaintext listener is `unauthenticated`, and a call belongs to its
+    principal and run alone."""
+
+    tenant: str
+    caller: str
+    principal: str
+    request_id: str
+
+    def differences(self, other: CallOwner) -> list[str]:
+        """The names of the fields in which `other` is not this owner."""
+        return [name for name in ("tenant", "caller", "principal", "request_id")
+                if getattr(self, name) != getattr(other, name)]
 
 
 @dataclass(frozen=True)
@@ -97,30 +123,26 @@ class ReserveCall:
 
 @dataclass(frozen=True)
 class ConsumeToken:
-    """`consume(...)` as an operation; its result is the code."""
+    """`consume(...)` as an operation; its result is the code. With `owner`, only the
+    call's owner consumes its token: anyone else gets ForbiddenError and changes nothing
+    but the audit trail, where `refused` builds the refusal's record from the call's
+    entry."""
 
     tenant: str
     call_id: str
     jti: str
     now: float
     audit: Callable[[str], AuditEvent] | None = None
-
-
-@dataclass(frozen=True)
-class OutcomeCaller:
-    """Who reports an outcome, as the call's row names them (`CallEntry.principal` and
-    `request_id`)."""
-
-    principal: str
-    request_id: str
+    owner: CallOwner | None = None
+    refused: Callable[[CallEntry], AuditEvent] | None = None
 
 
 @dataclass(frozen=True)
 class RecordOutcome:
     """`record_outcome(...)` as an operation; its result is the CallEntry with the
-    outcome. With `caller`, only the principal and run the call was decided for may
-    report it: anyone else gets ForbiddenError and changes nothing but the audit trail,
-    where `refused` builds the refusal's record from the call's entry. `audit` builds the
+    outcome. With `owner`, only the call's owner (`CallOwner`) may report it: anyone
+    else gets ForbiddenError and changes nothing but the audit trail, where `refused`
+    builds the refusal's record from the call's entry. `audit` builds the
     outcome's record from the updated entry, committed with it. The outcome already
     recorded, reported again (same status, error code and output digest), returns the
     entry as it is and writes nothing."""
@@ -131,7 +153,7 @@ class RecordOutcome:
     error_code: str
     output_digest: str
     now: float
-    caller: OutcomeCaller | None = None
+    owner: CallOwner | None = None
     audit: Callable[[CallEntry], AuditEvent] | None = None
     refused: Callable[[CallEntry], AuditEvent] | None = None
 

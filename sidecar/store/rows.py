@@ -14,7 +14,7 @@ from sidecar.store.ledger import CallEntry, RecordedDecision
 # The columns `call_of` and `approval_of` read, in their order.
 CALL_COLUMNS = ("tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, "
                 "policy_version, reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, "
-                "extra")
+                "extra, caller")
 APPROVAL_COLUMNS = (
     "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
     "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
@@ -22,7 +22,7 @@ APPROVAL_COLUMNS = (
     "run_tool_calls, approved_version")
 # The columns a new call's row is inserted with, in the order of `call_values`.
 CALL_INSERT_COLUMNS = ("tenant", "call_id", "request_id", "tool", "digest", "principal", "created_at", "decision",
-                       "decision_id", "policy_version", "reasons", "errors", "approval_id")
+                       "decision_id", "policy_version", "reasons", "errors", "approval_id", "caller")
 
 
 def insert_call_sql(mark: str) -> str:
@@ -47,15 +47,15 @@ def call_values(entry: CallEntry, decided: RecordedDecision) -> tuple[Any, ...]:
     return (entry.tenant, entry.call_id, entry.request_id, entry.tool, entry.digest, entry.principal,
             entry.created_at, decided.decision, decided.decision_id, decided.policy_version,
             json.dumps(list(decided.reasons)), json.dumps([list(e) for e in decided.errors]),
-            decided.approval.approval_id if decided.approval is not None else "")
+            decided.approval.approval_id if decided.approval is not None else "", entry.caller)
 
 
 def call_of(row: Sequence[Any]) -> CallEntry:
     (tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id, version,
-     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra) = row
+     reasons, errors, approval_id, verified_jti, verified_at, outcome, outcome_at, extra, caller) = row
     return CallEntry(tenant, call_id, request_id, tool, digest, principal, created_at, decision, decision_id,
                      version, tuple(json.loads(reasons)), tuple(tuple(e) for e in json.loads(errors)),
-                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra))
+                     approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra), caller)
 
 
 def approval_of(row: Sequence[Any]) -> ApprovalRecord:

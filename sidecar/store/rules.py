@@ -21,6 +21,7 @@ from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
     AppendAudit,
     CallEntry,
+    CallOwner,
     ConsumeToken,
     LedgerOp,
     RecordedDecision,
@@ -52,15 +53,17 @@ def reserve(tx: Transaction, op: ReserveCall) -> Reservation:
     return Reservation(None)
 
 
-def consume(tx: Transaction, op: ConsumeToken) -> str:
-    code = _consume_code(tx, op)
+def consume(tx: Transaction, op: ConsumeToken) -> str | ItemFailed:
+    entry = tx.get_call(op.tenant, op.call_id)
+    if entry is not None and (refusal := _unless_owner(tx, entry, op.owner, op.refused)) is not None:
+        return refusal
+    code = _consume_code(tx, op, entry)
     if op.audit is not None:
         tx.append_audit([op.audit(code)])
     return code
 
 
-def _consume_code(tx: Transaction, op: ConsumeToken) -> str:
-    entry = tx.get_call(op.tenant, op.call_id)
+def _consume_code(tx: Transaction, op: ConsumeToken, entry: CallEntry | None) -> str:
     if entry is None:
         return "unknown_call"
     if entry.outcome and not entry.verified_jti:
@@ -69,16 +72,24 @@ def _consume_code(tx: Transaction, op: ConsumeToken) -> str:
     return "ok" if tx.consume_token(op.tenant, op.call_id, op.jti, op.now) else "already_used"
 
 
+def _unless_owner(tx: Transaction, entry: CallEntry, owner: CallOwner | None,
+                  refused: Callable[[CallEntry], AuditEvent] | None) -> ItemFailed | None:
+    """None when `owner` (None: not checked) owns the call of `entry`; else the refusal,
+    its audit record (`refused`) appended: nothing else of the call changes."""
+    if owner is None or entry.owner == owner:
+        return None
+    if refused is not None:
+        tx.append_audit([refused(entry)])
+    return ItemFailed(ForbiddenError(f"call `{shown(entry.call_id)}` belongs to another caller, principal or run; "
+                                     "only they may act on it"))
+
+
 def record_outcome(tx: Transaction, op: RecordOutcome) -> CallEntry | ItemFailed:
     entry = tx.get_call(op.tenant, op.call_id)
     if entry is None:
         return ItemFailed(NotFoundError(f"no call `{shown(op.call_id)}` in tenant `{shown(op.tenant)}`"))
-    if op.caller is not None and (entry.principal, entry.request_id) != (op.caller.principal,
-                                                                        op.caller.request_id):
-        if op.refused is not None:
-            tx.append_audit([op.refused(entry)])
-        return ItemFailed(ForbiddenError(
-            f"call `{shown(op.call_id)}` was decided for another principal or run; only they report its outcome"))
+    if (refusal := _unless_owner(tx, entry, op.owner, op.refused)) is not None:
+        return refusal
     if entry.outcome:
         if (entry.outcome, entry.extra.get("error_code", ""), entry.extra.get("output_digest", "")) == \
                 (op.status, op.error_code, op.output_digest):

@@ -114,11 +114,19 @@ CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_check
     FOR EACH ROW EXECUTE FUNCTION toolauthz_append_only();
 """
 
+# Each call names the caller its listener proved (sidecar/store/ledger.py CallOwner). A
+# row recorded before has '', which no caller owns: it is proposed again under a new id.
+# The serving role's grants on `calls` cover the new column.
+_V2_CALL_CALLER = """
+ALTER TABLE calls ADD COLUMN caller TEXT NOT NULL DEFAULT '';
+"""
+
 # (version, statements). Append only: a released migration never changes.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_LEDGER + _V1_AUDIT),
+    (2, _V2_CALL_CALLER),
     # Approval notifications: which event went to which sink (store/deliveries.py).
-    (2, DELIVERY_SCHEMA),
+    (3, DELIVERY_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

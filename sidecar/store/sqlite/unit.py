@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS calls (
     outcome TEXT NOT NULL DEFAULT '',
     outcome_at REAL,
     extra TEXT NOT NULL DEFAULT '{}',
+    caller TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tenant, call_id)
 );
 CREATE INDEX IF NOT EXISTS calls_by_run ON calls (tenant, request_id, tool);
@@ -105,11 +106,16 @@ CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, gro
 """
 _INSERT_CALL = insert_call_sql("?")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("?")
-# Columns added after the approvals table's first version: a database file created
-# before them gets them when it is opened.
-_ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
+# Columns added after a table's first version: a database file created before them gets
+# them when it is opened. A call recorded before its caller was has caller '': no caller
+# owns it (sidecar/store/ledger.py CallOwner), so it can no longer be verified, reported
+# or replayed, and is proposed again under a new call id.
+_ADDED_COLUMNS = {
+    "approvals": {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
                   "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
-                  "approved_version": "TEXT NOT NULL DEFAULT ''"}
+                  "approved_version": "TEXT NOT NULL DEFAULT ''"},
+    "calls": {"caller": "TEXT NOT NULL DEFAULT ''"},
+}
 # A call's budget share is held while it is allowed, or its approval is pending (not yet
 # expired at the new call's time) or approved.
 _RUN_COUNTS = (
@@ -272,10 +278,11 @@ class SqliteUnit:
             try:
                 for statement in _statements(_LEDGER_SCHEMA + DELIVERY_SCHEMA + audit_schema()):
                     conn.execute(statement)
-                present = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
-                for name, definition in _ADDED_COLUMNS.items():
-                    if name not in present:
-                        conn.execute(f"ALTER TABLE approvals ADD COLUMN {name} {definition}")
+                for table, added in _ADDED_COLUMNS.items():
+                    present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                    for name, definition in added.items():
+                        if name not in present:
+                            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
                 # An audit log created before a later AuditEvent field (`caller`) gets its
                 # column, empty for the old rows: an empty field is left out of a record's
                 # hash, so those rows still verify.

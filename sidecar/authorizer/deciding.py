@@ -1,0 +1,167 @@
+"""Authorize, planned: checks, validation and the decision's inputs, up to the ledger's
+write; the decision itself is made on the run's counts when the plan runs (`writes.py`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sidecar.authorizer.parts import Parts
+from sidecar.authorizer.plans import AuthorizeResult, Deciding, Plan, refuse
+from sidecar.authorizer.replay import replay
+from sidecar.bundle.catalog import resolve_pointer
+from sidecar.call_record import CallRecord
+from sidecar.decided_by import decided_by
+from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities, supplied_entities
+from sidecar.errors import InputError, RequestError
+from sidecar.model import Decision, ProposedCall, TrustedContext, Verdict, deny
+from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.ledger import AppendAudit, CallEntry, RecordedDecision, Reservation
+from sidecar.telemetry import tracing
+from sidecar.tokens import IssuedToken
+
+
+def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_wanted: Callable[[], bool],
+                   caller: str) -> Plan[AuthorizeResult]:
+    """Everything of Authorize up to its ledger write. `caller`: who asked, as the
+    transport proved it; a new call is recorded as theirs (`CallEntry.caller`)."""
+    ctx.check()
+    call.check()
+    trace = tracing.current()
+    bundle = parts.bundles.current
+    record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name, caller),
+                     decision_id=parts.new_id(), policy_version=bundle.version)
+    try:
+        with tracing.step("validate", trace):
+            prepared = prepare(bundle, ctx, call)
+    except InputError as exc:
+        verdict = deny(exc.code, exc.message)
+        return Plan(AppendAudit(parts.event(record, verdict)),
+                    lambda _: AuthorizeResult(Decision.DENY, record.decision_id, bundle.version,
+                                              errors=verdict.errors), trace=trace)
+
+    record = replace(record, resource=prepared.resource, digest=prepared.digest, fields=_fields(prepared))
+    try:
+        supplied = supplied_entities(ctx.entities_json)
+        entities = request_entities(bundle, ctx, prepared, supplied)
+    except RequestError as exc:  # refused before anything but its audit record is stored
+        refusal = record.event(parts.clock.now(), "refused", error_codes=("invalid_entities",),
+                               detail={"error": str(exc)[:500]})
+        return Plan(AppendAudit(refusal), functools.partial(refuse, exc), trace=trace)
+    tool = prepared.slice.tool.name
+    decided = {"decided_by": decided_by(bundle, ctx, prepared, supplied)}
+
+    def draft(counts: tuple[int, int]) -> _Draft:
+        with tracing.step("evaluate", trace, {"toolauthz.tool": tool}):
+            verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
+        wanted = verdict.decision is not Decision.ALLOW or still_wanted()
+        token = None
+        if verdict.decision is Decision.ALLOW and wanted:
+            with tracing.step("sign", trace):
+                token = parts.issue(ctx, call.call_id, prepared, record.decision_id, bundle.version)
+        return _Draft(counts, verdict, token, gone=not wanted)
+
+    state = _DecisionState()
+
+    def decide(counts: tuple[int, int]) -> RecordedDecision:
+        # Called before each try at the ledger's transaction: Cedar, the signature and
+        # the audit event are made again only if the counts differ from the last try.
+        # The row, the token's jti, the approval a policy asks for and the audit
+        # record commit together.
+        previous = state.draft
+        current = previous
+        if current is None or current.counts != counts:
+            current = draft(counts)
+        elif current.token is not None and not still_wanted():
+            current = _Draft(current.counts, current.verdict, None, gone=True)
+        if current is not previous or state.recorded is None:
+            state.draft = current
+            state.recorded = _recorded(parts, ctx, prepared, current, record, state, decided)
+        return state.recorded
+
+    def finish(reservation: Reservation) -> AuthorizeResult:
+        if reservation.existing is not None:
+            return replay(parts, record, ctx, prepared, reservation.existing, still_wanted)
+        latest = state.latest()
+        verdict, token = latest.verdict, latest.token
+        if token is not None and not still_wanted():
+            # Gone while the decision was being stored: the token minted for it (its
+            # jti is in the record) is handed to no one; a retry replays the decision.
+            token = None
+        parts.count_shadow(bundle, verdict)
+        approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
+        return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
+                               verdict.errors, prepared.digest, token, approval.approval_id if approval else "",
+                               approval_expires_at=approval.expires_at if approval else None)
+
+    entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
+                      parts.clock.now(), caller=caller)
+    return Plan(None, finish, Deciding(entry, decide), trace=trace)
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """A decision made on the run's counts `counts`, with its token if one is due;
+    `gone`: an ALLOW whose client no longer wants it (no token)."""
+
+    counts: tuple[int, int]
+    verdict: Verdict
+    token: IssuedToken | None
+    gone: bool = False
+
+
+@dataclass
+class _DecisionState:
+    """What one Authorize's `decide` made so far: it is called once per try at the
+    ledger's transaction, and the call opens at most one approval."""
+
+    draft: _Draft | None = None
+    recorded: RecordedDecision | None = None  # what the ledger stores of `draft`
+    approval: ApprovalRecord | None = None
+
+    def latest(self) -> _Draft:
+        if self.draft is None:
+            raise RuntimeError("the ledger recorded a new call without asking for its decision")
+        return self.draft
+
+
+def _recorded(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, draft: _Draft, record: CallRecord,
+              state: _DecisionState, decided: Mapping[str, Any]) -> RecordedDecision:
+    """What the ledger stores of a draft: the row's decision, the approval it opens
+    (made once per call, kept in `state`) and its audit event."""
+    verdict = draft.verdict
+    approval = None
+    if verdict.decision is Decision.APPROVAL_REQUIRED:
+        if state.approval is None:
+            state.approval = _new_approval(parts, ctx, prepared, verdict, record, RunCounts(*draft.counts))
+        approval = state.approval
+    event = parts.event(replace(record, approval_id=approval.approval_id if approval else ""), verdict,
+                        jti=draft.token.jti if draft.token else "",
+                        detail={**decided, "client_gone": True} if draft.gone else decided)
+    return RecordedDecision(verdict.decision.value, record.decision_id, record.policy_version,
+                            verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
+
+
+def _new_approval(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, verdict: Verdict,
+                  record: CallRecord, run: RunCounts) -> ApprovalRecord:
+    if parts.approvals is None:
+        raise RuntimeError("a policy asks for approval but no approval desk is configured")
+    return parts.approvals.new_record(ctx, record.call_id, prepared, verdict, decision_id=record.decision_id,
+                                      policy_version=record.policy_version, fields=dict(record.fields), run=run)
+
+
+def _fields(prepared: PreparedCall) -> dict[str, Any]:
+    """The tool's allow-listed arguments (`audit_fields`), for the audit record."""
+    out: dict[str, Any] = {}
+    for pointer in prepared.slice.tool.audit_fields:
+        found, value = resolve_pointer(prepared.input, pointer)
+        if found:
+            out[pointer] = value
+    return out
+
+
+def _error_pairs(verdict: Verdict) -> tuple[tuple[str, str], ...]:
+    """A verdict's errors as the ledger stores them."""
+    return tuple((e.code, e.message) for e in verdict.errors)
