@@ -142,21 +142,6 @@ def test_metrics_and_status_cover_every_worker(bundle_dir, tmp_path, monkeypatch
 
 # -- traces ----------------------------------------------------------------------------------
 
-@pytest.fixture
-def spans():
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    yield exporter
-    tracing.use_tracer_provider(None)
-    provider.shutdown()
-
-
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 
