@@ -319,3 +319,23 @@ def test_host_and_port_name_their_host(host, name):
 
     assert host_of_header(host) == name
     assert address_host_header(host)
+
+
+# -- the console -----------------------------------------------------------------------------
+
+def test_the_console_refuses_a_form_from_someone_not_signed_in_without_reading_it(sidecar, monkeypatch):
+    from console_pages import browser, console_for, propose
+
+    import sidecar.console.app as console_app
+
+    def never(_request):
+        raise AssertionError("the form was read")
+
+    console = console_for(sidecar, sign_in="dev")
+    _, result = propose(sidecar)
+    monkeypatch.setattr(console_app, "_form", never)
+    answer = browser(console).post(f"/approvals/{result.approval_id}/decide",
+                                   data={"csrf_token": "x", "verdict": "APPROVE", "reason": "r" * 30_000})
+    assert answer.status_code == 403 and "sign in first" in answer.text
+    assert answer.headers["connection"] == "close"
+    assert sidecar.approvals.get(result.approval_id).status == "pending"
