@@ -146,6 +146,9 @@ class _Context:
     def time_remaining(self):
         return None
 
+    def invocation_metadata(self):
+        return ()
+
     async def abort(self, code, details):
         raise RuntimeError(f"{code}: {details}")
 

@@ -18,6 +18,9 @@ Measured (closed loop: N calls in flight from separate client processes):
   batch       AuthorizeBatch of 4 calls against 4 single Authorize calls, CPU per decision (bench/batch.py)
   open loop   Authorize at a fixed offered rate, latency from each call's due time, and at half
               of the server's own maximum (its closed-loop rate at the highest concurrency)
+  hostile     (asked for by name) a 4 MB HTTP body's cost to the shared event loop, and gRPC
+              Authorize p50/p99 quiet and while unauthenticated callers post such bodies
+              (bench/hostile.py)
 and then the audit trail of every sidecar is checked: one record per response.
 Every load targets 127.0.0.1, is bounded in calls and seconds, and stops by itself.
 """
@@ -38,10 +41,12 @@ from dataclasses import asdict, dataclass, field, replace
 if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import batch, bundles, inproc, load, pki, report, servers, stats
+from bench import batch, bundles, hostile, inproc, load, pki, report, servers, stats
 from sidecar.server.config import DATABASE_FILE
 
-PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc", "batch"})
+PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc", "batch", "hostile"})
+# `hostile` measures safety under attack, not speed: asked for by name (`--phases hostile`).
+DEFAULT_PHASES = PHASES - {"hostile"}
 # Issue 22's targets, ratios within one run (docs/performance.md), beside the standing goal.
 GOAL_THROUGHPUT_RATIO = 0.5  # Authorize/s at the highest concurrency, two workers against two no-op processes
 TARGET_THROUGHPUT_RATIO = 0.45  # the same, this round
@@ -93,6 +98,7 @@ class Results:
     startup: list = field(default_factory=list)
     profile: dict | None = None
     batch: dict | None = None
+    hostile: dict | None = None
     targets: list = field(default_factory=list)
 
     def find(self, **match) -> dict | None:
@@ -354,7 +360,7 @@ class Bench:
                 f"{extra} without a response", extra_ok=all(a["ok"] for a in r.audit))
         r.targets = targets
 
-    def run(self, profile: bool, phases: frozenset[str] = PHASES) -> Results:
+    def run(self, profile: bool, phases: frozenset[str] = DEFAULT_PHASES) -> Results:
         self.generate()
         if "noop" in phases:
             self.noop()
@@ -372,6 +378,15 @@ class Bench:
             self.results.batch = {"policies": self.default_size, **batch.run_batch(
                 self.bundles[self.default_size], tools=bundles.tool_count(self.default_size), turns=turns,
                 data_root=str(self.root))}
+        if "hostile" in phases:
+            full = self.plan.mode == "full"
+            self.results.hostile = hostile.run_hostile(str(self.root), duration=3.0 if full else 0.3,
+                                                       repeats=5 if full else 1, baseline=full)
+            for row in self.results.hostile["loop_cost"]:
+                log(f"hostile {row['case']}: HTTP {row['status']}, read {row['bytes_read']} bytes, "
+                    f"loop stall {row['loop_stall_ms']:.1f} ms")
+            for row in self.results.hostile["under_fire"]:
+                log(f"hostile Authorize {row['phase']}: p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} ms")
         self.targets()
         return self.results
 
@@ -391,8 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-sweep", help="lower offered rates to measure too, comma-separated (default 200,400)")
     parser.add_argument("--workers", type=int, help="worker processes to compare with one (default 2; 1: skip)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile of the decision path")
-    parser.add_argument("--phases", default=",".join(sorted(PHASES)),
-                        help="what to run, comma-separated, from: " + ", ".join(sorted(PHASES)) + " (default: all)")
+    parser.add_argument("--phases", default=",".join(sorted(DEFAULT_PHASES)),
+                        help="what to run, comma-separated, from: " + ", ".join(sorted(PHASES))
+                        + " (default: all but hostile)")
     parser.add_argument("--data-root", help="where the temporary bundles and data dirs go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--compare", metavar="BASE.json",

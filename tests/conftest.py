@@ -165,6 +165,24 @@ def stub(channel) -> pb_grpc.ToolAuthorizerStub:
     return pb_grpc.ToolAuthorizerStub(channel)
 
 
+@pytest.fixture
+def spans():
+    """Tracing on, into an in-memory exporter, for the test's duration."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from sidecar.telemetry import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_tracer_provider(provider)
+    yield exporter
+    tracing.use_tracer_provider(None)
+    provider.shutdown()
+
+
 def hold_ledger_writes(monkeypatch, sidecar):
     """Every ledger write waits until `release` is set; `entered` is set when the first
     one arrives (a decision is then in flight, inside the pump)."""

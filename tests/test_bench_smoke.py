@@ -142,3 +142,18 @@ def test_the_levers_bench_reports_each_figure():
     assert {"validate: is_valid, jsonschema", "validate: is_valid, jsonschema-rs", "digest: call_digest",
             "audit record: event + body + hash", "authorize: in process, 1 at a time"} <= set(figures)
     assert all(us > 0 for us in figures.values()), figures
+
+
+def test_the_hostile_bench_reports_each_figure(tmp_path):
+    from bench.hostile import run_hostile
+
+    results = run_hostile(str(tmp_path), duration=0.3, senders=1, repeats=1, baseline=False)
+    loop_cost = {row["case"]: row for row in results["loop_cost"]}
+    assert (loop_cost["unauthenticated caller, 4.05 MB batch"]["status"],
+            loop_cost["unauthenticated caller, 4.05 MB batch"]["bytes_read"]) == (403, 0)
+    assert loop_cost["admitted caller, 4.05 MB batch (over the cap)"]["status"] == 413
+    assert loop_cost["admitted caller, the largest batch the cap reads"]["status"] == 400
+    assert all(row["loop_stall_ms"] > 0 for row in loop_cost.values())
+    assert [row["phase"] for row in results["under_fire"]] == ["quiet", "1 hostile senders"]
+    assert all(row["samples"] > 0 and not row["errors"] for row in results["under_fire"])
+    assert results["under_fire"][1]["hostile_refused_403"] > 0

@@ -27,6 +27,9 @@ class FakeContext:
     def time_remaining(self):
         return self.remaining
 
+    def invocation_metadata(self):
+        return ()
+
     async def abort(self, code, details):
         self.aborted = (code, details)
         raise grpc.RpcError(details)

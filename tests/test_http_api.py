@@ -19,7 +19,7 @@ from sidecar.digest import call_digest
 from sidecar.errors import RequestError, ToolAuthzError
 from sidecar.service.failures import Status, failure_of
 from sidecar.service.http_api import HttpApi
-from sidecar.service.json_body import RawJson, parse_body
+from sidecar.service.http_api.json_body import ANY_ITEM, BodyShape, RawJson, parse_body
 
 ALICE = Context(entities=[order_entity("ord_1", "alice")])
 REFUND = Call("toolu_1", "issue_refund", b'{"order_id": "ord_1", "amount_cents": 1500}')
@@ -41,7 +41,7 @@ def http(server) -> HttpTransport:
 def test_every_route_is_documented_and_every_documented_path_is_routed(sidecar):
     api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate, max_body_bytes=1024,
                   max_concurrent=1)
-    routed = {(path, method.lower()) for path, (method, _endpoint) in api.routes.items()}
+    routed = {(path, route.method.lower()) for path, route in api.routes.items()}
     routed_by_starlette = {(route.path, method.lower()) for route in api.app.routes
                            for method in route.methods - {"HEAD"}}
     document = openapi()
@@ -52,13 +52,13 @@ def test_every_route_is_documented_and_every_documented_path_is_routed(sidecar):
 
 # -- the body ------------------------------------------------------------------------------
 
-RAW = frozenset({("call", "input")})
+RAW = BodyShape(raw=frozenset({("call", "input")}))
 
 
 def test_a_raw_member_is_the_exact_bytes_received():
     spelled = '{ "b" : 1.0,\n\t"a":1e2, "c": "é\\u00e9", "d": [ ] }'.encode()
     body = b'{"call": {"name": "x", "input": ' + spelled + b' }, "n": 1}'
-    members = parse_body(body, raw=RAW, max_depth=10)
+    members = parse_body(body, RAW, max_depth=10)
     assert members == {"call": {"name": "x", "input": RawJson(spelled)}, "n": 1}
 
 
@@ -78,7 +78,7 @@ BAD_BODIES = {
 @pytest.mark.parametrize("body, message", BAD_BODIES.values(), ids=BAD_BODIES.keys())
 def test_a_body_that_is_not_strict_json_is_refused(body, message):
     with pytest.raises(RequestError, match=message):
-        parse_body(body, raw=RAW, max_depth=10)
+        parse_body(body, RAW, max_depth=10)
 
 
 def test_bad_bodies_are_400_invalid_argument_and_nothing_is_decided(http, sidecar):
@@ -252,31 +252,29 @@ def _batch_body(ctx: Context, *members: tuple[Call, list | None]) -> bytes:
 
 
 def test_a_flood_of_calls_over_http_is_refused_before_any_call_is_read(http, sidecar, monkeypatch):
-    import sidecar.service.http_api as http_api
+    import sidecar.service.http_api.envelope as envelope
 
     def never(*_args):
         raise AssertionError("a call of a refused batch was converted")
 
-    monkeypatch.setattr(http_api, "_call", never)
+    monkeypatch.setattr(envelope, "proposed_call", never)
     context = json.dumps(Context().as_json())
     body = f'{{"context": {context}, "calls": [{", ".join(["{}"] * 1000)}]}}'.encode()
     status, answer = http.exchange("POST", "/v1/authorize-batch", body)
     assert (status, answer["error"]) == (400, {"code": "INVALID_ARGUMENT",
-                                               "message": "a batch holds at most 64 calls, not 1000"})
+                                               "message": "a batch holds at most 64 calls"})
     assert sidecar.pump.answered == 0
 
 
 def test_a_raw_member_inside_an_array_is_the_exact_bytes_received():
-    from sidecar.service.json_body import ANY_ITEM
-
     spelled = b'{ "b" : 1.0,\n "a":1e2 }'
     body = b'{"calls": [{"call": {"input": ' + spelled + b'}}, {"call": {"input": [1e2]}}], "n": [1.0]}'
-    members = parse_body(body, raw=frozenset({("calls", ANY_ITEM, "call", "input")}), max_depth=10)
+    members = parse_body(body, BodyShape(raw=frozenset({("calls", ANY_ITEM, "call", "input")})), max_depth=10)
     assert members == {"calls": [{"call": {"input": RawJson(spelled)}}, {"call": {"input": RawJson(b"[1e2]")}}],
                        "n": [1.0]}
     with pytest.raises(RequestError, match="duplicate key `x` in the request body at `/calls/1/call`"):
         parse_body(b'{"calls": [{}, {"call": {"x": 1, "x": 2}}]}',
-                   raw=frozenset({("calls", ANY_ITEM, "call", "input")}), max_depth=10)
+                   BodyShape(raw=frozenset({("calls", ANY_ITEM, "call", "input")})), max_depth=10)
 
 
 def test_a_batch_over_http_answers_each_call_as_authorize_does(http, sidecar):

@@ -101,11 +101,12 @@ def test_metrics_and_status_cover_every_worker(bundle_dir, tmp_path, monkeypatch
         assert odd.decision == pb.DENY
 
         text = wait_for(lambda: (t := scrape(metrics_url)) and
-                        sample(t, "toolauthz_decisions_total", tool="issue_refund", result="allow") == 5 and t,
+                        sample(t, "toolauthz_decisions_total", tool="issue_refund", result="allow",
+                                          transport="grpc") == 5 and t,
                         "the decisions of both workers in /metrics")
-        assert sample(text, "toolauthz_decisions_total", tool="unknown", result="deny") == 1
-        assert sample(text, "toolauthz_verifications_total", code="ok") == 1
-        assert sample(text, "toolauthz_rpc_duration_seconds_count", rpc="Authorize") == 6
+        assert sample(text, "toolauthz_decisions_total", tool="unknown", result="deny", transport="grpc") == 1
+        assert sample(text, "toolauthz_verifications_total", code="ok", transport="grpc") == 1
+        assert sample(text, "toolauthz_rpc_duration_seconds_count", rpc="Authorize", transport="grpc") == 6
         assert sample(text, "toolauthz_policy_info", version=allowed.policy_version) == 1
         assert sample(text, "toolauthz_audit_write_duration_seconds_count") >= 1
         assert "drop_tables" not in text and "a_0" not in text and "alice" not in text and "acme" not in text
@@ -140,21 +141,6 @@ def test_metrics_and_status_cover_every_worker(bundle_dir, tmp_path, monkeypatch
 
 
 # -- traces ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def spans():
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    yield exporter
-    tracing.use_tracer_provider(None)
-    provider.shutdown()
-
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"

@@ -17,7 +17,7 @@ import grpc.aio
 from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
 from sidecar.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
-from sidecar.client.tracing import trace_metadata
+from sidecar.client.tracing import call_metadata, transport_metadata
 from sidecar.client.transport import ClientTls, open_aio_channel
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -38,11 +38,15 @@ class AsyncApprovalStream(Protocol):
 
 
 class AsyncAuthzClient:
+    """AuthzClient's twin for asyncio, with the same arguments (`transport_label` too)."""
+
     def __init__(self, target: str | grpc.aio.Channel, *, approvals_target: str | grpc.aio.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
-                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None):
+                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None,
+                 transport_label: str | None = None):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
+        self._declared = transport_metadata(transport_label)
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
         self._tls = tls
@@ -74,11 +78,11 @@ class AsyncAuthzClient:
     async def _unary(self, name: str, method, request, timeout: float | None):
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempts = attempts_for(self.retry, name)
-        attempt = 1
+        attempt, metadata = 1, call_metadata(self._declared)
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return await method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=trace_metadata()), attempt
+                return await method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise
@@ -154,7 +158,7 @@ class AsyncAuthzClient:
                        timeout: float = DEFAULT_WATCH_TIMEOUT) -> AsyncApprovalStream:
         """An async iterator of `Approval` (a grpc.aio stream call: `.cancel()` ends it)."""
         request = cv.get_approval_request(approval_id, context)
-        return self._approvals.WatchApproval(request, timeout=timeout, metadata=trace_metadata())
+        return self._approvals.WatchApproval(request, timeout=timeout, metadata=call_metadata(self._declared))
 
     # -- Audit -------------------------------------------------------------------------
 

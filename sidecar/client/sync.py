@@ -17,7 +17,7 @@ import grpc
 
 from sidecar.client import _convert as cv
 from sidecar.client.retry import RETRYABLE, RetryPolicy, attempts_for
-from sidecar.client.tracing import trace_metadata
+from sidecar.client.tracing import call_metadata, transport_metadata
 from sidecar.client.transport import ClientTls, open_channel
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
@@ -53,13 +53,17 @@ class AuthzClient:
     `approvals_target` is the Approvals service's address when it listens on its own
     (default: the same channel). A client given an address owns its channel(s) and
     closes them in `close()` / on leaving a `with` block; a given channel is the caller's.
+    `transport_label="mcp"`: this client fronts the MCP gateway, and the sidecar's metrics
+    label its calls `transport="mcp"` (metadata `toolauthz-transport: mcp`; a label only).
     """
 
     def __init__(self, target: str | grpc.Channel, *, approvals_target: str | grpc.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
-                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None):
+                 options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None,
+                 transport_label: str | None = None):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
+        self._declared = transport_metadata(transport_label)
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
         self._tls = tls
@@ -97,11 +101,11 @@ class AuthzClient:
         """Returns (response, attempt number that produced it)."""
         deadline = self._deadline(timeout)
         attempts = attempts_for(self.retry, name)
-        attempt = 1
+        attempt, metadata = 1, call_metadata(self._declared)
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=trace_metadata()), attempt
+                return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise
@@ -197,7 +201,7 @@ class AuthzClient:
         stream is an iterator of `Approval` with `.cancel()`; it ends with
         DEADLINE_EXCEEDED after `timeout` seconds. Not retried."""
         request = cv.get_approval_request(approval_id, context)
-        return self._approvals.WatchApproval(request, timeout=timeout, metadata=trace_metadata())
+        return self._approvals.WatchApproval(request, timeout=timeout, metadata=call_metadata(self._declared))
 
     # -- Audit -------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 Every route goes through `Console._page`, which, in this order: refuses a `Host` a DNS
 name could have been rebound to (on a loopback listener, only loopback names are
-answered), reads the signed session, refuses a POST another site sent (`Sec-Fetch-Site`),
-reads its form up to MAX_FORM_BYTES and checks its CSRF token (403 before any work),
-finds the signed-in person (sidecar/console/signin.py) and their role, runs the
-page, maps any error through the one table of service/failures.py to a page with that
-status, and writes the session cookie back (`HttpOnly`, `Secure`, `SameSite=Strict`).
+answered), reads the signed session, finds the signed-in person
+(sidecar/console/signin.py) and their role (a page for signed-in people refuses anyone
+else before reading a byte of a form, and closes the connection rather than drain it),
+refuses a POST another site sent (`Sec-Fetch-Site`), reads its form up to MAX_FORM_BYTES
+and checks its CSRF token (403 before any work), runs the page, maps any error
+through the one table of service/failures.py to a page with that status, and writes the
+session cookie back (`HttpOnly`, `Secure`, `SameSite=Strict`).
 Every response, static files included, carries the security headers of `SECURITY_HEADERS`.
 
 The store and the approval desk block: their calls run in Starlette's thread pool, never
@@ -146,15 +148,8 @@ class Console(ApprovalPages, AuditPages):
             session = self.sessions.load(cookie, now)
             visit = Visit(request, session, None)
             try:
-                if request.method == "POST":
-                    # Behind a proxy the person may be proven by the proxy's own cookie, sent
-                    # with any site's form: a browser says whose form it is (absent: not a browser).
-                    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-                        raise ForbiddenError("a form another site submitted is refused")
-                    visit.form = await _form(request)
-                    if not csrf_ok(session, visit.form.get(CSRF_FIELD)):
-                        raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
-                                             "try again")
+                # Who is asking, from the cookie or the proxy's headers, before a byte of a
+                # form is read: a page for signed-in people refuses anyone else unread.
                 try:
                     # Off the event loop: proving a person may fetch an identity provider's keys.
                     visit.person = await run_in_threadpool(
@@ -170,6 +165,15 @@ class Console(ApprovalPages, AuditPages):
                     raise ForbiddenError("sign in first")
                 if auditor and not self.is_auditor(visit.person):
                     raise ForbiddenError("the audit pages are for auditors (console.auditor_groups)")
+                if request.method == "POST":
+                    # Behind a proxy the person may be proven by the proxy's own cookie, sent
+                    # with any site's form: a browser says whose form it is (absent: not a browser).
+                    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+                        raise ForbiddenError("a form another site submitted is refused")
+                    visit.form = await _form(request)
+                    if not csrf_ok(session, visit.form.get(CSRF_FIELD)):
+                        raise ForbiddenError("the form's CSRF token is missing or wrong: reload the page and "
+                                             "try again")
                 response = await handler(self, visit)
             except HTTPException as exc:  # Starlette's own refusals, e.g. a form with too many fields
                 response = self.render(visit, "error.html", {"message": str(exc.detail)}, exc.status_code)
@@ -177,6 +181,8 @@ class Console(ApprovalPages, AuditPages):
                 failure = failure_of(exc, f"console {request.url.path}")
                 response = self.render(visit, "error.html", {"message": failure.message},
                                        failure.status.http_status)
+            if request.method == "POST" and visit.form is None:
+                response.headers["connection"] = "close"  # its form was left unread, not drained
             return self._with_session(response, visit)
 
         answer.__name__ = handler.__name__

@@ -16,6 +16,7 @@ from sidecar.engine import ApprovalSubject, may_approve
 from sidecar.errors import ForbiddenError, NotFoundError, RequestError
 from sidecar.model import Decision, TrustedContext
 from sidecar.service.failures import failure_of
+from sidecar.service.observe import approval_decided
 from sidecar.store.approvals import PENDING, ApprovalRecord
 
 MAX_REASON = 500
@@ -96,8 +97,9 @@ class ApprovalPages(PageHost):
             if len(reason) > MAX_REASON:
                 raise RequestError(f"the reason is longer than {MAX_REASON} characters")
             approver = TrustedContext(person.tenant, person.principal, "")
-            await run_in_threadpool(lambda: self.deps.desk.decide(
+            record = await run_in_threadpool(lambda: self.deps.desk.decide(
                 approval_id, approver, verdict, reason, caller=f"console:{person.via}", id_token=person.id_token))
+            approval_decided(record.status, "console")
         except Exception as exc:  # noqa: BLE001 - shown on the approval's page, with its status
             failure = failure_of(exc, "console decide")
             try:

@@ -15,12 +15,12 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.service.access import About, Gate
 from sidecar.service.callers import caller_of
 from sidecar.service.common import status_mapped, timestamp, trusted_context
+from sidecar.service.observe import approval_decided, grpc_transport
 from sidecar.service.ownership import admit_reader
 from sidecar.service.roles import Access, Rpc
 from sidecar.service.watching import LoopNotifier, WatchLimits, watch_records
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.ledger import CallOwner
-from sidecar.telemetry import metrics
 
 _STATUS = {"pending": apb.PENDING, "approved": apb.APPROVED, "rejected": apb.REJECTED, "expired": apb.EXPIRED}
 _STATUS_NAMES = {v: k for k, v in _STATUS.items()}
@@ -88,7 +88,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
             raise RequestError("verdict must be APPROVE or REJECT")
         record = self._desk.decide(request.approval_id, approver, verdict, request.reason,
                                    caller=access.caller.id, id_token=request.id_token)
-        metrics.APPROVALS_DECIDED.labels(verdict=record.status).inc()
+        approval_decided(record.status, grpc_transport(context.invocation_metadata()))
         return approval_message(self._desk.hide_token(record))
 
     async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> CallOwner | None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 
 from sidecar.authorizer import Authorizer, AuthorizeResult
 from sidecar.batch import DEFAULT_LIMITS, BatchLimits, check_count, plan_batch
 from sidecar.errors import RequestError
-from sidecar.model import Decision, ProposedCall, TrustedContext
+from sidecar.model import Decision, TrustedContext
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.pump import DecisionPump
@@ -20,14 +19,12 @@ from sidecar.service.access import About, Gate
 from sidecar.service.batching import settle_batch
 from sidecar.service.common import batch_call, proposed_call, status_mapped, timestamp, trusted_context
 from sidecar.service.failures import Failure
+from sidecar.service.observe import Observation, grpc_transport, observed
 from sidecar.service.status import SidecarStatus, WorkerStatus
-from sidecar.telemetry import metrics, tracing
+from sidecar.telemetry import metrics
 from sidecar.tokens.keyring import KeyRing
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
-# One line per answer at DEBUG, its fields as `extra` for the JSON log format
-# (sidecar/server/logs.py): ids and the result, never an argument value.
-decision_log = logging.getLogger("toolauthz.decision")
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
 
@@ -41,6 +38,11 @@ def still_wanted(context, gone: threading.Event):
         return not gone.is_set() and (remaining is None or remaining > 0)
 
     return wanted
+
+
+def _observed(rpc: str, context) -> AbstractContextManager[Observation]:
+    """The request's observation, labelled with the transport its client declared."""
+    return observed(rpc, grpc_transport(context.invocation_metadata()), lambda: context.invocation_metadata())
 
 
 def _about(ctx: TrustedContext, call_id: str) -> About:
@@ -61,50 +63,36 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         self._status = status
         self._gate = gate
 
-    def _tool_label(self, name: str) -> str:
-        return metrics.tool_label(name, self._authorizer.bundles.current.tools)
+    def _tools(self) -> Collection[str]:
+        return self._authorizer.bundles.current.tools
 
     @status_mapped
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
-        started = time.perf_counter()
-        with tracing.rpc_span("Authorize", lambda: context.invocation_metadata()) as span:
+        with _observed("Authorize", context) as seen:
             ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
             access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
             wanted, caller = still_wanted(context, gone), access.caller.id
-            trace = tracing.current()
-
-            def plan():
-                with tracing.attached(trace):
-                    return self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)
-
             try:
-                result = await self._pump.answer(plan)
+                result = await self._pump.answer(seen.plan(
+                    lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
-            tool, outcome = self._count_decision(ctx, call, result)
-            metrics.RPC_SECONDS.labels(rpc="Authorize").observe(time.perf_counter() - started)
-            tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=outcome,
-                             replayed=result.replayed)
+            tool, outcome = seen.decided(self._tools(), ctx, call, result)
+            seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         return _authorize_response(result)
 
     @status_mapped
     async def AuthorizeBatch(self, request: pb.AuthorizeBatchRequest, context) -> pb.AuthorizeBatchResponse:
-        started = time.perf_counter()
-        with tracing.rpc_span("AuthorizeBatch", lambda: context.invocation_metadata()) as span:
+        with _observed("AuthorizeBatch", context) as seen:
             ctx, limits, gone = trusted_context(request.context), self._batch_limits, threading.Event()
             access = await self._gate.admit_async(context, "AuthorizeBatch", _about(ctx, ""))
             check_count(len(request.calls), limits)  # before converting what may be a flood of calls
             calls = [batch_call(c) for c in request.calls]
             wanted, caller = still_wanted(context, gone), access.caller.id
-            trace = tracing.current()
-
-            def plans():
-                with tracing.attached(trace):
-                    return plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)
-
             try:
-                settled = settle_batch(await self._pump.answer_group(plans, len(calls)))
+                settled = settle_batch(await self._pump.answer_group(seen.plan(
+                    lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)), len(calls)))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: decisions still to be made get no token
                 raise
@@ -114,44 +102,19 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                     error = pb.CallError(code=answer.status.name, message=answer.message)
                     answers.append(pb.BatchAnswer(error=error))
                     continue
-                self._count_decision(ctx, item.call, answer)
+                seen.decided(self._tools(), ctx, item.call, answer)
                 answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
-            metrics.RPC_SECONDS.labels(rpc="AuthorizeBatch").observe(time.perf_counter() - started)
-            tracing.annotate(span, calls=len(calls))
+            seen.annotate(calls=len(calls))
         return pb.AuthorizeBatchResponse(answers=answers)
-
-    def _count_decision(self, ctx: TrustedContext, call: ProposedCall, result: AuthorizeResult) -> tuple[str, str]:
-        """One decision's metric and debug log line; returns its tool label and result."""
-        tool = self._tool_label(call.name)
-        outcome = result.decision.value.lower()
-        metrics.DECISIONS.labels(tool=tool, result=outcome).inc()
-        if decision_log.isEnabledFor(logging.DEBUG):
-            decision_log.debug("authorize %s", outcome, extra={
-                "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
-                "tool": tool, "result": outcome})
-        return tool, outcome
 
     @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
-        started = time.perf_counter()
-        with tracing.rpc_span("Verify", lambda: context.invocation_metadata()) as span:
+        with _observed("Verify", context) as seen:
             token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
             caller = (await self._gate.admit_async(context, "Verify", _about(ctx, call.call_id))).caller.id
-            trace = tracing.current()
-
-            def plan():
-                with tracing.attached(trace):
-                    return self._authorizer.plan_verify(token, ctx, call, caller=caller)
-
-            result = await self._pump.answer(plan)
-            tool = self._tool_label(call.name)
-            metrics.VERIFICATIONS.labels(code=result.code).inc()
-            metrics.RPC_SECONDS.labels(rpc="Verify").observe(time.perf_counter() - started)
-            tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=result.code)
-            if decision_log.isEnabledFor(logging.DEBUG):
-                decision_log.debug("verify %s", result.code, extra={
-                    "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
-                    "tool": tool, "result": result.code})
+            result = await self._pump.answer(seen.plan(
+                lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller)))
+            seen.verified(self._tools(), ctx, call, result)
         return pb.VerifyResponse(valid=result.valid, code=result.code, decision_id=result.decision_id)
 
     @status_mapped
@@ -170,18 +133,10 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         status = _OUTCOMES.get(request.status)
         if status is None:
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
-        started = time.perf_counter()
-        with tracing.rpc_span("ReportOutcome", lambda: context.invocation_metadata()) as span:
-            trace = tracing.current()
-
-            def plan():
-                with tracing.attached(trace):
-                    return self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest,
-                                                                caller=caller)
-
-            result = await self._pump.answer(plan)
-            metrics.RPC_SECONDS.labels(rpc="ReportOutcome").observe(time.perf_counter() - started)
-            tracing.annotate(span, decision_id=result.decision_id, result=status)
+        with _observed("ReportOutcome", context) as seen:
+            result = await self._pump.answer(seen.plan(
+                lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller)))
+            seen.annotate(decision_id=result.decision_id, result=status)
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
 
     @status_mapped
@@ -189,17 +144,10 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         ctx, call_id = trusted_context(request.context), request.call_id
         caller = (await self._gate.admit_async(context, "ReportRefusal", _about(ctx, call_id))).caller.id
         tool, code, detail = request.tool, request.code, request.detail
-        started = time.perf_counter()
-        with tracing.rpc_span("ReportRefusal", lambda: context.invocation_metadata()) as span:
-            trace = tracing.current()
-
-            def plan():
-                with tracing.attached(trace):
-                    return self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)
-
-            decision_id = await self._pump.answer(plan)
-            metrics.RPC_SECONDS.labels(rpc="ReportRefusal").observe(time.perf_counter() - started)
-            tracing.annotate(span, decision_id=decision_id, tool=self._tool_label(tool), result="refused")
+        with _observed("ReportRefusal", context) as seen:
+            decision_id = await self._pump.answer(seen.plan(
+                lambda: self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)))
+            seen.annotate(decision_id=decision_id, tool=metrics.tool_label(tool, self._tools()), result="refused")
         return pb.ReportRefusalResponse(decision_id=decision_id)
 
     @status_mapped

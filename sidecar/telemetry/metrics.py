@@ -2,7 +2,8 @@
 
 Labels are bounded: a tool label is a name the loaded catalog holds, or `unknown` (a
 model writes the tool name, so its string never becomes a label); results, verify codes
-and verdicts are fixed vocabularies; a shadow label is a policy `@id` of the bundle. No
+verdicts and transports (`grpc`, `mcp`, `http`, `console`: sidecar/service/observe.py)
+are fixed vocabularies; a shadow label is a policy `@id` of the bundle. No
 call id, request id, principal or tenant is ever a label.
 
 With several worker processes, `PROMETHEUS_MULTIPROC_DIR` (set by the parent before it
@@ -25,16 +26,18 @@ UNKNOWN_TOOL = "unknown"
 # Decisions take about a millisecond; a slow disk or a big batch, tens.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-DECISIONS = Counter("toolauthz_decisions", "Authorize answers (a batch's: one per call) by tool and decision",
-                    ["tool", "result"])
+DECISIONS = Counter("toolauthz_decisions",
+                    "Authorize answers (a batch's: one per call) by tool, decision and transport",
+                    ["tool", "result", "transport"])
 RPC_SECONDS = Histogram("toolauthz_rpc_duration_seconds",
                         "Time to answer Authorize, AuthorizeBatch, Verify, ReportOutcome and ReportRefusal",
-                        ["rpc"],
+                        ["rpc", "transport"],
                         buckets=_LATENCY_BUCKETS)
-VERIFICATIONS = Counter("toolauthz_verifications", "Verify answers by code", ["code"])
+VERIFICATIONS = Counter("toolauthz_verifications", "Verify answers by code and transport", ["code", "transport"])
 APPROVALS_PENDING = Gauge("toolauthz_approvals_pending", "Approvals waiting for a decision (sampled from the store)",
                           multiprocess_mode="livemostrecent")
-APPROVALS_DECIDED = Counter("toolauthz_approvals_decided", "Approval decisions by verdict", ["verdict"])
+APPROVALS_DECIDED = Counter("toolauthz_approvals_decided", "Approval decisions by verdict and transport",
+                            ["verdict", "transport"])
 AUDIT_WRITE_SECONDS = Histogram("toolauthz_audit_write_duration_seconds",
                                 "Time to commit a batch of audit records (with its ledger rows)",
                                 buckets=_LATENCY_BUCKETS)

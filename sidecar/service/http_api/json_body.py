@@ -9,6 +9,12 @@ element of an array, as in `("calls", ANY_ITEM, "call", "input")`) as `RawJson`,
 exact bytes of their span. Those bytes then take the path gRPC's `input_json` takes (strict parsing,
 schema, digest), so the same call gives the same decision and digest on both transports.
 
+A route declares its body's `BodyShape`, and the walk enforces it while it scans, before
+it reads what it refuses: an object at a path of `members` is walked member by member and
+an unknown name is refused at its key, before its value is scanned (so a 4 MB unknown
+member costs nothing); an array at a path of `max_items` is refused at the first item
+past its bound (so a batch of 44,000 calls is refused at call 65, not after all of them).
+
 What is refused here, as a RequestError (INVALID_ARGUMENT):
   * a body that is not JSON: invalid UTF-8, a byte order mark, a syntax error, NaN or
     Infinity anywhere, anything after the top-level object, nesting over `max_depth`;
@@ -22,13 +28,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
 from sidecar.strict_json import nests_deeper_than, parse_strict_json
 
-__all__ = ["ANY_ITEM", "JsonPath", "RawJson", "parse_body"]
+__all__ = ["ANY_ITEM", "BodyShape", "JsonPath", "RawJson", "parse_body"]
 
 # Member names, and array indexes; in the paths given as `raw`, ANY_ITEM matches any index.
 JsonPath = tuple[str | int, ...]
@@ -45,9 +52,22 @@ class RawJson:
     data: bytes
 
 
-def parse_body(body: bytes, *, raw: frozenset[JsonPath], max_depth: int) -> dict[str, object]:
+@dataclass(frozen=True)
+class BodyShape:
+    """What a body may hold, checked during the scan. Paths use ANY_ITEM for array items.
+
+    `raw`: the members kept as RawJson. `members`: for an object at each path, the names
+    it may hold. `max_items`: for an array at each path, how many items it may hold and
+    the message that refuses one more."""
+
+    raw: frozenset[JsonPath] = frozenset()
+    members: Mapping[JsonPath, tuple[str, ...]] = field(default_factory=dict)
+    max_items: Mapping[JsonPath, tuple[int, str]] = field(default_factory=dict)
+
+
+def parse_body(body: bytes, shape: BodyShape, *, max_depth: int) -> dict[str, object]:
     """The body's top-level object as plain values, with each member whose path is in
-    `raw` given as RawJson. Raises RequestError."""
+    `shape.raw` given as RawJson. Raises RequestError."""
     if body.startswith(_BOM):
         raise RequestError("the request body starts with a UTF-8 byte order mark")
     try:
@@ -59,23 +79,32 @@ def parse_body(body: bytes, *, raw: frozenset[JsonPath], max_depth: int) -> dict
     start = _skip_whitespace(text, 0)
     if text[start:start + 1] != "{":
         raise RequestError("the request body must be a JSON object")
-    members, end = _Walk(text, raw).object_at(start, ())
+    members, end = _Walk(text, shape).object_at(start, ())
     if _skip_whitespace(text, end) != len(text):
         raise _not_json(text, end, "extra data after the JSON object")
     return members
 
 
+def _shape_of(path: JsonPath) -> JsonPath:
+    return tuple(ANY_ITEM if isinstance(p, int) else p for p in path)
+
+
 class _Walk:
-    def __init__(self, text: str, raw: frozenset[JsonPath]):
+    def __init__(self, text: str, shape: BodyShape):
         self._text = text
-        self._raw = raw
-        # Objects and arrays on the way to a raw member are walked here, member by
-        # member; any other value is parsed whole.
-        self._on_the_way = frozenset(path[:n] for path in raw for n in range(len(path)))
+        self._raw = shape.raw
+        self._members = shape.members
+        self._max_items = shape.max_items
+        # Objects and arrays on the way to a raw member, and those whose members or items
+        # are bounded, are walked here, member by member; any other value is parsed whole.
+        self._on_the_way = frozenset(
+            path[:n] for path in (*shape.raw, *shape.members, *shape.max_items)
+            for n in range(len(path) + (0 if path in shape.raw else 1)))
 
     def object_at(self, i: int, path: JsonPath) -> tuple[dict[str, object], int]:
         """The object starting at text[i] == "{", and the index after it."""
         text, members = self._text, dict[str, object]()
+        names = self._members.get(_shape_of(path))
         i = _skip_whitespace(text, i + 1)
         if text.startswith("}", i):
             return members, i + 1
@@ -86,6 +115,9 @@ class _Walk:
                 key, i = _KEYS.raw_decode(text, i)  # a string, as text[i] is a quote
             except json.JSONDecodeError as exc:
                 raise _not_json(text, exc.pos, exc.msg) from None
+            if names is not None and key not in names:  # refused before its value is scanned
+                raise RequestError(f"unknown member `{_pointer(path) if path else ''}/{shown(key)}`; "
+                                   f"expected {', '.join(names)}")
             if key in members:
                 raise RequestError(f"duplicate key `{shown(key)}` in the request body at "
                                    f"`{_pointer(path)}`")
@@ -105,10 +137,13 @@ class _Walk:
     def _array_at(self, i: int, path: JsonPath) -> tuple[list[object], int]:
         """The array starting at text[i] == "[", and the index after it."""
         text, items = self._text, list[object]()
+        bound = self._max_items.get(_shape_of(path))
         i = _skip_whitespace(text, i + 1)
         if text.startswith("]", i):
             return items, i + 1
         while True:
+            if bound is not None and len(items) == bound[0]:  # refused before the item is scanned
+                raise RequestError(bound[1])
             item, i = self._value_at(i, (*path, len(items)))
             items.append(item)
             i = _skip_whitespace(text, i)
@@ -120,7 +155,7 @@ class _Walk:
                 raise _not_json(text, i, "expecting ',' delimiter")
 
     def _value_at(self, i: int, path: JsonPath) -> tuple[object, int]:
-        shape = tuple(ANY_ITEM if isinstance(p, int) else p for p in path)
+        shape = _shape_of(path)
         if shape in self._on_the_way:
             if self._text.startswith("{", i):
                 return self.object_at(i, path)
