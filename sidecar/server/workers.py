@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any, cast
 from sidecar.errors import BundleError, ToolAuthzError
 from sidecar.server.config import ListenerSettings, Settings
 from sidecar.server.heap import keep_bundles_frozen
+from sidecar.server.listener_notices import listener_notices
 from sidecar.server.listeners import (
     UNIX_PREFIX,
     parse_address,
     planned_http_listeners,
     planned_listeners,
     split_listen,
-    unauthenticated_notice,
 )
 from sidecar.server.logs import use_log_format
 from sidecar.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
@@ -129,8 +129,9 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     http_listeners = planned_http_listeners(settings)  # likewise for the HTTP API's
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if (notice := unauthenticated_notice((*listeners, *http_listeners))) is not None:
-        log.warning("%s", notice)
+    for level, notice in [*listener_notices(listeners, settings.callers),
+                          *listener_notices(http_listeners, settings.callers, http=True)]:
+        log.log(level, "%s", notice)  # what each listener lets its callers do
     shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
     if workers == 1 or not shared:
         if workers > 1:
