@@ -61,3 +61,25 @@ def test_editing_the_caller_of_a_record_is_found(settings, clock, capsys):
     assert main(["audit", "--data-dir", str(settings.data_dir), "verify"]) == 1
     out = capsys.readouterr().out
     assert "seq 1: edited" in out and "seq 2: edited" in out
+
+
+def test_verify_of_a_store_elsewhere_says_how_to_pass_the_public_key(settings, clock, capsys, tmp_path, monkeypatch):
+    from sidecar.server.build import build_sidecar
+    from sidecar.tokens.keys import load_private_key_file
+
+    car = build_sidecar(settings, clock=clock)
+    authorize(car, "toolu_1")
+    car.close()  # signs the final checkpoint
+    store = ["audit", "--store", f"sqlite:///{settings.database_path}", "verify"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no `.toolauthz/audit-key.pem` here, as on an auditor's machine
+    assert main(store) != 0
+    said = capsys.readouterr().err
+    assert "--public-key FILE" in said and "PASERK k4.public" in said and ".toolauthz/audit-key.pem" in said
+    public = elsewhere / "audit-public.paserk"
+    public.write_text(load_private_key_file(settings.audit_key_file).public_key.to_paserk())
+    assert main([*store, "--public-key", str(public)]) == 0
+    assert "ok: 1 records, 1 checkpoints" in capsys.readouterr().out
+    assert main([*store, "--public-key", "missing.paserk"]) != 0
+    assert "the public key file `missing.paserk` does not exist" in capsys.readouterr().err

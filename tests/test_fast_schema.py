@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from bench import bundles
-from sidecar.bundle.catalog import _FORMAT_CHECKER, InputValidator, load_catalog
+from sidecar.bundle.catalog import _FORMAT_CHECKER, load_catalog, reference_validator
 from sidecar.bundle.fast_schema import _pattern_in_subset, fast_validator
 from sidecar.errors import InputError, Problem
 from sidecar.strict_json import parse_strict_json
@@ -43,7 +43,7 @@ def _strict(value: object) -> object:
 
 
 def _validators(schema: dict[str, Any]) -> tuple[Any, Any]:
-    reference = InputValidator(schema, format_checker=_FORMAT_CHECKER)
+    reference = reference_validator(schema)
     fast, reason = fast_validator(schema, _FORMAT_CHECKER)
     assert fast is not None, reason
     return reference, fast
@@ -56,8 +56,14 @@ def _agree(schema: dict[str, Any], reference: Any, fast: Any, value: object) -> 
 
 # -- inputs ------------------------------------------------------------------------------
 
+# ECMA-262's line terminators: `$` and `.` are where Python's `re`, Rust's `regex` and
+# ECMA-262 part, so texts end with them and hold them.
+LINE_TERMINATORS = ("\n", "\r", "\u2028", "\u2029")
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12) | st.sampled_from(
-    ["", "a", "ord_1", "item_x", "ord_1\n", "\u0663", "A", "r4", "\U0001f600", "e\u0301"])
+    ["", "a", "ord_1", "item_x", "ord_1\n", "\u0663", "A", "r4", "\U0001f600", "e\u0301"]) | st.builds(
+    lambda text, end, inside: text + end if inside is None else text[:1] + end + text[1:],
+    st.sampled_from(["a", "b", "id", "x_1", "ab", "a.b", "tag_a", "0"]), st.sampled_from(LINE_TERMINATORS),
+    st.none() | st.just(True))
 _NUMBERS = (st.integers(-MAX_SAFE, MAX_SAFE) | st.floats(allow_nan=False, allow_infinity=False)
             | st.sampled_from([0, 1, -1, 1.0, 0.5, 7.0, 1e9, 100000000, 100000001, 1000000, 1000001, 1e-9]))
 ANY_JSON = st.recursive(
@@ -78,7 +84,7 @@ def from_schema(schema: Any, depth: int = 0) -> st.SearchStrategy[Any]:
     if "const" in schema:
         options.append(st.just(schema["const"]))
     if "pattern" in schema:
-        options.append(st.from_regex(_python_regex(schema["pattern"]), fullmatch=False))
+        options.append(near_pattern(schema["pattern"]))
     kind = schema.get("type")
     if kind == "string" or "maxLength" in schema or "minLength" in schema:
         options.append(st.text(max_size=schema.get("maxLength", 8) + 2))
@@ -94,6 +100,13 @@ def from_schema(schema: Any, depth: int = 0) -> st.SearchStrategy[Any]:
             {k: from_schema(props[k], depth + 1) for k in required if k in props},
             optional={**{k: from_schema(v, depth + 1) for k, v in props.items() if k not in required},
                       "extra": ANY_JSON}))
+    key_patterns = list(schema.get("patternProperties", {}))
+    if isinstance(schema.get("propertyNames"), dict) and "pattern" in schema["propertyNames"]:
+        key_patterns.append(schema["propertyNames"]["pattern"])
+    if key_patterns:  # names that match the object's regexes, or nearly (a line terminator added)
+        values = [from_schema(sub, depth + 1) for sub in schema.get("patternProperties", {}).values()]
+        options.append(st.dictionaries(st.one_of([near_pattern(p) for p in key_patterns]),
+                                       st.one_of([ANY_JSON, *values]), max_size=3))
     if "items" in schema or "prefixItems" in schema or kind == "array":
         options.append(st.lists(from_schema(schema.get("items", True), depth + 1), max_size=4))
     for key in ("allOf", "anyOf", "oneOf"):
@@ -104,6 +117,14 @@ def from_schema(schema: Any, depth: int = 0) -> st.SearchStrategy[Any]:
 
 def _python_regex(pattern: str) -> str:
     return pattern.replace("$", r"\Z") if "\\$" not in pattern else pattern
+
+
+def near_pattern(pattern: str) -> st.SearchStrategy[str]:
+    """Texts that match `pattern`, as they are or with a line terminator added at the
+    end or inside: where `$` and `.` read as Python or Rust would part from ECMA-262."""
+    return st.builds(lambda text, terminator, at: text if at is None else text[:at] + terminator + text[at:],
+                     st.from_regex(_python_regex(pattern), fullmatch=False), st.sampled_from(LINE_TERMINATORS),
+                     st.none() | st.integers(0, 12))
 
 
 # -- the project's schemas ----------------------------------------------------------------
@@ -227,7 +248,7 @@ def test_generated_schemas_decide_alike(schema: Any, by_ref: bool, data: st.Data
         assume(False)
     if isinstance(document, bool):
         document = {"$schema": DRAFT, "allOf": [document]}
-    reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
+    reference = reference_validator(document)
     fast, reason = fast_validator(document, _FORMAT_CHECKER)
     assert fast is not None or reason.startswith("jsonschema-rs refused"), reason
     assume(fast is not None)  # a refusal keeps the reference: nothing to compare
@@ -275,21 +296,32 @@ def test_a_uuid_resource_runs_on_jsonschema_rs(tmp_path: pathlib.Path) -> None:
 
 # -- the regex subset ---------------------------------------------------------------------
 
-_REGEX_TEXT = st.text(st.sampled_from("ab_0x9.$-%/@\nAé\u0663 "), max_size=8)
+_REGEX_TEXT = st.text(st.sampled_from("ab_0x9.$-%/@\nAé\u0663 \r\u2028\u2029"), max_size=8)
 
 
-@settings(max_examples=700, deadline=None)
-@given(pattern=subset_patterns(), texts=st.lists(_REGEX_TEXT, min_size=1, max_size=6))
-def test_subset_patterns_match_alike(pattern: str, texts: list[str]) -> None:
+@pytest.mark.parametrize("keyword", ["pattern", "patternProperties", "propertyNames"])
+@settings(max_examples=400, deadline=None)
+@given(pattern=subset_patterns(), texts=st.lists(_REGEX_TEXT, min_size=1, max_size=6), data=st.data())
+def test_subset_patterns_match_alike(keyword: str, pattern: str, texts: list[str], data: st.DataObject) -> None:
+    """A regex of the subset, as a value's `pattern`, a `patternProperties` name (with
+    `additionalProperties: false`) and a `propertyNames` pattern, over texts that end
+    with and hold line terminators."""
     assert _pattern_in_subset(pattern)
     try:
         re.compile(pattern)  # what the metaschema check asks of a `pattern`
     except re.error:
         assume(False)
-    schema = {"$schema": DRAFT, "type": "string", "pattern": pattern}
+    texts += data.draw(st.lists(near_pattern(pattern), min_size=1, max_size=4))
+    schema: dict[str, Any] = {
+        "pattern": {"type": "string", "pattern": pattern},
+        "patternProperties": {"type": "object", "patternProperties": {pattern: {"type": "integer"}},
+                              "additionalProperties": False},
+        "propertyNames": {"type": "object", "propertyNames": {"pattern": pattern}},
+    }[keyword]
+    schema = {"$schema": DRAFT, **schema}
     reference, fast = _validators(schema)
     for text in texts:
-        _agree(schema, reference, fast, text)
+        _agree(schema, reference, fast, text if keyword == "pattern" else {text: 1})
 
 
 @pytest.mark.parametrize("pattern", [
@@ -337,7 +369,7 @@ def test_large_integer_bounds_decide_alike(keyword: str, bound: int, negative: b
     `minimum: 2^64+1`), jsonschema exactly. Whichever validator the catalog picks agrees."""
     bound = -bound if negative else bound
     document = {"$schema": DRAFT, keyword: [bound] if keyword == "enum" else bound}
-    reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
+    reference = reference_validator(document)
     fast, reason = fast_validator(document, _FORMAT_CHECKER)
     assert fast is not None or "2^53" in reason, reason
     picked = fast if fast is not None else reference
@@ -356,7 +388,7 @@ def test_integers_past_the_safe_range_keep_jsonschema(schema: dict[str, Any], va
     import jsonschema_rs
 
     document = {"$schema": DRAFT, **schema}
-    reference = InputValidator(document, format_checker=_FORMAT_CHECKER)
+    reference = reference_validator(document)
     assert jsonschema_rs.Draft202012Validator(document).is_valid(value) != reference.is_valid(value)  # why
     fast, reason = fast_validator(document, _FORMAT_CHECKER)
     assert fast is None and "2^53" in reason

@@ -6,6 +6,7 @@ services, and the refusal to serve plaintext off loopback. Certificates are made
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import pathlib
 import shutil
@@ -32,8 +33,9 @@ from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.build import create_listener_server, create_server
-from sidecar.server.config import ListenerSettings, Settings
-from sidecar.server.listeners import parse_address, planned_http_listeners, planned_listeners, unauthenticated_notice
+from sidecar.server.config import CallerSettings, ListenerSettings, Settings
+from sidecar.server.listener_notices import listener_notices
+from sidecar.server.listeners import parse_address, planned_http_listeners, planned_listeners
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import UNAUTHENTICATED, Caller, caller_of
@@ -256,15 +258,44 @@ def test_two_listeners_on_one_address_refuse_to_start():
     assert len(planned_listeners(Settings(listen="127.0.0.1:0", approvals_listen="127.0.0.1:0"))) == 2
 
 
-def test_one_line_says_which_listeners_do_not_authenticate(pki):
+def test_one_line_per_listener_says_what_its_callers_may_do(pki):
     development = planned_listeners(Settings(listen="127.0.0.1:50051", approvals_listen="127.0.0.1:50052"))
     assert [(x.address, x.services) for x in development] == [
         ("127.0.0.1:50051", ("authorizer", "audit")), ("127.0.0.1:50052", ("approvals",))]
-    notice = unauthenticated_notice(development)
-    assert notice is not None and "\n" not in notice
-    assert "callers are not authenticated on 127.0.0.1:50051, 127.0.0.1:50052" in notice
-    assert unauthenticated_notice([mtls_listener(pki), ListenerSettings(address="unix:///run/t.sock",
-                                                                        identity="spiffe://acme.example/rt")]) is None
+    callers = [CallerSettings(id="spiffe://acme.example/rt", roles=["runtime"], tenants=["acme"])]
+    socket = ListenerSettings(address="unix:///run/t.sock", identity="spiffe://acme.example/rt")
+    stranger = ListenerSettings(address="unix:///run/s.sock", identity="spiffe://elsewhere/x")
+
+    # Development: no callers, plaintext. Whoever reaches it may do anything.
+    assert listener_notices(development, []) == [
+        (logging.WARNING, "listener 127.0.0.1:50051 (authorizer, audit): callers are not authenticated (plaintext): "
+         "whoever reaches it may call every RPC of its services as any principal and approver (development mode; "
+         "see README, Threat model)"),
+        (logging.WARNING, "listener 127.0.0.1:50052 (approvals): callers are not authenticated (plaintext): "
+         "whoever reaches it may call every RPC of its services as any principal and approver (development mode; "
+         "see README, Threat model)")]
+    # The same plaintext listener with callers configured: GetKeys only, said so.
+    [(level, line)] = listener_notices(development[:1], callers)
+    assert (level, line) == (logging.INFO, "listener 127.0.0.1:50051 (authorizer, audit): callers are not "
+                             "authenticated (plaintext): with `callers` configured, they may call GetKeys only")
+    assert "any principal" not in line
+    # mTLS with callers, and without.
+    assert listener_notices([mtls_listener(pki)], callers, http=True) == [(logging.INFO, (
+        "HTTP listener 127.0.0.1:0: callers are identified by their client certificate (URI SAN, else CN), which "
+        "`client_ca` signed; each may call what its entry of `callers` grants (1 configured), any other GetKeys "
+        "only"))]
+    [(level, line)] = listener_notices([mtls_listener(pki)], [])
+    assert level == logging.WARNING and line.endswith("with no `callers` configured, each may call every RPC of "
+                                                      "its services as any principal and approver")
+    # A Unix socket: its identity's entry, or none.
+    assert listener_notices([socket, stranger], callers) == [
+        (logging.INFO, "listener unix:///run/t.sock (authorizer, approvals, audit): every caller is "
+         "`spiffe://acme.example/rt` (whoever may open the socket file): roles runtime in tenants acme"),
+        (logging.INFO, "listener unix:///run/s.sock (authorizer, approvals, audit): every caller is "
+         "`spiffe://elsewhere/x` (whoever may open the socket file), which `callers` does not list: GetKeys only")]
+    tls_only = ListenerSettings(address="127.0.0.1:0", tls={"cert": pki["cert"], "key": pki["key"]})
+    assert "(TLS without `client_ca`): with `callers` configured, they may call GetKeys only" in \
+        listener_notices([tls_only], callers)[0][1]
 
 
 def test_listeners_replace_listen_rather_than_add_to_it(pki):
@@ -407,7 +438,8 @@ def test_serve_listen_unix_end_to_end(bundle_dir, tmp_path, sock_dir):
         proc.stdout.close()
         proc.stderr.close()
     assert [x for x in stderr.splitlines() if "not authenticated" in x] == [
-        next(x for x in stderr.splitlines() if f"callers are not authenticated on unix:{path}:" in x)]
+        next(x for x in stderr.splitlines() if f"listener unix:{path} (authorizer, approvals, audit): callers are "
+             "not authenticated (a Unix socket without `identity`): whoever reaches it may call every RPC" in x)]
     assert not path.exists()
 
 

@@ -22,6 +22,7 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.server.config import CallerSettings
 from sidecar.service.callers import UNAUTHENTICATED, Caller
+from sidecar.service.refusals import SYSTEM_STREAM
 from sidecar.service.roles import (
     ROLES,
     RPC_ROLES,
@@ -159,10 +160,13 @@ def test_a_runtime_authorizes_verifies_and_reports_in_its_tenant_and_its_records
 
 
 def test_a_runtime_outside_its_tenant_is_refused_and_audited(stub, sidecar):
+    # Recorded in the caller's own tenant, never the one the request names.
     denied(stub.Authorize, make_request(tenant="globex"), metadata=as_(AGENT))
-    [event] = refused(sidecar, tenant="globex")
+    assert refused(sidecar, tenant="globex") == []
+    [event] = refused(sidecar, tenant="acme")
     assert (event.kind, event.caller, event.error_codes) == ("authorize", AGENT, ("tenant_not_permitted",))
-    assert event.detail == {"rpc": "Authorize"} and event.principal == 'User::"alice"'
+    assert event.detail == {"rpc": "Authorize", "count": 1, "minute": 60.0 * (event.time // 60)}
+    assert event.principal == ""  # what the request says is not recorded
 
 
 def test_only_a_runtime_of_the_tenant_may_authorize_a_batch_and_its_records_name_it(stub, sidecar):
@@ -173,12 +177,12 @@ def test_only_a_runtime_of_the_tenant_may_authorize_a_batch_and_its_records_name
     for outsider in (CONSOLE, AUDITOR, GLOBEX_AGENT, STRANGER):
         denied(stub.AuthorizeBatch, batch, metadata=as_(outsider))
     denied(stub.AuthorizeBatch, batch)  # unauthenticated
-    assert [(e.caller, e.error_codes, e.detail) for e in refused(sidecar)] == [
-        (CONSOLE, ("role_not_permitted",), {"rpc": "AuthorizeBatch"}),
-        (AUDITOR, ("role_not_permitted",), {"rpc": "AuthorizeBatch"}),
-        (GLOBEX_AGENT, ("tenant_not_permitted",), {"rpc": "AuthorizeBatch"}),
-        (STRANGER, ("caller_unknown",), {"rpc": "AuthorizeBatch"}),
-        ("unauthenticated", ("caller_unknown",), {"rpc": "AuthorizeBatch"})]
+    assert [(e.caller, e.error_codes, e.detail["rpc"], e.tenant) for e in refused(sidecar)] == [
+        (CONSOLE, ("role_not_permitted",), "AuthorizeBatch", "acme"),
+        (AUDITOR, ("role_not_permitted",), "AuthorizeBatch", "acme"),
+        (GLOBEX_AGENT, ("tenant_not_permitted",), "AuthorizeBatch", "globex"),
+        (STRANGER, ("caller_unknown",), "AuthorizeBatch", SYSTEM_STREAM),
+        ("unauthenticated", ("caller_unknown",), "AuthorizeBatch", SYSTEM_STREAM)]
     assert sidecar.ledger.get("acme", "toolu_1") is None
     [answer] = stub.AuthorizeBatch(batch, metadata=as_(AGENT)).answers
     assert answer.response.decision == pb.ALLOW
@@ -193,12 +197,12 @@ def test_only_a_runtime_of_the_tenant_may_report_a_refusal_and_its_record_names_
     for outsider in (CONSOLE, AUDITOR, GLOBEX_AGENT, STRANGER):
         denied(stub.ReportRefusal, report, metadata=as_(outsider))
     denied(stub.ReportRefusal, report)  # unauthenticated
-    assert [(e.caller, e.error_codes, e.detail) for e in refused(sidecar)] == [
-        (CONSOLE, ("role_not_permitted",), {"rpc": "ReportRefusal"}),
-        (AUDITOR, ("role_not_permitted",), {"rpc": "ReportRefusal"}),
-        (GLOBEX_AGENT, ("tenant_not_permitted",), {"rpc": "ReportRefusal"}),
-        (STRANGER, ("caller_unknown",), {"rpc": "ReportRefusal"}),
-        ("unauthenticated", ("caller_unknown",), {"rpc": "ReportRefusal"})]
+    assert [(e.caller, e.error_codes, e.detail["rpc"], e.tenant) for e in refused(sidecar)] == [
+        (CONSOLE, ("role_not_permitted",), "ReportRefusal", "acme"),
+        (AUDITOR, ("role_not_permitted",), "ReportRefusal", "acme"),
+        (GLOBEX_AGENT, ("tenant_not_permitted",), "ReportRefusal", "globex"),
+        (STRANGER, ("caller_unknown",), "ReportRefusal", SYSTEM_STREAM),
+        ("unauthenticated", ("caller_unknown",), "ReportRefusal", SYSTEM_STREAM)]
     stub.ReportRefusal(report, metadata=as_(AGENT))
     [event] = [e for e in refused(sidecar) if e.error_codes == ("tool_changed",)]
     assert (event.kind, event.caller, event.tool) == ("authorize", AGENT, "issue_refund")
@@ -248,9 +252,9 @@ def test_approvers_and_runtimes_see_the_approvals_of_their_tenants_only(stub, ap
     denied(approvals.DecideApproval, apb.DecideApprovalRequest(
         approval_id=globex.approval_id, approver=bob("globex"), verdict=apb.APPROVE), metadata=as_(CONSOLE))
     tenants_refused = {(e.detail["rpc"], e.caller, e.tenant) for e in refused(sidecar)}
-    assert tenants_refused == {("ListApprovals", CONSOLE, "globex"), ("GetApproval", CONSOLE, "globex"),
-                               ("GetApproval", GLOBEX_AGENT, "acme"), ("WatchApproval", AGENT, "globex"),
-                               ("DecideApproval", CONSOLE, "globex")}
+    assert tenants_refused == {("ListApprovals", CONSOLE, "acme"), ("GetApproval", CONSOLE, "acme"),
+                               ("GetApproval", GLOBEX_AGENT, "globex"), ("WatchApproval", AGENT, "acme"),
+                               ("DecideApproval", CONSOLE, "acme")}  # each in the caller's own tenant
     assert approvals.GetApproval(apb.GetApprovalRequest(approval_id=globex.approval_id),
                                  metadata=as_(GLOBEX_AGENT)).status == apb.PENDING
 
@@ -267,8 +271,14 @@ def test_an_auditor_of_acme_sees_nothing_of_globex(stub, audit, sidecar):
     everyone = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(), metadata=as_(SEC_AUDITOR)))
     assert {"acme", "globex"} <= {r.tenant for r in everyone}
     denied(stub.Authorize, make_request(), metadata=as_(SEC_AUDITOR))
-    [event] = refused(sidecar, tenant="globex")
-    assert (event.caller, event.detail) == (AUDITOR, {"rpc": "QueryDecisions"})
+    [event] = refused(sidecar, tenant="acme")  # the auditor of acme asked for globex's
+    assert (event.caller, event.detail["rpc"]) == (AUDITOR, "QueryDecisions")
+    [event] = refused(sidecar, tenant=SYSTEM_STREAM)  # an auditor of every tenant belongs to none
+    assert (event.caller, event.detail["rpc"]) == (SEC_AUDITOR, "Authorize")
+    system = aupb.QueryDecisionsRequest(tenant=SYSTEM_STREAM)  # read as any tenant, by an auditor of `*` only
+    assert [(r.caller, r.tenant) for r in audit.QueryDecisions(system, metadata=as_(SEC_AUDITOR))] == [
+        (SEC_AUDITOR, SYSTEM_STREAM)]
+    denied(audit.QueryDecisions, system, metadata=as_(AUDITOR))
 
 
 def test_an_auditor_of_several_tenants_pages_through_them_in_order(sidecar):

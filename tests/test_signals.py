@@ -4,18 +4,23 @@ Three moments, each reached without sleeping: at spawn (the child starts with SI
 blocked, inherited from the test's thread, so the signal sent at once waits for the
 sidecar's own code to unblock it), in the middle of building the sidecar (after the
 bundle is loaded: the line that reports the generated development audit key), and once
-it says it serves."""
+it says it serves. And through the installed console script, 0.3 s and 0.8 s after it
+starts, while other processes keep the CPUs busy: the console script defers SIGHUP before
+its heavy imports (sidecar/cli/entry.py), which used to take longer than that."""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import pathlib
 import queue
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
@@ -36,7 +41,8 @@ SIGHUP_BIT = 1 << (signal.SIGHUP - 1)
 class Serve:
     """`python -m sidecar.cli serve` with stdout and stderr read line by line."""
 
-    def __init__(self, tmp_path: pathlib.Path, bundle_dir: pathlib.Path, workers: int, *, hup_blocked: bool):
+    def __init__(self, tmp_path: pathlib.Path, bundle_dir: pathlib.Path, workers: int, *, hup_blocked: bool,
+                 command: Sequence[str] = (sys.executable, "-m", "sidecar.cli")):
         config = tmp_path / "toolauthz.yaml"
         config.write_text(json.dumps({"bundle": str(bundle_dir), "data_dir": str(tmp_path / "data"),
                                       "listen": "127.0.0.1:0", "generate_missing_keys": True,
@@ -46,7 +52,7 @@ class Serve:
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP}) if hup_blocked else None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", str(workers)],
+                [*command, "serve", "--config", str(config), "--workers", str(workers)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         finally:
             if previous is not None:
@@ -92,8 +98,9 @@ class Serve:
 def serve(tmp_path: pathlib.Path, bundle_dir: pathlib.Path) -> Iterator:
     started: list[Serve] = []
 
-    def start(workers: int, *, hup_blocked: bool = False) -> Serve:
-        started.append(Serve(tmp_path, bundle_dir, workers, hup_blocked=hup_blocked))
+    def start(workers: int, *, hup_blocked: bool = False, command: Sequence[str] | None = None) -> Serve:
+        started.append(Serve(tmp_path, bundle_dir, workers, hup_blocked=hup_blocked,
+                             **({"command": command} if command else {})))
         return started[-1]
 
     yield start
@@ -151,4 +158,73 @@ def test_sighup_right_after_the_serving_line_reloads(serve, bundle_dir, workers)
     for _ in range(workers):
         server.await_line("bundle reloaded")
     assert measure_decision(port, "after-hup") == pb.DENY
+    assert server.stop() == 0
+
+
+# -- the installed console script ---------------------------------------------------------
+
+CONSOLE_SCRIPT = pathlib.Path(sys.executable).parent / "toolauthz"
+
+
+# Run as the installed console script runs, with a finder that notes, as each heavy module
+# is first imported, whether SIGHUP is already handled by the sidecar's own code.
+_PROBE = """
+import importlib.abc, runpy, signal, sys
+
+class Probe(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in HEAVY and name not in seen:
+            seen[name] = callable(signal.getsignal(signal.SIGHUP))
+        return None
+
+HEAVY, seen = set(sys.argv[2].split(",")), {}
+sys.meta_path.insert(0, Probe())
+script, sys.argv = sys.argv[1], [sys.argv[1], "--help"]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit:
+    pass
+print(seen, file=sys.stderr)
+"""
+
+
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the package is not installed (scripts/setup.sh)")
+def test_the_console_script_defers_sighup_before_any_heavy_import() -> None:
+    heavy = ("grpc", "cedarpy", "jsonschema", "jsonschema_rs", "pyseto", "pydantic")
+    probed = subprocess.run([sys.executable, "-c", _PROBE, str(CONSOLE_SCRIPT), ",".join(heavy)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=LINE_TIMEOUT)
+    seen = ast.literal_eval(probed.stderr.strip().splitlines()[-1])
+    assert {"grpc", "cedarpy"} <= set(seen), probed.stderr  # the imports the deferral must come before
+    assert all(seen.values()), seen  # SIGHUP was handled when each was imported
+
+
+@pytest.fixture
+def busy_cpus() -> Iterator[None]:
+    """The machine loaded: one process spinning per CPU while the test runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    yield
+    for spinner in spinners:
+        spinner.kill()
+        spinner.wait()
+
+
+def handles_sighup(pid: int) -> bool:
+    return bool(signal_mask(pid, "SigCgt") & SIGHUP_BIT)
+
+
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the package is not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("delay", [0.3, 0.8])
+def test_sighup_soon_after_the_console_script_starts_never_kills(serve, busy_cpus, delay):
+    started = time.monotonic()
+    server = serve(1, command=[str(CONSOLE_SCRIPT)])
+    # Awaited rather than assumed: the deferral is in place (SIGHUP caught). Before it,
+    # only the interpreter runs, which no code of ours can shorten.
+    deadline = started + LINE_TIMEOUT
+    while not handles_sighup(server.proc.pid):
+        assert server.proc.poll() is None and time.monotonic() < deadline, "the sidecar never handled SIGHUP"
+        time.sleep(0.005)
+    time.sleep(max(0.0, started + delay - time.monotonic()))  # the moment the issue names
+    server.hup()
+    port = server.port()
+    assert measure_decision(port, f"after-hup-at-{delay}") == pb.ALLOW
     assert server.stop() == 0

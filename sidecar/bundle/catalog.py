@@ -3,7 +3,6 @@ truth for the tool's schema, resource mapping, limits and audit allow-list."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import pathlib
@@ -15,9 +14,9 @@ from typing import Any
 import jsonschema
 import jsonschema.protocols
 import jsonschema.validators
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+from jsonschema import Draft202012Validator, FormatChecker
 
+from sidecar.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_schema, is_ecma_regex
 from sidecar.bundle.entity_graph import ENTITY_TYPE_NAME
 from sidecar.bundle.fast_schema import fast_validator
 from sidecar.display import shown
@@ -31,7 +30,19 @@ TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 DEFAULT_MAX_INPUT_BYTES = 65536
 MAX_INPUT_BYTES_CEILING = 1 << 20
-_FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+
+
+def _ecma_format_checker() -> FormatChecker:
+    """Draft 2020-12's format checker, with `format: regex` read as ECMA-262 (a value
+    this sidecar cannot read as ECMA-262 does is not a regex to it): the metaschema
+    asks it of every `pattern` and `patternProperties` name, and an input may too."""
+    checker = FormatChecker(())
+    checker.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
+    checker.checks("regex", raises=NotEcmaRegex)(is_ecma_regex)
+    return checker
+
+
+_FORMAT_CHECKER = _ecma_format_checker()
 # Keywords that pin a string resource id to a known shape (see `_parse_resource`).
 _PINNING_KEYWORDS = ("pattern", "enum", "const")
 _PINNING_FORMATS = ("uuid",)
@@ -98,39 +109,13 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
     return tools
 
 
-@functools.lru_cache(maxsize=4096)
-def ecma_regex(pattern: str) -> re.Pattern[str]:
-    """A JSON Schema `pattern` (an ECMA-262 regex) compiled for Python's `re`. Outside a
-    character class and unescaped, ECMA's `$` (no multiline flag) matches only at the end
-    of the input; Python's also matches before a final newline, which would let
-    `^ord_[0-9]+$` accept `ord_1\\n`. So `$` becomes `\\Z`."""
-    out: list[str] = []
-    escaped = in_class = False
-    for char in pattern:
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == "[" and not in_class:
-            in_class = True
-        elif char == "]" and in_class:
-            in_class = False
-        elif char == "$" and not in_class:
-            out.append("\\Z")
-            continue
-        out.append(char)
-    return re.compile("".join(out))
-
-
-def _pattern_keyword(validator: Any, pattern: str, instance: Any,
-                     schema: dict[str, Any]) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
-        yield ValidationError(f"does not match `{pattern}`")
-
-
-# Draft 2020-12 with `pattern` read as JSON Schema defines it (ECMA-262 `$`).
-InputValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # jsonschema leaves it untyped
-    Draft202012Validator, {"pattern": _pattern_keyword})
+def reference_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    """`jsonschema`'s Draft 2020-12 validator of `schema` with every regex read as
+    ECMA-262, as JSON Schema defines it (bundle/ecma_regex.py). `schema` has passed
+    `_check_schema`, which refuses a regex that cannot be read so."""
+    validator: jsonschema.protocols.Validator = Draft202012Validator(ecma_schema(schema),
+                                                                     format_checker=_FORMAT_CHECKER)
+    return validator
 
 
 def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool | None:
@@ -175,7 +160,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         resource_type=resource_type, resource_pointer=pointer,
         max_input_bytes=max_bytes, max_calls_per_run=max_calls,
         audit_fields=audit_fields, audit_entities=audit_entities, source=rel,
-        validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
+        validator=reference_validator(input_schema),
         fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
         display=hints,
     )
@@ -199,7 +184,12 @@ def _check_schema(schema: Any, pointer: str, bad: Complain, *, required: bool) -
         _check_against_metaschema(schema)
     except jsonschema.SchemaError as exc:
         where = pointer + "".join(f"/{p}" for p in exc.path)
-        bad(where, f"invalid JSON Schema: {exc.message}")
+        bad(where, f"invalid JSON Schema: {exc.message}" + (f" ({exc.cause})" if exc.cause else ""))
+        return None
+    try:  # every regex is read as ECMA-262, or the schema is refused
+        ecma_schema(schema)
+    except (NotEcmaRegex, UnknownSchemaPlace) as exc:
+        bad(pointer, f"invalid JSON Schema: {exc}")
         return None
     # A format the checker cannot assert would silently pass everything: refuse it.
     for where, fmt in _formats(schema, pointer):
@@ -220,7 +210,7 @@ def _check_against_metaschema(schema: dict[str, Any]) -> None:
     key = json.dumps(schema, sort_keys=True)
     if key in _VALID_SCHEMAS:
         return
-    Draft202012Validator.check_schema(schema)
+    Draft202012Validator.check_schema(schema, format_checker=_FORMAT_CHECKER)
     if len(_VALID_SCHEMAS) >= _MAX_VALID_SCHEMAS:
         _VALID_SCHEMAS.clear()
     _VALID_SCHEMAS.add(key)

@@ -1,10 +1,11 @@
 """jsonschema-rs for a tool's input schema, where it is proven to decide as `jsonschema`.
 
-`jsonschema` (with the catalog's ECMA `$` rule for `pattern`) is the reference: it
-checks every schema against the metaschema and writes every error message. jsonschema-rs
-answers "valid or not" about fifty times faster, and is used for a schema only when
-every keyword in it is one the differential test (tests/test_fast_schema.py) covers and
-every `pattern` is in the regex subset below. A `format` is asserted by calling back
+`jsonschema` (with every regex read as ECMA-262, bundle/ecma_regex.py) is the reference:
+it checks every schema against the metaschema and writes every error message.
+jsonschema-rs answers "valid or not" about fifty times faster, and is used for a schema
+only when every keyword in it is one the differential test (tests/test_fast_schema.py)
+covers and every regex (`pattern`, `patternProperties` names) is in the subset below,
+which jsonschema-rs is given spelled to match as ECMA-262 does (`_rust_pattern`). A `format` is asserted by calling back
 `jsonschema`'s own format checker (each library's own checks differ: email, dates...), so
 it answers alike by construction. Anything else keeps `jsonschema`, decided once when the
 bundle loads; `fast_validator` says why.
@@ -56,6 +57,7 @@ _MAX_SAFE_INT = 2**53 - 1  # every integer up to this is exactly a float, and an
 # ranges, groups, alternation, anchors, and one quantifier (greedy or lazy) after an
 # atom, a class or a group. Not `\<` or `\>` (word boundaries in Rust), not `a++`
 # (possessive in Python 3.11).
+_NOT_A_LINE_TERMINATOR = "[^\n\r\u2028\u2029]"  # ECMA-262's `.`
 _LITERAL = r"[A-Za-z0-9_:/@,=%'\"<>;!# ]|\\[.\-+*?()\[\]{}|^$\\/]"
 _CLASS_ATOM = rf"(?:{_LITERAL}|\.)"
 _TOKEN = re.compile(
@@ -65,16 +67,25 @@ _TOKEN = re.compile(
 
 
 def _pattern_in_subset(pattern: str) -> bool:
-    position, repeatable = 0, False
+    return _rust_pattern(pattern) is not None
+
+
+def _rust_pattern(pattern: str) -> str | None:
+    """`pattern` (ECMA-262) spelled for Rust's `regex` to match alike, or None outside
+    the subset. Rust's `.` matches \\r, U+2028 and U+2029, ECMA's no line terminator:
+    it becomes the class ECMA means. (Rust's `$` without the multiline flag is already
+    ECMA's, the end of the input.)"""
+    position, repeatable, out = 0, False, []
     while position < len(pattern):
         token = _TOKEN.match(pattern, position)
         if token is None:
-            return False
+            return None
         if token.lastgroup == "quantifier" and not repeatable:
-            return False
+            return None
         repeatable = token.lastgroup in ("atom", "close")
+        out.append(_NOT_A_LINE_TERMINATOR if token.group() == "." else token.group())
         position = token.end()
-    return True
+    return "".join(out)
 
 
 def fast_validator(schema: dict[str, Any], format_checker: FormatChecker) -> tuple[Any, str]:
@@ -82,12 +93,13 @@ def fast_validator(schema: dict[str, Any], format_checker: FormatChecker) -> tup
     with `jsonschema`. `schema` has passed the metaschema check, and each of its formats
     is one `format_checker` asserts."""
     formats: set[str] = set()
-    reason = _unproven(schema, formats, root=True)
-    if reason:
-        return None, reason
+    try:
+        rust_schema = _proven(schema, formats, root=True)
+    except _Unproven as unproven:
+        return None, unproven.reason
     try:
         validator = jsonschema_rs.Draft202012Validator(
-            schema, offline=True, pattern_options=jsonschema_rs.RegexOptions(),
+            rust_schema, offline=True, pattern_options=jsonschema_rs.RegexOptions(),
             validate_formats=True, formats={name: functools.partial(_conforms, format_checker, name)
                                             for name in formats})
     except Exception as exc:  # noqa: BLE001 - any refusal just keeps the reference validator
@@ -99,62 +111,63 @@ def _conforms(format_checker: FormatChecker, name: str, instance: str) -> bool:
     return format_checker.conforms(instance, name)
 
 
-def _unproven(node: Any, formats: set[str], *, root: bool = False) -> str:
-    """Why `node` (a schema) is outside what the differential test proves, or ""."""
+class _Unproven(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _proven(node: Any, formats: set[str], *, root: bool = False) -> Any:
+    """`node` (a schema) as jsonschema-rs is given it, its regexes spelled for Rust;
+    _Unproven when it is outside what the differential test proves."""
     if isinstance(node, bool):
-        return ""
+        return node
     if not isinstance(node, dict):
-        return "a schema that is not an object"
+        raise _Unproven("a schema that is not an object")
+    out: dict[str, Any] = {}
     for key, value in node.items():
+        out[key] = value
         if key in _VALUE_KEYWORDS:
             if _holds_unsafe_int(value):
-                return f"an integer beyond ±(2^53-1) in `{key}`"
-            continue
-        if key in _ROOT_ONLY:
+                raise _Unproven(f"an integer beyond ±(2^53-1) in `{key}`")
+        elif key in _ROOT_ONLY:
             if not root:
-                return f"`{key}` below the root"
+                raise _Unproven(f"`{key}` below the root")
             if key == "$defs":
-                if not isinstance(value, dict):
-                    return "`$defs` is not an object"
-                for sub in value.values():
-                    if reason := _unproven(sub, formats):
-                        return reason
+                out[key] = _proven_map(value, formats, key)
         elif key == "format":
             if not isinstance(value, str):
-                return "a `format` that is not a string"
+                raise _Unproven("a `format` that is not a string")
             formats.add(value)
         elif key == "pattern":
-            if not isinstance(value, str) or not _pattern_in_subset(value):
-                return "a `pattern` outside the regex subset both engines read alike"
+            out[key] = _rust_pattern(value) if isinstance(value, str) else None
+            if out[key] is None:
+                raise _Unproven("a `pattern` outside the regex subset both engines read alike")
         elif key == "patternProperties":
-            if not isinstance(value, dict):
-                return "`patternProperties` is not an object"
-            for pattern, sub in value.items():
-                if not _pattern_in_subset(pattern):
-                    return "a `patternProperties` pattern outside the regex subset both engines read alike"
-                if reason := _unproven(sub, formats):
-                    return reason
+            rust_names = {name: _rust_pattern(name) for name in value} if isinstance(value, dict) else {}
+            if None in rust_names.values():
+                raise _Unproven("a `patternProperties` pattern outside the regex subset both engines read alike")
+            out[key] = {rust_names[name]: sub for name, sub in _proven_map(value, formats, key).items()}
         elif key == "$ref":
             if not isinstance(value, str) or not _LOCAL_REF.match(value):
-                return "a `$ref` that is not to `#/$defs/<name>`"
+                raise _Unproven("a `$ref` that is not to `#/$defs/<name>`")
         elif key in _ONE_SCHEMA:
-            if reason := _unproven(value, formats):
-                return reason
+            out[key] = _proven(value, formats)
         elif key in _SCHEMA_LISTS:
             if not isinstance(value, list):
-                return f"`{key}` is not a list"
-            for sub in value:
-                if reason := _unproven(sub, formats):
-                    return reason
+                raise _Unproven(f"`{key}` is not a list")
+            out[key] = [_proven(sub, formats) for sub in value]
         elif key in _SCHEMA_MAPS:
-            if not isinstance(value, dict):
-                return f"`{key}` is not an object"
-            for sub in value.values():
-                if reason := _unproven(sub, formats):
-                    return reason
+            out[key] = _proven_map(value, formats, key)
         else:
-            return f"the keyword `{shown(key)}`"
-    return ""
+            raise _Unproven(f"the keyword `{shown(key)}`")
+    return out
+
+
+def _proven_map(value: Any, formats: set[str], key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Unproven(f"`{key}` is not an object")
+    return {name: _proven(sub, formats) for name, sub in value.items()}
 
 
 def _holds_unsafe_int(value: Any) -> bool:

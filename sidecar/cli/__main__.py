@@ -2,6 +2,6 @@
 
 import sys
 
-from sidecar.cli.main import main
+from sidecar.cli.entry import main  # SIGHUP deferred before the heavy imports
 
 sys.exit(main())

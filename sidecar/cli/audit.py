@@ -355,7 +355,17 @@ def _audit_public_keys(args):
     import pyseto
 
     if args.public_key:
-        return pyseto.Key.from_paserk(pathlib.Path(args.public_key).read_text().strip())
+        try:
+            return pyseto.Key.from_paserk(pathlib.Path(args.public_key).read_text().strip())
+        except FileNotFoundError:
+            raise ToolAuthzError(f"the public key file `{shown(args.public_key)}` does not exist") from None
     from sidecar.tokens.keys import load_private_key_file
 
-    return load_private_key_file(pathlib.Path(args.data_dir) / "audit-key.pem").public_key
+    private_key = pathlib.Path(args.data_dir) / "audit-key.pem"
+    if not private_key.exists():
+        # Verifying a store from elsewhere (--store) is the usual case: the key is not here.
+        raise ToolAuthzError(
+            f"no audit key to verify with: pass the audit public key with `--public-key FILE` (PASERK "
+            f"k4.public), or `--data-dir` of the sidecar that signed the checkpoints (its `audit-key.pem`; "
+            f"`{shown(str(private_key))}` does not exist)")
+    return load_private_key_file(private_key).public_key

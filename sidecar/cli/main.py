@@ -23,13 +23,17 @@ from sidecar.clock import SystemClock
 from sidecar.display import bounded_message, use_escaping_formatter
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
 from sidecar.model import ProposedCall, TrustedContext
+from sidecar.server.reload_requests import release_early
 
 
 def cmd_serve(args) -> int:
     from sidecar.server.config import load_settings
-    from sidecar.server.workers import ReloadRequests, serve_workers
+    from sidecar.server.reload_requests import reload_requests
+    from sidecar.server.workers import serve_workers
 
-    with ReloadRequests() as reloads:  # first: a SIGHUP while starting must not kill the sidecar
+    # First (the console script installed it before its imports): a SIGHUP while starting
+    # must not kill the sidecar.
+    with reload_requests() as reloads:
         settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
                                  log_format=args.log_format, console_listen=args.console_listen,
                                  store=args.store, store_migrate=args.migrate or None)
@@ -194,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     use_escaping_formatter(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.func is not cmd_serve:
+        release_early()  # the console script's SIGHUP deferral is for `serve` only
     try:
         return args.func(args)
     except BundleError as exc:

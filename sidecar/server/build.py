@@ -150,6 +150,7 @@ class Sidecar:
         self.pump.close()
         if self.board is not None:
             self.board.close()
+        self.gate.refusals.close()  # the refusals still counted, written before the writer drains
         self.audit_writer.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.store.close()
@@ -196,6 +197,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
+    gate.refusals.start()  # a minute's counts are written once it ends, refused again or not
     notifier = notifier_of(settings.notifications, store, bundles, clock)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, DecisionPump(authorizer), reloader, watches, gate, notifier)

@@ -152,16 +152,6 @@ def transport_of(listener: ListenerSettings) -> Transport:
                      identity=listener.identity)
 
 
-def unauthenticated_notice(listeners: Iterable[ListenerSettings]) -> str | None:
-    """The one log line that says which listeners do not authenticate their callers."""
-    open_ones = [listener.address for listener in listeners if not transport_of(listener).authenticates]
-    if not open_ones:
-        return None
-    return (f"callers are not authenticated on {', '.join(open_ones)}: whoever reaches "
-            f"{'it' if len(open_ones) == 1 else 'them'} may act as any principal and approver "
-            f"(development mode; see README, Threat model)")
-
-
 # -- TLS ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -41,22 +41,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 from sidecar.errors import BundleError, ToolAuthzError
 from sidecar.server.config import ListenerSettings, Settings
 from sidecar.server.heap import keep_bundles_frozen
+from sidecar.server.listener_notices import listener_notices
 from sidecar.server.listeners import (
     UNIX_PREFIX,
     parse_address,
     planned_http_listeners,
     planned_listeners,
     split_listen,
-    unauthenticated_notice,
 )
 from sidecar.server.logs import use_log_format
 from sidecar.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
+from sidecar.server.reload_requests import ReloadRequests
 
 if TYPE_CHECKING:
     from sidecar.server.build import Sidecar
@@ -69,43 +69,6 @@ SIGNAL_CHECK_SECONDS = 0.2
 START_TIMEOUT_SECONDS = 600.0  # a worker loads the bundle; 10,000 policies take ~30 s
 # Beyond the drain grace, what a worker may take to sign its final checkpoint and close.
 CLOSE_SECONDS = 25.0
-
-
-class ReloadRequests:
-    """SIGHUP as a request to reload the bundle, from the moment this is entered: one
-    that arrives before a reloader is attached (`route_to`) is kept and passed on then,
-    so a SIGHUP at any moment of startup neither kills the process nor is lost."""
-
-    def __init__(self) -> None:
-        self._asked = False
-        self._reload: Callable[[], None] | None = None
-        self._previous: Callable[[int, FrameType | None], object] | int | None = None
-
-    def install(self) -> ReloadRequests:
-        self._previous = signal.signal(signal.SIGHUP, self._on_hup)
-        # A supervisor may start the sidecar with SIGHUP blocked: what it holds back
-        # arrives now, when it is handled.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-        return self
-
-    def route_to(self, reload: Callable[[], None]) -> None:
-        self._reload = reload
-        if self._asked:
-            self._asked = False
-            reload()
-
-    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
-        if self._reload is None:
-            self._asked = True
-        else:
-            self._reload()
-
-    def __enter__(self) -> ReloadRequests:
-        return self.install()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        signal.signal(signal.SIGHUP, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
 def serve_workers(settings: Settings, workers: int, reloads: ReloadRequests | None = None) -> int:
@@ -129,8 +92,9 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     http_listeners = planned_http_listeners(settings)  # likewise for the HTTP API's
     check = build_sidecar(settings)  # the one place a bad bundle or key is reported, once
     version = check.bundles.current.version
-    if (notice := unauthenticated_notice((*listeners, *http_listeners))) is not None:
-        log.warning("%s", notice)
+    for level, notice in [*listener_notices(listeners, settings.callers),
+                          *listener_notices(http_listeners, settings.callers, http=True)]:
+        log.log(level, "%s", notice)  # what each listener lets its callers do
     shared = tuple(listener for listener in listeners if not listener.address.startswith(UNIX_PREFIX))
     if workers == 1 or not shared:
         if workers > 1:

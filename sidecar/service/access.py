@@ -2,8 +2,10 @@
 
 `Gate.admit` resolves the caller (`callers`, by default `caller_of`: the identity the
 transport proved), applies the policy of roles (sidecar/service/roles.py) and, on a
-refusal, writes an audit record naming the caller before raising CallerRefused, which
-the error boundary (`status_mapped`) answers with PERMISSION_DENIED.
+refusal, counts it in the audit (sidecar/service/refusals.py: one record per caller, RPC
+and minute, in the caller's own tenant or the system stream, never the tenant the request
+names) before raising CallerRefused, which the error boundary (`status_mapped`) answers
+with PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.audit.records import AuditEvent
 from sidecar.audit.sink import AuditSink
 from sidecar.clock import Clock
 from sidecar.service.callers import Caller, caller_of
+from sidecar.service.refusals import RefusalTally, refusal_stream
 from sidecar.service.roles import Access, CallerRefused, RolePolicy, Rpc, authorize_rpc, check_tenant
 
 # Resolves the caller of an RPC from its grpc ServicerContext. Tests inject one that reads
@@ -29,12 +31,11 @@ CallerResolver = Callable[[Any], Caller]
 # decisions.
 _REFUSAL_KIND: dict[str, str] = {"Verify": "verify", "ReportOutcome": "outcome", "ListApprovals": "approval",
                                  "GetApproval": "approval", "WatchApproval": "approval", "DecideApproval": "approval"}
-_MAX_SHOWN = 256  # a refused request's values are not validated: they are audited cut short
 
 
 @dataclass(frozen=True)
 class About:
-    """What a refused request says it is about, for its audit record."""
+    """What a request says it is about: the tenant its caller is checked against."""
 
     tenant: str = ""
     principal: str = ""
@@ -49,6 +50,11 @@ class Gate:
     audit: AuditSink
     clock: Clock
     callers: CallerResolver = caller_of
+    refusals: RefusalTally = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.refusals is None:
+            object.__setattr__(self, "refusals", RefusalTally(self.audit, self.clock))
 
     def admit(self, context: Any, rpc: Rpc, about: About = About()) -> Access:
         caller = self.callers(context)
@@ -78,11 +84,8 @@ class Gate:
             raise
 
     def _audit_refusal(self, caller: Caller, rpc: Rpc, about: About, exc: CallerRefused) -> None:
-        self.audit.write(AuditEvent(
-            kind=_REFUSAL_KIND.get(rpc, "authorize"), time=self.clock.now(), tenant=about.tenant[:_MAX_SHOWN],
-            principal=about.principal[:_MAX_SHOWN], call_id=about.call_id[:_MAX_SHOWN],
-            request_id=about.request_id[:_MAX_SHOWN], approval_id=about.approval_id[:_MAX_SHOWN],
-            result="refused", error_codes=(exc.reason,), detail={"rpc": rpc}, caller=caller.id[:_MAX_SHOWN]))
+        self.refusals.refused(caller, rpc, exc.reason, stream=refusal_stream(self.policy, caller),
+                              kind=_REFUSAL_KIND.get(rpc, "authorize"))
 
 
 def open_gate(audit: AuditSink, clock: Clock, callers: CallerResolver = caller_of) -> Gate:
