@@ -99,8 +99,9 @@ def test_the_client_certificate_is_the_caller_and_the_roles_decide(mtls_http):
     assert (status, refused["error"]["code"]) == (403, "PERMISSION_DENIED")
     records = {r.event.call_id: r.event for r in sidecar.audit_log.query(AuditQuery(), limit=10)}
     assert (records["toolu_1"].result, records["toolu_1"].caller) == ("ALLOW", RUNTIME)
-    # Refused before its body was read: the record names the caller, not what the body says.
-    assert (records[""].result, records[""].caller, records[""].tenant) == ("refused", STRANGER, "")
+    # Refused before its body was read: the record names the caller, not what the body says,
+    # and goes to the system stream (an unlisted caller is bound to no tenant).
+    assert (records[""].result, records[""].caller, records[""].tenant) == ("refused", STRANGER, "_system")
     assert "toolu_2" not in records
 
 

@@ -20,7 +20,10 @@ class RemoteAuditLog:
         self._client = client
 
     def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
-        wanted = {name: value for name, value in dataclasses.asdict(filters).items() if value is not None}
+        if filters.newest_first:
+            raise ValueError("QueryDecisions pages oldest first only")
+        wanted = {name: value for name, value in dataclasses.asdict(filters).items()
+                  if value is not None and name != "newest_first"}
         page = self._client.query_decisions(limit=limit, page_token=str(after_seq) if after_seq else "", **wanted)
         return [record_of(message) for message in page]
 
