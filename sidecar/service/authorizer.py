@@ -21,12 +21,14 @@ from sidecar.service.batching import settle_batch
 from sidecar.service.common import batch_call, proposed_call, status_mapped, timestamp, trusted_context
 from sidecar.service.failures import Failure
 from sidecar.service.status import SidecarStatus, WorkerStatus
+from sidecar.telemetry import decision_log as decisions
 from sidecar.telemetry import metrics, tracing
 from sidecar.tokens.keyring import KeyRing
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
-# One line per answer at DEBUG, its fields as `extra` for the JSON log format
-# (sidecar/server/logs.py): ids and the result, never an argument value.
+# Verify's line at DEBUG, its fields as `extra` for the JSON log format
+# (sidecar/server/logs.py): ids and the result, never an argument value. Authorize's
+# lines are the decision log (sidecar/telemetry/decision_log.py).
 decision_log = logging.getLogger("toolauthz.decision")
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
              pb.OUTCOME_UNKNOWN: "outcome_unknown"}
@@ -41,6 +43,16 @@ def still_wanted(context, gone: threading.Event):
         return not gone.is_set() and (remaining is None or remaining > 0)
 
     return wanted
+
+
+def log_decision(ctx: TrustedContext, call: ProposedCall, result: AuthorizeResult, *, caller: str, seconds: float,
+                 transport: str) -> None:
+    """The decision log's line for one Authorize answer (every transport calls this)."""
+    decisions.record(decision_id=result.decision_id, tenant=ctx.tenant, principal=str(ctx.principal),
+                     request_id=ctx.request_id, call_id=call.call_id, tool=call.name,
+                     result=result.decision.value.lower(), reasons=result.reasons,
+                     errors=[e.code for e in result.errors], policy_version=result.policy_version, seconds=seconds,
+                     caller=caller, transport=transport, replayed=result.replayed, input_json=call.input_json)
 
 
 def _about(ctx: TrustedContext, call_id: str) -> About:
@@ -82,7 +94,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
-            tool, outcome = self._count_decision(ctx, call, result)
+            tool, outcome = self._count_decision(ctx, call, result, caller, started)
             metrics.RPC_SECONDS.labels(rpc="Authorize").observe(time.perf_counter() - started)
             tracing.annotate(span, decision_id=result.decision_id, tool=tool, result=outcome,
                              replayed=result.replayed)
@@ -114,21 +126,19 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                     error = pb.CallError(code=answer.status.name, message=answer.message)
                     answers.append(pb.BatchAnswer(error=error))
                     continue
-                self._count_decision(ctx, item.call, answer)
+                self._count_decision(ctx, item.call, answer, caller, started)
                 answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
             metrics.RPC_SECONDS.labels(rpc="AuthorizeBatch").observe(time.perf_counter() - started)
             tracing.annotate(span, calls=len(calls))
         return pb.AuthorizeBatchResponse(answers=answers)
 
-    def _count_decision(self, ctx: TrustedContext, call: ProposedCall, result: AuthorizeResult) -> tuple[str, str]:
-        """One decision's metric and debug log line; returns its tool label and result."""
+    def _count_decision(self, ctx: TrustedContext, call: ProposedCall, result: AuthorizeResult, caller: str,
+                        started: float) -> tuple[str, str]:
+        """One decision's metric and decision log line; returns its tool label and result."""
         tool = self._tool_label(call.name)
         outcome = result.decision.value.lower()
         metrics.DECISIONS.labels(tool=tool, result=outcome).inc()
-        if decision_log.isEnabledFor(logging.DEBUG):
-            decision_log.debug("authorize %s", outcome, extra={
-                "decision_id": result.decision_id, "request_id": ctx.request_id, "call_id": call.call_id,
-                "tool": tool, "result": outcome})
+        log_decision(ctx, call, result, caller=caller, seconds=time.perf_counter() - started, transport="grpc")
         return tool, outcome
 
     @status_mapped

@@ -35,6 +35,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -57,6 +58,7 @@ from sidecar.errors import InputError, RequestError
 from sidecar.model import Principal, ProposedCall, TrustedContext
 from sidecar.server.pump import DecisionPump
 from sidecar.service.access import About, Gate
+from sidecar.service.authorizer import log_decision
 from sidecar.service.batching import settle_batch
 from sidecar.service.callers import UNAUTHENTICATED, Caller, Transport, caller_through
 from sidecar.service.failures import Failure, Status, failure_of
@@ -184,12 +186,14 @@ class HttpApi:
         _only(body, "", ("context", "call"))
         ctx, call = _context(body.get("context")), _call(body.get("call"))
         caller = (await self._gate.admit_async(request, "Authorize", _about(ctx, call.call_id))).caller.id
+        started = time.perf_counter()
         async with _client_presence(request) as gone:
             def wanted() -> bool:
                 return not gone.is_set()
 
             result = await self._pump.answer(
                 lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller))
+        log_decision(ctx, call, result, caller=caller, seconds=time.perf_counter() - started, transport="http")
         return JSONResponse(authorize_json(result))
 
     async def authorize_batch(self, request: Request) -> Response:
@@ -198,12 +202,18 @@ class HttpApi:
         ctx, limits = _context(body.get("context")), self._batch_limits
         calls = _batch_calls(body.get("calls"), limits)
         caller = (await self._gate.admit_async(request, "AuthorizeBatch", _about(ctx, ""))).caller.id
+        started = time.perf_counter()
         async with _client_presence(request) as gone:
             def wanted() -> bool:
                 return not gone.is_set()
 
             answers = settle_batch(await self._pump.answer_group(
                 lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller), len(calls)))
+        seconds = time.perf_counter() - started
+        for item, answer in zip(calls, answers, strict=True):
+            if not isinstance(answer, Failure):
+                log_decision(ctx, item.call, answer, caller=caller, seconds=seconds,
+                             transport="http")
         return JSONResponse({"answers": [
             {"error": {"code": a.status.name, "message": a.message}} if isinstance(a, Failure)
             else {"response": authorize_json(a)} for a in answers]})
