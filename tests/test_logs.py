@@ -238,3 +238,28 @@ def test_workers_default_to_the_cgroup_cpu_quota(tmp_path, monkeypatch):
 def test_workers_fall_back_to_the_affinity_mask(tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5})
     assert available_cpus(tmp_path / "absent", tmp_path / "absent") == 3
+
+
+def test_the_otlp_exporter_is_installed_and_tracing_exporter_otlp_records_spans(caplog, monkeypatch):
+    """The runtime lock carries the OTLP/gRPC exporter, so `tracing.exporter: otlp` turns
+    spans on rather than warning that the exporter is missing."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    from sidecar.server.config import TracingSettings
+    from sidecar.server.observability import configure_tracing
+    from sidecar.telemetry import tracing
+
+    made: list[OTLPSpanExporter] = []
+    real_init = OTLPSpanExporter.__init__
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(OTLPSpanExporter, "__init__", recording_init)
+    try:
+        configure_tracing(TracingSettings(exporter="otlp", endpoint="http://127.0.0.1:1"))
+        assert tracing.enabled() and len(made) == 1
+        assert "not installed" not in caplog.text
+    finally:
+        tracing.use_tracer_provider(None)
