@@ -29,7 +29,7 @@ from sidecar.server.config import Settings, load_settings
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
-KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central", "overlays/monitoring"]
+KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"]
 # Custom resources the Kubernetes schemas do not hold: each is checked, as strictly,
 # against the part of its CRD's schema that the manifests use.
 SERVICE_MONITOR_SCHEMA = {
@@ -382,7 +382,7 @@ def test_metrics_and_services_name_ports_that_exist(tmp_path):
         for service in (r for r in built(name) if r["kind"] == "Service"):
             selector = service["spec"]["selector"].items()
             [pod] = [p for p in pods if selector <= p.deployment["spec"]["template"]["metadata"]["labels"].items()]
-            port_names = {p["name"]: p["containerPort"] for p in pod.container["ports"]}
+            port_names = {p["name"]: p["containerPort"] for c in pod.containers() for p in c.get("ports", [])}
             for port in service["spec"]["ports"]:
                 assert port["targetPort"] in port_names, (name, port)
             tls_ports = {port_of(li.address) for li in pod.settings.listeners if li.tls is not None}
@@ -437,7 +437,7 @@ def secrets_read(container: dict[str, Any], pod: dict[str, Any]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", ["overlays/postgres", "overlays/central", "overlays/monitoring"])
+@pytest.mark.parametrize("name", ["overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"])
 def test_each_container_reads_its_own_store_secret(name):
     """The migration runs as the schema's owner and grants the serving role; every sidecar
     connects as that serving role, so it can append to the audit trail, never rewrite it."""
@@ -510,7 +510,24 @@ def test_network_policies_admit_metrics_from_monitoring_and_the_api_from_the_run
                 assert sources == [[]]
 
 
-@pytest.mark.parametrize("name", ["overlays/central", "overlays/monitoring"])
+def test_the_console_is_reached_only_through_oauth2_proxy(tmp_path):
+    resources = built("overlays/console")
+    central = next(p for p in sidecar_pods("overlays/console", tmp_path)
+                   if p.deployment["metadata"]["name"] == "toolauthz-central")
+    console = central.settings.console
+    assert central.settings.console_listen.startswith("127.0.0.1:")  # loopback: the proxy in the pod only
+    assert console.sign_in == "proxy" and console.proxy is not None
+    assert console.proxy.trusted == ("127.0.0.1/32",) and console.proxy.tenant
+    proxy = next(c for c in central.pod["containers"] if c["name"] == "oauth2-proxy")
+    assert f"--upstream=http://{central.settings.console_listen}/" in proxy["args"]
+    assert "--pass-user-headers=true" in proxy["args"]
+    assert secrets_read(proxy, central.pod) == {"toolauthz-console-oauth2"}
+    service = next(r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "toolauthz-console")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["console"]
+    assert {p["name"]: p["containerPort"] for p in proxy["ports"]}["console"] == 4180
+
+
+@pytest.mark.parametrize("name", ["overlays/central", "overlays/monitoring", "overlays/console"])
 def test_metrics_are_not_on_the_public_service(name):
     resources = built(name)
     public = next(r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "toolauthz-central")

@@ -140,6 +140,9 @@ class ConsoleProxySettings(_Strict):
     groups_header: str = Field("X-Forwarded-Groups", pattern=_HEADER)  # comma-separated
     tenant_header: str = Field("X-Forwarded-Tenant", pattern=_HEADER)
     principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # The tenant of everyone this proxy signs in (one console per tenant), for a proxy that
+    # cannot send a tenant header (oauth2-proxy's flags): the header is then not read.
+    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 
     @field_validator("trusted")
     @classmethod
