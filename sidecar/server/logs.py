@@ -101,6 +101,9 @@ def configure_logging(log_format: str = "text", worker: int | None = None, level
         for handler in list(library.handlers):
             library.removeHandler(handler)
         library.propagate = True
+    # uvicorn's lifecycle lines ("Started server process", one per HTTP server) say less
+    # than the banner does; its warnings and errors still show.
+    logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, root.level))
 
 
 def _one_handler(logger: logging.Logger, stream: Any, formatter: logging.Formatter) -> None:
