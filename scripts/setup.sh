@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Creates .venv with the exact pinned dependencies and the package in editable mode.
+# Creates .venv with the exact pinned dependencies and the package in editable mode:
+# the runtime (requirements.lock) only, or with --dev the test and development tools too
+# (requirements-dev.lock, which includes the runtime lock).
 # Idempotent: a second run only re-checks what is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+lock=requirements.lock
+stamp=.venv/.toolauthz-installed
+if [ "${1:-}" = "--dev" ]; then
+  lock=requirements-dev.lock
+  stamp=.venv/.toolauthz-dev-installed
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.toolauthz-installed
-if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ "$lock" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$lock"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   touch "$stamp"
 fi

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.cli.main import main
 from sidecar.display import display as _shown
@@ -28,6 +29,7 @@ def _forged_approval() -> apb.Approval:
         approval_id="ap_1", status=apb.PENDING, tenant="acme\x1b[2J", tool="close_ticket",
         resource=f'Ticket::"{FORGED_ID}"', short_code="ABCD-EFGH", group="support", policy_id="p1",
         requester=pb.Principal(type="User", id='mallory"\nrequester User::"ceo"'),
+        expires_at=Timestamp(seconds=1_800_000_000),
         arguments_json='{"note": "fine\\u202e\\u001b[8m", "ticket_id": "tkt_9\\"\\ncode ZZZZ-ZZZZ"}',
         approver=pb.Principal(type="User", id="bob\u200b"), reason="ok\r\nreason: approved by ceo")
 
@@ -72,7 +74,8 @@ def test_no_field_can_forge_a_line_or_hide_the_screen(approvals_server: tuple[st
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out
     lines = out.splitlines()  # splits at every line boundary Python knows, U+2028 and \x1c too
-    assert len(lines) == (8 if verb[0] == "show" else 1)  # show: its 8 labelled lines; list: one line
+    # show: its 8 labelled lines; list: the header and one row
+    assert len(lines) == (8 if verb[0] == "show" else 2)
     assert not any(line.startswith(("code ZZZZ", "requester User::\"ceo\"")) for line in lines)
     assert 'Ticket::"tkt_9\\"\\ncode ZZZZ-ZZZZ\\nrequester User::\\"ceo\\"\\x1b[8m"' in out
     assert 'User::"mallory\\"\\nrequester User::\\"ceo\\""' in out
@@ -101,6 +104,23 @@ def test_the_server_address_after_the_verb_and_from_the_environment(approvals_se
     assert main(["approvals", "--server", "127.0.0.1:1", "show", "ap_2"]) == 1
     assert "unavailable" in capsys.readouterr().err
     assert servicer.requests == ["ListApprovals APPROVED", "GetApproval ap_1"]
+
+
+def test_approvals_list_has_a_header_and_an_expiry_column(approvals_server: tuple[str, ScriptedApprovals],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    address, _ = approvals_server
+    assert main(["approvals", "--server", address, "list"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["APPROVAL", "CODE", "STATUS", "EXPIRES", "TENANT", "TOOL", "RESOURCE", "REQUESTER",
+                              "ARGUMENTS"]
+    assert row.split()[:4] == ["ap_1", "ABCD-EFGH", "pending", "2027-01-15T08:00:00Z"]
+    assert header.index("EXPIRES") == row.index("2027-01-15T08:00:00Z")  # aligned under its header
+
+
+def test_a_table_refuses_a_cell_that_was_not_escaped() -> None:
+    from sidecar.cli.table import table
+    with pytest.raises(ValueError, match="escaped"):
+        table(["A", "B"], [["ok", "forged\nrow"]])
 
 
 @pytest.mark.parametrize("char", HOSTILE)

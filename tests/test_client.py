@@ -344,3 +344,52 @@ def test_trusted_entities_are_serialized_from_the_runtime_not_the_call():
     msg = ALICE.to_proto([order_entity("ord_1", "alice")])
     assert json.loads(msg.entities_json)[0]["attrs"]["owner"] == {"__entity": {"type": "User", "id": "alice"}}
     assert ALICE.to_proto().entities_json == b""
+
+
+def provided(calls_seen):
+    def provider(proposed: ProposedCall):
+        calls_seen.append(proposed.call_id)
+        return [order_entity(proposed.arguments["order_id"], "alice")]
+    return provider
+
+
+def test_the_sync_client_sends_the_entities_of_the_contexts_provider(client):
+    seen: list[str] = []
+    ctx = TrustedContext("acme", Principal("User", "alice"), "run-p", entities=provided(seen))
+    # Without the owner entity the policy cannot decide: an ALLOW proves the entities went.
+    assert client.authorize(ALICE, call("toolu_p0")).decision != pb.ALLOW
+    assert client.authorize(ctx, call("toolu_p1")).decision == pb.ALLOW
+    assert client.authorize(ctx, call("toolu_p2").to_proto()).decision == pb.ALLOW
+    [batched] = client.authorize_batch(ctx, [call("toolu_p3")])
+    assert batched.response.decision == pb.ALLOW
+    assert seen == ["toolu_p1", "toolu_p2", "toolu_p3"]
+    with pytest.raises(ValueError, match="not both"):
+        client.authorize_batch(ctx, [call("toolu_p4")], entities=[None])
+
+
+def test_the_sync_client_refuses_a_coroutine_provider_loudly(client, recorder):
+    async def provider(proposed):
+        return None
+    ctx = TrustedContext("acme", Principal("User", "alice"), "run-p", entities=provider)
+    with pytest.raises(TypeError, match="AsyncAuthzClient"):
+        client.authorize(ctx, call("toolu_p5"))
+    assert recorder.count("Authorize") == 0
+
+
+def test_the_async_client_sends_the_entities_of_the_contexts_provider(server, sidecar):
+    seen: list[str] = []
+    plain = provided(seen)
+
+    async def provider(proposed):
+        return plain(proposed)
+
+    async def scenario():
+        ctx = TrustedContext("acme", Principal("User", "alice"), "run-q", entities=provider)
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}", timeout=3, retry=FAST) as client:
+            single = await client.authorize(ctx, call("toolu_q1"))
+            [batched] = await client.authorize_batch(ctx, [call("toolu_q2")])
+            return single, batched
+
+    single, batched = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert single.decision == pb.ALLOW and batched.response.decision == pb.ALLOW
+    assert seen == ["toolu_q1", "toolu_q2"]

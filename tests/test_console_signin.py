@@ -15,6 +15,17 @@ PROXY = {"sign_in": "proxy", "proxy": {"trusted": ["10.0.0.0/24"]}}
 BOB = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "finance, auditors", "X-Forwarded-Tenant": "acme"}
 
 
+def test_a_proxy_with_a_fixed_tenant_never_reads_the_tenant_header(sidecar):
+    _, result = propose(sidecar)
+    console = console_for(sidecar, listen="0.0.0.0:0", sign_in="proxy",
+                          proxy={"trusted": ["127.0.0.1/32"], "tenant": "acme"})
+    proxied = browser(console, peer="127.0.0.1", host="console.example")
+    person = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "finance"}
+    page = proxied.get("/inbox", headers={**person, "X-Forwarded-Tenant": "globex"})  # a client's, passed through
+    assert page.status_code == 200 and result.approval_id in page.text  # acme's inbox, not globex's
+    assert proxied.get("/inbox", headers=person).status_code == 200
+
+
 def test_proxy_headers_sign_in_from_a_trusted_proxy_only(sidecar):
     _, result = propose(sidecar)
     console = console_for(sidecar, listen="0.0.0.0:0", **PROXY)

@@ -29,7 +29,22 @@ from sidecar.server.config import Settings, load_settings
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
-KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central"]
+KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"]
+# Custom resources the Kubernetes schemas do not hold: each is checked, as strictly,
+# against the part of its CRD's schema that the manifests use.
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "additionalProperties": False, "required": ["name"],
+                     "properties": {"name": {"type": "string"}, "labels": {"type": "object"}}},
+        "spec": {"type": "object", "additionalProperties": False, "required": ["selector", "endpoints"], "properties": {
+            "selector": {"type": "object", "additionalProperties": False, "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "endpoints": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["port"],
+                "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                               "interval": {"type": "string", "pattern": "^[0-9]+[smh]$"}}}}}}}}
 # The oldest release with native sidecars (an init container with restartPolicy: Always)
 # enabled by default, and the newest that kubernetes-validate ships.
 KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
@@ -128,18 +143,26 @@ def no_network(monkeypatch):
 
 # ---------------------------------------------------------------- schemas and composition
 
+def validate(resource: dict[str, Any], version: str) -> None:
+    if resource["kind"] == "ServiceMonitor":
+        import jsonschema
+        jsonschema.validate(resource, SERVICE_MONITOR_SCHEMA)
+        return
+    kubernetes_validate.validate(resource, version, strict=True)
+
+
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_validates_against_the_kubernetes_schemas(version, no_network):
     checked = 0
     for path in resource_files():
         for resource in documents(path):
-            kubernetes_validate.validate(resource, version, strict=True)
+            validate(resource, version)
             checked += 1
     for name in KUSTOMIZATIONS:
         for resource in built(name):  # the patched resources too
-            kubernetes_validate.validate(resource, version, strict=True)
+            validate(resource, version)
             checked += 1
-    assert checked >= 15
+    assert checked >= 40
 
 
 def test_the_validator_refuses_a_broken_manifest(no_network):
@@ -359,7 +382,7 @@ def test_metrics_and_services_name_ports_that_exist(tmp_path):
         for service in (r for r in built(name) if r["kind"] == "Service"):
             selector = service["spec"]["selector"].items()
             [pod] = [p for p in pods if selector <= p.deployment["spec"]["template"]["metadata"]["labels"].items()]
-            port_names = {p["name"]: p["containerPort"] for p in pod.container["ports"]}
+            port_names = {p["name"]: p["containerPort"] for c in pod.containers() for p in c.get("ports", [])}
             for port in service["spec"]["ports"]:
                 assert port["targetPort"] in port_names, (name, port)
             tls_ports = {port_of(li.address) for li in pod.settings.listeners if li.tls is not None}
@@ -388,10 +411,139 @@ def test_environment_overrides_are_ones_the_sidecar_reads(tmp_path):
                 for env in container.get("env", []):
                     if env["name"].startswith("TOOLAUTHZ_"):
                         assert env["name"] in known | EXPECTED_FROM_OTHER_WORK_ENV, (name, env["name"])
-                    if env["name"] == "TOOLAUTHZ_STORE":
-                        assert env["valueFrom"]["secretKeyRef"] == {"name": "toolauthz-store", "key": "url"}
+                    if env["name"] == "TOOLAUTHZ_STORE":  # which Secret: test_each_container_reads_its_own_store_secret
+                        assert set(env["valueFrom"]["secretKeyRef"]) == {"name", "key"}
                 assert not any("$(TOOLAUTHZ_STORE)" in arg for arg in container.get("args", [])), \
                     "a secret on a command line shows in the node's process list"
+
+
+# ---------------------------------------------------------------- store roles, disruption, network
+
+def secrets_read(container: dict[str, Any], pod: dict[str, Any]) -> set[str]:
+    """Every Secret a container can read: through its environment or a mounted volume."""
+    names = set()
+    for env in container.get("env", []):
+        ref = env.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            names.add(ref["name"])
+    for source in container.get("envFrom", []):
+        if "secretRef" in source:
+            names.add(source["secretRef"]["name"])
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret:
+            names.add(secret["secretName"])
+    return names
+
+
+@pytest.mark.parametrize("name", ["overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"])
+def test_each_container_reads_its_own_store_secret(name):
+    """The migration runs as the schema's owner and grants the serving role; every sidecar
+    connects as that serving role, so it can append to the audit trail, never rewrite it."""
+    resources = built(name)
+    [job] = [r for r in resources if r["kind"] == "Job"]
+    [migrate] = job["spec"]["template"]["spec"]["containers"]
+    assert migrate["args"][:2] == ["store", "migrate"] and "--serving-role" in migrate["args"]
+    assert secrets_read(migrate, job["spec"]["template"]["spec"]) == {"toolauthz-store-owner"}
+    reading = {}
+    for deployment in (r for r in resources if r["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            reading[(deployment["metadata"]["name"], container["name"])] = secrets_read(container, pod)
+    assert all("toolauthz-store-owner" not in secrets for secrets in reading.values()), reading
+    sidecars = {key: secrets for key, secrets in reading.items() if key[1] == "toolauthz"}
+    assert sidecars and all("toolauthz-store-serving" in secrets for secrets in sidecars.values()), sidecars
+    assert {key for key, secrets in reading.items() if "toolauthz-store-serving" in secrets} == set(sidecars)
+
+
+def test_the_central_deployment_survives_a_drain_and_a_node_loss():
+    resources = built("overlays/central")
+    central = next(r for r in resources if r["kind"] == "Deployment" and r["metadata"]["name"] == "toolauthz-central")
+    labels = central["spec"]["template"]["metadata"]["labels"]
+    [budget] = [r for r in resources if r["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert 1 <= budget["spec"]["minAvailable"] < central["spec"]["replicas"]
+    [term] = central["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def _admitted(policies: list[dict[str, Any]], labels: dict[str, str], port: int) -> list[list[dict[str, Any]]]:
+    """For each NetworkPolicy rule that opens `port` on pods with `labels`: its `from`
+    ([] = from anywhere)."""
+    rules = []
+    for policy in policies:
+        if not policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items():
+            continue
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"].get("ingress", []):
+            if any(p["port"] == port for p in rule.get("ports", [])):
+                rules.append(rule.get("from", []))
+    return rules
+
+
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_network_policies_admit_metrics_from_monitoring_and_the_api_from_the_runtime(name, tmp_path):
+    resources = built(name)
+    policies = [r for r in resources if r["kind"] == "NetworkPolicy"]
+    for pod in sidecar_pods(name, tmp_path):
+        labels = pod.deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), \
+            "every sidecar's pod is under a NetworkPolicy (default deny for what it does not open)"
+        annotations = pod.deployment["spec"]["template"]["metadata"]["annotations"]
+        metrics = port_of(pod.settings.metrics_listen)
+        assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) == metrics
+        assert _admitted(policies, labels, metrics) == [MONITORING]
+        for listener in pod.settings.listeners:
+            if listener.address.startswith("unix:"):
+                continue
+            sources = _admitted(policies, labels, port_of(listener.address))
+            if listener.services:  # an API: the runtime's pods and the labelled clients only
+                assert sources == [[{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "agent"}}},
+                                    {"podSelector": {"matchLabels": {"toolauthz.io/central-client": "true"}}}]]
+            else:  # health only: the kubelet's probes, from the node
+                assert sources == [[]]
+
+
+def test_the_console_is_reached_only_through_oauth2_proxy(tmp_path):
+    resources = built("overlays/console")
+    central = next(p for p in sidecar_pods("overlays/console", tmp_path)
+                   if p.deployment["metadata"]["name"] == "toolauthz-central")
+    console = central.settings.console
+    assert central.settings.console_listen.startswith("127.0.0.1:")  # loopback: the proxy in the pod only
+    assert console.sign_in == "proxy" and console.proxy is not None
+    assert console.proxy.trusted == ("127.0.0.1/32",) and console.proxy.tenant
+    proxy = next(c for c in central.pod["containers"] if c["name"] == "oauth2-proxy")
+    assert f"--upstream=http://{central.settings.console_listen}/" in proxy["args"]
+    assert "--pass-user-headers=true" in proxy["args"]
+    assert secrets_read(proxy, central.pod) == {"toolauthz-console-oauth2"}
+    service = next(r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "toolauthz-console")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["console"]
+    assert {p["name"]: p["containerPort"] for p in proxy["ports"]}["console"] == 4180
+
+
+@pytest.mark.parametrize("name", ["overlays/central", "overlays/monitoring", "overlays/console"])
+def test_metrics_are_not_on_the_public_service(name):
+    resources = built(name)
+    public = next(r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "toolauthz-central")
+    assert [p["name"] for p in public["spec"]["ports"]] == ["grpc-tls"]
+    metrics = next(r for r in resources if r["kind"] == "Service" and
+                   r["metadata"]["name"] == "toolauthz-central-metrics")
+    assert [p["targetPort"] for p in metrics["spec"]["ports"]] == ["metrics"]
+
+
+def test_the_service_monitor_selects_the_metrics_service():
+    resources = built("overlays/monitoring")
+    [monitor] = [r for r in resources if r["kind"] == "ServiceMonitor"]
+    selected = [r for r in resources if r["kind"] == "Service" and
+                monitor["spec"]["selector"]["matchLabels"].items() <= r["metadata"]["labels"].items()]
+    assert [r["metadata"]["name"] for r in selected] == ["toolauthz-central-metrics"]
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {p["name"] for p in selected[0]["spec"]["ports"]}
 
 
 # ---------------------------------------------------------------- the bundle ConfigMap

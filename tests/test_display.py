@@ -62,7 +62,7 @@ def test_a_forged_resource_id_cannot_forge_lines_of_approvals_list_and_show(stub
     reply = _forged_call(stub)
     address = f"127.0.0.1:{server[1]}"
     assert main(["approvals", "--server", address, "list"]) == 0
-    _assert_one_line_per_field(capsys.readouterr().out, 1)
+    _assert_one_line_per_field(capsys.readouterr().out, 2)  # the header and one row
     assert main(["approvals", "show", reply.approval_id, "--server", address]) == 0
     out = capsys.readouterr().out
     _assert_one_line_per_field(out, 7)

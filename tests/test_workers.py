@@ -212,7 +212,7 @@ def test_an_address_in_use_is_refused_before_any_worker_starts(workers_factory, 
 def test_a_worker_that_fails_to_start_stops_the_group_with_one_report(bundle_dir, tmp_path, capsys):
     """The parent's check passed, then every worker fails (here: the bundle broke in
     between): one report, the other workers stopped, exit status 1."""
-    from sidecar.server.workers import _WorkerGroup
+    from sidecar.server.worker_group import WorkerGroup as _WorkerGroup
 
     (bundle_dir / "orders.cedar").write_text("permit (principal, action, resource")
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0")

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 
 from sidecar.cli.options import TLS_ENV, TLS_HELP
+from sidecar.cli.table import table
 from sidecar.client import AuthzClient, ClientTls, Principal, TrustedContext
 from sidecar.display import display, display_uid
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -98,11 +99,17 @@ def describe(a: apb.Approval) -> str:
     return "\n".join(lines)
 
 
-def summary(a: apb.Approval) -> str:
-    """One line of `approvals list`."""
-    return (f"{display(a.approval_id)}  {display(a.short_code)}  {_status(a):8}  {display(a.tenant)}  "
-            f"{display(a.tool)}  {display_uid(a.resource)}  {_shown_principal(a.requester)}  "
-            f"{_shown_json(a.arguments_json)}")
+LIST_HEADER = ("APPROVAL", "CODE", "STATUS", "EXPIRES", "TENANT", "TOOL", "RESOURCE", "REQUESTER", "ARGUMENTS")
+
+
+def summary(a: apb.Approval) -> list[str]:
+    """One row of `approvals list` (LIST_HEADER), every cell escaped."""
+    return [display(a.approval_id), display(a.short_code), _status(a), _expires(a), display(a.tenant),
+            display(a.tool), display_uid(a.resource), _shown_principal(a.requester), _shown_json(a.arguments_json)]
+
+
+def _expires(a: apb.Approval) -> str:
+    return f"{a.expires_at.ToDatetime().isoformat(timespec='seconds')}Z" if a.HasField("expires_at") else "-"
 
 
 def server_address(args: argparse.Namespace) -> str:
@@ -128,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     with client:
         if args.approvals_command == "list":
-            for approval in client.list_approvals(tenant=args.tenant, status=args.status, group=args.group):
-                print(summary(approval))
+            listed = client.list_approvals(tenant=args.tenant, status=args.status, group=args.group)
+            print(table(LIST_HEADER, [summary(approval) for approval in listed]))
             return 0
         if args.approvals_command == "show":
             print(describe(client.get_approval(args.approval_id)))

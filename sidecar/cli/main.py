@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
 import sys
-from typing import Any
 
 import grpc
 
@@ -16,33 +14,48 @@ from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from sidecar.cli.audit import add_audit_command
 from sidecar.cli.mcp import add_mcp_commands
-from sidecar.cli.options import parse_principal
+from sidecar.cli.options import add_server_options, parse_principal
 from sidecar.cli.policytest import add_test_command
+from sidecar.cli.remote import add_status_command, decision_json
 from sidecar.cli.store import add_store_command
 from sidecar.clock import SystemClock
 from sidecar.display import bounded_message, use_escaping_formatter
 from sidecar.errors import BundleError, RequestError, ToolAuthzError
 from sidecar.model import ProposedCall, TrustedContext
+from sidecar.server.cpu import available_cpus
 from sidecar.server.reload_requests import release_early
 
 
 def cmd_serve(args) -> int:
     from sidecar.server.config import load_settings
+    from sidecar.server.logs import report_problems
     from sidecar.server.reload_requests import reload_requests
-    from sidecar.server.workers import serve_workers
+    from sidecar.server.workers import configure_process_logging, serve_workers
 
     # First (the console script installed it before its imports): a SIGHUP while starting
     # must not kill the sidecar.
     with reload_requests() as reloads:
         settings = load_settings(args.config, bundle=args.bundle, listen=args.listen, data_dir=args.data_dir,
-                                 log_format=args.log_format, console_listen=args.console_listen,
-                                 store=args.store, store_migrate=args.migrate or None)
-        return serve_workers(settings, args.workers, reloads)
+                                 log_format=args.log_format, log_level=args.log_level,
+                                 console_listen=args.console_listen, store=args.store,
+                                 store_migrate=args.migrate or None)
+        configure_process_logging(settings)
+        if settings.log_format == "text":
+            return serve_workers(settings, args.workers, reloads)
+        try:  # with JSON logs, a refusal to start is a JSON line too
+            return serve_workers(settings, args.workers, reloads)
+        except BundleError as exc:
+            report_problems("bundle refused", [str(p) for p in exc.problems], "json")
+        except (ToolAuthzError, RequestError, OSError) as exc:
+            report_problems("cannot serve", [bounded_message(str(exc))], "json")
+        return 1
 
 
 def cmd_check(args) -> int:
+    if args.bundle_option and args.bundle and args.bundle_option != args.bundle:
+        raise ToolAuthzError("give the bundle once: as `--bundle DIR` or as the positional DIR")
     try:
-        bundle = load_bundle(args.bundle)
+        bundle = load_bundle(args.bundle_option or args.bundle or "policies")
     except BundleError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -58,6 +71,9 @@ def cmd_schema(args) -> int:
 
 
 def cmd_authorize(args) -> int:
+    if args.server:
+        from sidecar.cli.remote import authorize_remote
+        return authorize_remote(args)
     from sidecar.engine import decide
 
     bundle = load_bundle(args.bundle)
@@ -65,14 +81,8 @@ def cmd_authorize(args) -> int:
     ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
     ctx.check()
     verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
-    out: dict[str, Any] = {"decision": verdict.decision.value, "reasons": list(verdict.reasons),
-           "errors": [{"code": e.code, "message": e.message} for e in verdict.errors],
-           "policy_version": bundle.version}
-    if verdict.approval_group:
-        out["approval_group"] = verdict.approval_group
-    if verdict.detail:
-        out["detail"] = verdict.detail
-    print(json.dumps(out, indent=2))
+    print(decision_json(verdict.decision.value, verdict.reasons, [(e.code, e.message) for e in verdict.errors],
+                        bundle.version, approval_group=verdict.approval_group, detail=verdict.detail))
     return 0
 
 
@@ -146,23 +156,32 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config")
     serve.add_argument("--store", help="sqlite:///path or postgresql://... (default: <data-dir>/toolauthz.db)")
     serve.add_argument("--migrate", action="store_true", help="upgrade an older PostgreSQL schema before serving")
-    serve.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                       help="processes sharing the address (default: one per core)")
+    serve.add_argument("--workers", type=int, default=available_cpus(),
+                       help="processes sharing the address (default: one per CPU this process may use: the "
+                            "cgroup's CPU quota, else the affinity mask)")
     serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON objects")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="the least severe level logged (default: info; config `log_level`)")
     serve.add_argument("--console-listen", help="HOST:PORT of the browser console for approvers and auditors "
                                                 "(docs/console.md); default: off")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="load and validate a bundle")
-    check.add_argument("bundle", nargs="?", default="policies")
+    check.add_argument("bundle", nargs="?", help="the bundle directory (default: policies)")
+    check.add_argument("--bundle", dest="bundle_option", metavar="DIR", help="the same, as `serve` takes it")
     check.set_defaults(func=cmd_check)
 
     schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
     schema.add_argument("bundle", nargs="?", default="policies")
     schema.set_defaults(func=cmd_schema)
 
-    authorize = sub.add_parser("authorize", help="one local decision, printed as JSON")
-    authorize.add_argument("--bundle", default="policies")
+    authorize = sub.add_parser("authorize", help="one decision, printed as JSON: local (--bundle), or asked of a "
+                                                 "running sidecar (--server)")
+    authorize.add_argument("--bundle", default="policies", help="local: the bundle directory (default: policies)")
+    add_server_options(authorize, [], "HOST:PORT or unix:///path of a running sidecar: ask it instead of "
+                                      "deciding locally (the decision is then recorded, and may carry a token)")
+    authorize.add_argument("--call-id", help="with --server: the call id (default: a fresh one per run)")
+    authorize.add_argument("--request-id", default="cli", help="with --server: the run's request id (default: cli)")
     authorize.add_argument("--tenant", required=True)
     authorize.add_argument("--principal", required=True, type=parse_principal)
     authorize.add_argument("--tool", required=True)
@@ -192,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_test_command(sub)
     add_mcp_commands(sub, parse_principal)
     add_store_command(sub)
+    add_status_command(sub)
     return parser
 
 

@@ -28,6 +28,35 @@ def context_msg(context: TrustedContext | pb.TrustedContext | None) -> pb.Truste
     raise TypeError("context must be a sidecar.client.TrustedContext or a toolauthz.v1.TrustedContext")
 
 
+def entities_for(context, call) -> Any:
+    """What the context's entities provider returns for `call` (a list, None, or, from a
+    coroutine provider, an awaitable the async client awaits); None without a provider.
+    The provider is the runtime's and may fail: its exception propagates, and no request
+    is sent (fail closed: never an Authorize without the entities the runtime meant)."""
+    if not isinstance(context, TrustedContext) or context.entities is None:
+        return None
+    proposed = call if isinstance(call, ProposedCall) else ProposedCall.of(call.call_id, call.name, call.input_json)
+    return context.entities(proposed)
+
+
+def authorize_request(context, call, entities: list | None) -> pb.AuthorizeRequest:
+    """The Authorize request with the entities the provider gave (`entities_for`)."""
+    if isinstance(context, TrustedContext):
+        return pb.AuthorizeRequest(context=context.to_proto(entities), call=call_msg(call))
+    return pb.AuthorizeRequest(context=context_msg(context), call=call_msg(call))
+
+
+def batch_entities(context, calls: Sequence, entities: Sequence[list | None] | None) -> list:
+    """Each call's entities from the context's provider, or the `entities` given; both at
+    once is ambiguous and refused. A BatchCall carries its own (the provider skips it).
+    Items may be awaitables from a coroutine provider (the async client awaits them)."""
+    if not isinstance(context, TrustedContext) or context.entities is None:
+        return list(entities) if entities is not None else [None] * len(calls)
+    if entities is not None:
+        raise ValueError("give the entities either through the context's provider or as `entities`, not both")
+    return [None if isinstance(call, pb.BatchCall) else entities_for(context, call) for call in calls]
+
+
 def call_msg(call: ProposedCall | pb.ToolCall) -> pb.ToolCall:
     if isinstance(call, pb.ToolCall):
         return call

@@ -7,6 +7,7 @@ Create it inside a running event loop: `async with AsyncAuthzClient(addr) as cli
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -95,11 +96,12 @@ class AsyncAuthzClient:
     # -- ToolAuthorizer ----------------------------------------------------------------
 
     async def authorize(self, context, call, *, timeout: float | None = None) -> pb.AuthorizeResponse:
-        request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
+        request = cv.authorize_request(context, call, await _resolved(cv.entities_for(context, call)))
         return (await self._unary("Authorize", self._authz.Authorize, request, timeout))[0]
 
     async def authorize_batch(self, context, calls, *, entities=None,
                               timeout: float | None = None) -> list[pb.BatchAnswer]:
+        entities = [await _resolved(item) for item in cv.batch_entities(context, calls, entities)]
         request = cv.batch_request(context, calls, entities)
         response, _ = await self._unary("AuthorizeBatch", self._authz.AuthorizeBatch, request, timeout)
         return list(response.answers)
@@ -191,3 +193,8 @@ class AsyncAuthzClient:
             if len(page) < page_size:
                 return
             token = str(page[-1].seq)
+
+
+async def _resolved(entities):
+    """A coroutine provider's entities, awaited; a plain provider's, as they are."""
+    return await entities if inspect.isawaitable(entities) else entities

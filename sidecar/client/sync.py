@@ -8,6 +8,7 @@ bounds the whole call, retries and backoff included. Retries follow
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,8 +120,9 @@ class AuthzClient:
 
     def authorize(self, context, call, *, timeout: float | None = None) -> pb.AuthorizeResponse:
         """The decision for one proposed call. Retried at most once, on UNAVAILABLE only
-        (safe: the same call id and digest replays the original decision)."""
-        request = pb.AuthorizeRequest(context=cv.context_msg(context), call=cv.call_msg(call))
+        (safe: the same call id and digest replays the original decision). A
+        `TrustedContext`'s entities provider is asked for this call's entities."""
+        request = cv.authorize_request(context, call, _ready(cv.entities_for(context, call)))
         return self._unary("Authorize", self._authz.Authorize, request, timeout)[0]
 
     def authorize_batch(self, context, calls, *, entities=None,
@@ -129,9 +131,11 @@ class AuthzClient:
         `BatchAnswer` per call, in order, holding the call's `response` (as `authorize`
         returns it) or its own `error` (`code`, a gRPC status name, and a model-safe
         `message`). `calls`: ProposedCall, ToolCall or BatchCall; `entities`: each call's
-        Cedar entities (or None), in the same order. `context` carries no entities. A
+        Cedar entities (or None), in the same order, or from the `TrustedContext`'s
+        entities provider (one or the other). A
         failure of the whole batch raises `grpc.RpcError`, and then no call has a token.
         Retried as `authorize` is (each call id replays its decision)."""
+        entities = [_ready(item) for item in cv.batch_entities(context, calls, entities)]
         request = cv.batch_request(context, calls, entities)
         return list(self._unary("AuthorizeBatch", self._authz.AuthorizeBatch, request, timeout)[0].answers)
 
@@ -238,3 +242,14 @@ class AuthzClient:
             if len(page) < page_size:
                 return
             token = str(page[-1].seq)
+
+
+def _ready(entities):
+    """The sync client cannot await a coroutine provider's result: refuse it loudly
+    (closing the coroutine, so that no "never awaited" warning hides the mistake)."""
+    if inspect.isawaitable(entities):
+        close = getattr(entities, "close", None)
+        if close is not None:
+            close()
+        raise TypeError("the entities provider returned an awaitable: use AsyncAuthzClient for a coroutine provider")
+    return entities

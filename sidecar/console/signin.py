@@ -140,10 +140,13 @@ class ProxySignIn:
     has_form = False
 
     def __init__(self, trusted: Sequence[str], *, user_header: str, groups_header: str, tenant_header: str,
-                 principal_type: str = "User"):
+                 principal_type: str = "User", tenant: str = ""):
+        """`tenant`: everyone's tenant, the tenant header then unread (a proxy that cannot
+        set it may pass a client's through)."""
         self._trusted = tuple(ipaddress.ip_network(cidr, strict=False) for cidr in trusted)
         self._user, self._groups, self._tenant = user_header.lower(), groups_header.lower(), tenant_header.lower()
         self._principal_type = principal_type
+        self._fixed_tenant = tenant
 
     def trusts(self, peer: str) -> bool:
         try:
@@ -162,9 +165,9 @@ class ProxySignIn:
             return None
         if not headers.get(self._user):
             return None
-        return Person(parse_principal(headers[self._user], self._principal_type),
-                      parse_tenant(headers.get(self._tenant, "")), parse_groups(headers.get(self._groups, "")),
-                      self.kind)
+        tenant = self._fixed_tenant or parse_tenant(headers.get(self._tenant, ""))
+        return Person(parse_principal(headers[self._user], self._principal_type), tenant,
+                      parse_groups(headers.get(self._groups, "")), self.kind)
 
     def sign_in(self, form: Mapping[str, str]) -> dict[str, Any]:
         raise SignInRefused("this console signs people in through its reverse proxy")

@@ -300,7 +300,7 @@ def console_of(sidecar: Sidecar) -> Console:
     if c.sign_in == "proxy" and c.proxy is not None:
         p = c.proxy
         authenticator = ProxySignIn(p.trusted, user_header=p.user_header, groups_header=p.groups_header,
-                                    tenant_header=p.tenant_header, principal_type=p.principal_type)
+                                    tenant_header=p.tenant_header, principal_type=p.principal_type, tenant=p.tenant)
     elif c.sign_in == "oidc" and c.oidc is not None and sidecar.approvals.id_tokens is not None:
         authenticator = OidcSignIn(sidecar.approvals.proof.prove_person, c.oidc.tenant)
     elif c.sign_in == "dev":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import urllib.parse
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -83,10 +84,20 @@ class ListenerSettings(_Strict):
 
 
 class TracingSettings(_Strict):
-    # `otlp` exports spans over OTLP/gRPC when opentelemetry-exporter-otlp is installed
-    # (its OTEL_EXPORTER_OTLP_* variables apply); `none` records no spans.
+    # `otlp` exports spans over OTLP/gRPC (opentelemetry-exporter-otlp-proto-grpc; its
+    # OTEL_EXPORTER_OTLP_* variables apply); `none` records no spans.
     exporter: Literal["none", "otlp"] = "none"
     endpoint: str = ""  # empty: the exporter's default (or OTEL_EXPORTER_OTLP_ENDPOINT)
+
+
+class DecisionLogSettings(_Strict):
+    """One INFO line per Authorize decision (sidecar/telemetry/decision_log.py)."""
+
+    enabled: bool = False
+    # Tool name -> the top-level argument names whose values a line may hold; none else.
+    arguments: dict[str, tuple[str, ...]] = {}
+
+
 Role = Literal["runtime", "approver", "auditor"]
 _TENANT = r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
 
@@ -160,6 +171,9 @@ class ConsoleProxySettings(_Strict):
     groups_header: str = Field("X-Forwarded-Groups", pattern=_HEADER)  # comma-separated
     tenant_header: str = Field("X-Forwarded-Tenant", pattern=_HEADER)
     principal_type: str = Field("User", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # The tenant of everyone this proxy signs in (one console per tenant), for a proxy that
+    # cannot send a tenant header (oauth2-proxy's flags): the header is then not read.
+    tenant: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 
     @field_validator("trusted")
     @classmethod
@@ -258,6 +272,8 @@ class Settings(_Strict):
     tracing: TracingSettings = TracingSettings()
     # `json`: one JSON object per log line (sidecar/server/logs.py).
     log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    decision_log: DecisionLogSettings = DecisionLogSettings()
     # On SIGTERM: calls in flight get this long to finish before they are cancelled.
     drain_grace_seconds: float = Field(10.0, ge=0, le=3600)
     # Who may call which RPC, for which tenants; empty: roles are not enforced.
@@ -284,6 +300,21 @@ class Settings(_Strict):
     @property
     def store_url(self) -> str:
         return self.store or f"sqlite://{self.database_path.absolute()}"
+
+    @property
+    def store_shown(self) -> str:
+        """The store for a log line: `sqlite:///path`, or `postgresql://user@host:port/db`
+        without the password and without the query (which may hold one, `?password=`)."""
+        url = self.store_url
+        if url.startswith("sqlite://"):
+            return url
+        parts = urllib.parse.urlsplit(url)
+        user = f"{urllib.parse.unquote(parts.username)}@" if parts.username else ""
+        try:
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:
+            port = ""
+        return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
@@ -360,7 +391,8 @@ class Settings(_Strict):
         return float(self.tokens.lifetime_seconds + self.tokens.leeway_seconds)
 
 
-_ENV = {"TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
+_ENV = {"TOOLAUTHZ_LOG_LEVEL": "log_level",
+        "TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
         "TOOLAUTHZ_HTTP_LISTEN": "http_listen", "TOOLAUTHZ_CONSOLE_LISTEN": "console_listen",
         "TOOLAUTHZ_STORE": "store"}
 

@@ -108,13 +108,14 @@ def start_metrics_server(host: str, port: int, multiprocess_dir: pathlib.Path | 
 
 
 def configure_tracing(settings: TracingSettings) -> None:
-    """The configured exporter, or none. OTLP needs opentelemetry-exporter-otlp: without
-    it the sidecar says so once and records no spans (tracing never stops it serving)."""
+    """The configured exporter, or none. OTLP (over gRPC) comes from
+    opentelemetry-exporter-otlp-proto-grpc, in the runtime lock; should an install lack
+    it, the sidecar says so once and records no spans (tracing never stops it serving)."""
     if settings.exporter == "none":
         tracing.use_tracer_provider(None)
         return
     try:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]  # optional
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter,
         )
     except ImportError:

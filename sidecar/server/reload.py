@@ -132,7 +132,9 @@ class BundleReloader:
             except BundleError as exc:
                 self.last_error = str(exc)
                 metrics.RELOAD_ERRORS.inc()
-                log.error("bundle reload refused; version %s keeps serving:\n%s", self._holder.current.version, exc)
+                # One line; each problem an item of `problems` (never newlines in a message).
+                log.error("bundle reload refused; version %s keeps serving", self._holder.current.version,
+                          extra={"problems": [str(p) for p in exc.problems]})
                 return False
             finally:
                 self._seen = seen

@@ -3,14 +3,17 @@ each worker of `--workers N`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sidecar.server.build import Sidecar, create_listener_server, start_console, start_http
 from sidecar.server.config import ListenerSettings
 from sidecar.server.listeners import planned_http_listeners
 from sidecar.service.running import AioServer
+
+log = logging.getLogger("toolauthz.workers")
 
 
 @dataclass(frozen=True)
@@ -48,3 +51,21 @@ def start_listeners(sidecar: Sidecar, listeners: Iterable[ListenerSettings], *,
         Serving(tuple(s for s, _ in started), ()).stop(None)
         raise
     return Serving(tuple(s for s, _ in started), tuple(a for _, a in started), http, console)
+
+
+def drain(serving: Serving, sidecar: Sidecar) -> None:
+    """SIGTERM's stop: refuse new calls at once, let the calls in flight finish within
+    `drain_grace_seconds` (then cancel them), answer what the decision pump still holds,
+    and close the stores after a final signed audit checkpoint."""
+    grace = sidecar.settings.drain_grace_seconds
+    log.info("draining: new calls are refused; calls in flight have %.1f s to finish", grace)
+    try:
+        serving.stop(grace=grace)
+    finally:
+        sidecar.close()
+    log.info("drained: final audit checkpoint signed")
+
+
+def reload_of(sidecar: Sidecar) -> Callable[[], None]:
+    reloader = sidecar.reloader
+    return reloader.trigger if reloader is not None else (lambda: None)

@@ -78,7 +78,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
-            tool, outcome = seen.decided(self._tools(), ctx, call, result)
+            tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
             seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         return _authorize_response(result)
 
@@ -102,7 +102,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                     error = pb.CallError(code=answer.status.name, message=answer.message)
                     answers.append(pb.BatchAnswer(error=error))
                     continue
-                seen.decided(self._tools(), ctx, item.call, answer)
+                seen.decided(self._tools(), ctx, item.call, answer, caller=caller)
                 answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
             seen.annotate(calls=len(calls))
         return pb.AuthorizeBatchResponse(answers=answers)

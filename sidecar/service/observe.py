@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from sidecar.authorizer import AuthorizeResult, VerifyResult
 from sidecar.model import ProposedCall, TrustedContext
+from sidecar.telemetry import decision_log as decisions
 from sidecar.telemetry import metrics, tracing
 
 __all__ = ["DECLARABLE_TRANSPORTS", "TRANSPORT_METADATA", "Observation", "TransportLabel", "approval_decided",
@@ -55,11 +56,12 @@ def grpc_transport(metadata: Iterable[tuple[str, Any]] | None) -> TransportLabel
 class Observation:
     """One request being observed: its span (None when tracing is off) and transport."""
 
-    def __init__(self, rpc: str, transport: TransportLabel, span: Any, trace: Any):
+    def __init__(self, rpc: str, transport: TransportLabel, span: Any, trace: Any, started: float = 0.0):
         self.rpc = rpc
         self.transport = transport
         self.span = span
         self._trace = trace
+        self.started = started or time.perf_counter()
 
     def plan(self, make: Callable[[], Planned]) -> Callable[[], Planned]:
         """`make` (which plans on the pump's thread) with this request's span as the parent
@@ -73,12 +75,19 @@ class Observation:
         return planned
 
     def decided(self, tools: Collection[str], ctx: TrustedContext, call: ProposedCall,
-                result: AuthorizeResult) -> tuple[str, str]:
-        """One Authorize answer (one per call of a batch): its metric and debug log line;
+                result: AuthorizeResult, *, caller: str = "") -> tuple[str, str]:
+        """One Authorize answer (one per call of a batch): its metric, its line in the
+        decision log (sidecar/telemetry/decision_log.py, when on) and its debug log line;
         returns its tool label and result."""
         tool = metrics.tool_label(call.name, tools)
         outcome = result.decision.value.lower()
         metrics.DECISIONS.labels(tool=tool, result=outcome, transport=self.transport).inc()
+        decisions.record(decision_id=result.decision_id, tenant=ctx.tenant, principal=str(ctx.principal),
+                         request_id=ctx.request_id, call_id=call.call_id, tool=call.name, result=outcome,
+                         reasons=result.reasons, errors=[e.code for e in result.errors],
+                         policy_version=result.policy_version, seconds=time.perf_counter() - self.started,
+                         caller=caller, transport=self.transport, replayed=result.replayed,
+                         input_json=call.input_json)
         _log_answer("authorize", outcome, ctx, call, tool, result.decision_id)
         return tool, outcome
 
@@ -107,7 +116,7 @@ def observed(rpc: str, transport: TransportLabel, headers: Headers) -> Iterator[
     on, for the caller's `traceparent`."""
     started = time.perf_counter()
     with tracing.rpc_span(rpc, headers) as span:
-        yield Observation(rpc, transport, span, tracing.current())
+        yield Observation(rpc, transport, span, tracing.current(), started)
         metrics.RPC_SECONDS.labels(rpc=rpc, transport=transport).observe(time.perf_counter() - started)
 
 

@@ -60,7 +60,7 @@ class HttpHandlers:
 
             result = await self._pump.answer(seen.plan(
                 lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)))
-        tool, outcome = seen.decided(self._tools(), ctx, call, result)
+        tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
         seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         return JSONResponse(authorize_json(result))
 
@@ -79,7 +79,7 @@ class HttpHandlers:
             if isinstance(answer, Failure):
                 shown.append({"error": {"code": answer.status.name, "message": answer.message}})
                 continue
-            seen.decided(self._tools(), ctx, item.call, answer)
+            seen.decided(self._tools(), ctx, item.call, answer, caller=caller)
             shown.append({"response": authorize_json(answer)})
         seen.annotate(calls=len(calls))
         return JSONResponse({"answers": shown})
