@@ -36,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
+from sidecar.audit.merkle import heads_root, records_in
 from sidecar.audit.records import KINDS
 from sidecar.audit.store import MAX_PAGE, RESULTS, AuditLog, AuditQuery
 from sidecar.audit.timeline import build_timeline
@@ -375,8 +376,9 @@ class Console:
             log_, key = self.deps.audit_log, self.deps.audit_public_key
 
             def run() -> dict[str, Any]:
-                count, head = log_.head()
-                findings = verify_chain(log_.iter_records(), log_.checkpoints(), key, max_findings=20)
+                heads = log_.heads()  # before the records: one appended meanwhile is past its head
+                count, head = records_in(heads), heads_root(heads)
+                findings = verify_chain(log_.iter_chains(), log_.checkpoints(), key, heads=heads, max_findings=20)
                 return {"ok": not findings, "count": count, "head": head, "findings": findings,
                         "at": self.deps.desk.clock.now()}
 

@@ -169,7 +169,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     audit_key = _audit_key(settings)
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
-    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate)
+    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate,
+                       chains=settings.audit_chains)
     audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.merkle import ChainHead, heads_root, records_in
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery, check_page
 from sidecar.display import shown
@@ -29,7 +30,7 @@ from sidecar.store.ledger import (
     ReserveCall,
     only_result,
 )
-from sidecar.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit
+from sidecar.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit, iter_chains
 
 AUDIT_PAGE = 1000  # records per read while streaming: bounded memory, short reads
 
@@ -92,6 +93,24 @@ def record_outcome(tx: Transaction, op: RecordOutcome) -> CallEntry | ItemFailed
     return entry
 
 
+def call_key(tenant: str, call_id: str) -> str:
+    """The lock key of a call's rows (its call row, its tokens, its approval)."""
+    return f"call\x00{tenant}\x00{call_id}"
+
+
+def lock_keys(ops: Sequence[object]) -> list[str]:
+    """What a batch of operations writes under (`Transaction.lock`): each call's key,
+    and for a reservation its run's, whose counts the reservation checks."""
+    keys = []
+    for op in ops:
+        if isinstance(op, ReserveCall):
+            keys.append(call_key(op.entry.tenant, op.entry.call_id))
+            keys.append(f"run\x00{op.entry.tenant}\x00{op.entry.request_id}")
+        elif isinstance(op, (ConsumeToken, RecordOutcome)):
+            keys.append(call_key(op.tenant, op.call_id))
+    return keys
+
+
 def apply_op(tx: Transaction, op: object) -> Any:
     """One operation in a transaction; a misuse fails that operation alone."""
     if isinstance(op, ReserveCall):
@@ -117,6 +136,7 @@ class Ledger:
 
     def _run_batch(self, ops: Sequence[LedgerOp]) -> list[Any]:
         with self._unit.transaction() as tx:
+            tx.lock(lock_keys(ops))
             return [apply_op(tx, op) for op in ops]
 
     def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
@@ -201,7 +221,8 @@ class AuditLogOf:
         if not events:
             return []
         with self._unit.transaction() as tx:
-            return tx.append_audit(events)
+            tx.append_audit(events)
+            return tx.flush_audit()
 
     def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
         check_page(limit, after_seq)
@@ -211,9 +232,16 @@ class AuditLogOf:
     def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
         return iter_audit(self._unit, from_seq, AUDIT_PAGE)
 
-    def head(self) -> tuple[int, str]:
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        return iter_chains(self._unit, AUDIT_PAGE)
+
+    def heads(self) -> list[ChainHead]:
         with self._unit.reading() as reads:
-            return reads.audit_head()
+            return reads.audit_heads()
+
+    def head(self) -> tuple[int, str]:
+        heads = self.heads()
+        return records_in(heads), heads_root(heads)
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
         with self._unit.transaction() as tx:
@@ -245,7 +273,7 @@ class Store:
         """One read reaches the database now (for health checks)."""
         try:
             with self.unit.reading() as reads:
-                reads.audit_head()
+                reads.audit_heads()
         except StoreUnavailable:
             return False
         return True
@@ -261,6 +289,7 @@ class Store:
         while True:
             with self.unit.transaction() as tx:
                 calls = tx.ended_calls(before, batch)
+                tx.lock([call_key(tenant, call_id) for tenant, call_id, _ in calls])
                 tx.delete_calls(calls)
             removed += len(calls)
             if len(calls) < batch:

@@ -3,10 +3,14 @@
 Connections come from a psycopg_pool pool (`pool_size`), each checked before use so
 that a connection the server dropped is replaced rather than failing a request, in
 autocommit for reads. Statements are prepared on the server from their first use
-(`prepare_threshold=0`). Every write transaction first takes one advisory lock
-(`schema.WRITE_LOCK`), so writes run one at a time across replicas: the audit chain has
-one head, and a run's counts read in a transaction still hold at its commit. PostgreSQL
-commits durably (synchronous_commit) before `transaction()` returns.
+(`prepare_threshold=0`). There is no lock over the whole database: a write transaction
+first takes a transaction-scoped advisory lock on each row key it writes under (a call,
+a run: `Transaction.lock`), all in one statement and in one order, so a run's counts
+read in it still hold at its commit and no two transactions wait for each other in a
+cycle; single use and one row per call id also rest on the unique keys. Its audit
+records are chained last, under row locks on their chains' heads (`audit_head`, `SELECT
+... FOR UPDATE` in name order, `store/chains.py`). PostgreSQL commits durably
+(synchronous_commit) before `transaction()` returns.
 
 Any error of the database, the network or the pool leaves as StoreUnavailable: the
 caller denies, and a transaction cut off midway (the server gone, the backend
@@ -15,6 +19,7 @@ terminated) committed nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -27,13 +32,25 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from sidecar.audit.checkpoint import Checkpoint
-from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
+from sidecar.audit.merkle import ChainHead
+from sidecar.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, COLUMNS, LAST_CHECKPOINT, filter_clauses, from_row, to_row
+from sidecar.store.audit_rows import (
+    CHAIN_NAMES,
+    CHECKPOINTS_IN_ORDER,
+    COLUMNS,
+    HEADS_SELECT,
+    LAST_CHECKPOINT,
+    checkpoint_of,
+    filter_clauses,
+    from_row,
+    heads_text,
+    to_row,
+)
+from sidecar.store.chains import ChainedAppends
 from sidecar.store.ledger import CallEntry, RecordedDecision
-from sidecar.store.postgres.schema import WRITE_LOCK
 from sidecar.store.rows import (
     APPROVAL_COLUMNS,
     CALL_COLUMNS,
@@ -55,7 +72,14 @@ _RUN_COUNTS = (
     "WHERE tenant = %s AND request_id = %s AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a "
     "WHERE a.approval_id = c.approval_id AND (a.status = 'approved' OR (a.status = 'pending' "
     "AND a.expires_at >= %s))))")
-_HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+# The chains' heads, locked in name order, then a cursor per record drawn under them (the
+# second branch of UNION ALL runs after the first has returned every row).
+_LOCK_HEADS = ("WITH locked AS (SELECT chain, seq, hash FROM audit_head WHERE chain = ANY(%s) ORDER BY chain "
+               "FOR UPDATE) SELECT chain, seq, hash FROM locked UNION ALL "
+               "SELECT NULL, nextval('audit_record_seq'), NULL FROM generate_series(1, %s)")
+_SET_HEAD = "UPDATE audit_head SET seq = %s, hash = %s WHERE chain = %s"
+# Row keys as advisory lock keys, taken in the order given (sorted by the caller).
+_LOCK_KEYS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 # Calls that ended: their outcome was reported, or they were denied (never executable).
 _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < %s) "
           "OR (decision = 'DENY' AND created_at < %s) LIMIT %s")
@@ -64,11 +88,12 @@ APPROVAL_CHANNEL = "toolauthz_approval"
 log = logging.getLogger("toolauthz.store")
 
 
-class PgTransaction:
-    """The backend's reads and writes on one connection (inside a transaction holding
-    the write lock, or in autocommit for reads)."""
+class PgTransaction(ChainedAppends):
+    """The backend's reads and writes on one connection (inside a transaction, or in
+    autocommit for reads)."""
 
-    def __init__(self, conn: psycopg.Connection[Any]):
+    def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS):
+        super().__init__(chains)
         self._conn = conn
 
     def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -119,19 +144,28 @@ class PgTransaction:
         return [from_row(row) for row in self._all(f"{_AUDIT_SELECT} WHERE seq > %s ORDER BY seq LIMIT %s",
                                                    (after_seq, limit))]
 
-    def audit_head(self) -> tuple[int, str]:
-        row = self._one(_HEAD, ())
-        return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
+    def audit_chain_page(self, chain: str, after: int, limit: int) -> list[AuditRecord]:
+        return [from_row(row) for row in self._all(
+            f"{_AUDIT_SELECT} WHERE chain = %s AND chain_seq > %s ORDER BY chain_seq LIMIT %s", (chain, after, limit))]
+
+    def audit_chain_names(self) -> list[str]:
+        return [str(row[0]) for row in self._all(CHAIN_NAMES, ())]
+
+    def audit_heads(self) -> list[ChainHead]:
+        return [ChainHead(str(c), int(n), str(h)) for c, n, h in self._all(HEADS_SELECT, ())]
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._all(CHECKPOINTS_IN_ORDER, ())
-        return [Checkpoint(*row) for row in rows]
+        return [checkpoint_of(row) for row in self._all(CHECKPOINTS_IN_ORDER, ())]
 
     def last_checkpoint(self) -> Checkpoint | None:
         row = self._one(LAST_CHECKPOINT, ())
-        return Checkpoint(*row) if row else None
+        return checkpoint_of(row) if row else None
 
     # -- writes --
+
+    def lock(self, keys: Sequence[str]) -> None:
+        if keys:
+            self._conn.execute(_LOCK_KEYS, (sorted({lock_id(key) for key in keys}),))
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
         self._conn.execute(_INSERT_CALL, call_values(entry, decided))
@@ -164,15 +198,27 @@ class PgTransaction:
              v.approval_id, v.now)).rowcount == 1
 
     def erase_expired_inputs(self, now: float) -> None:
-        self._conn.execute("UPDATE approvals SET call_input = '', call_entities = '' WHERE status = 'pending' "
-                           "AND expires_at < %s AND (call_input != '' OR call_entities != '')", (now,))
+        # Rows another transaction holds (deciding or erasing them) are left to it: waiting
+        # for them here could close a cycle with the rows that transaction waits for.
+        self._conn.execute(
+            "UPDATE approvals SET call_input = '', call_entities = '' WHERE approval_id IN (SELECT approval_id "
+            "FROM approvals WHERE status = 'pending' AND expires_at < %s AND (call_input != '' OR "
+            "call_entities != '') FOR UPDATE SKIP LOCKED)", (now,))
 
-    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
-        # The head is read under the write lock this transaction holds.
-        records = chain(list(events), *self.audit_head())
+    def _lock_heads(self, chains: list[str], count: int) -> tuple[dict[str, tuple[int, str]], list[int]]:
+        heads: dict[str, tuple[int, str]] = {}
+        seqs: list[int] = []
+        for name, seq, hash_ in self._all(_LOCK_HEADS, (chains, count)):
+            if name is None:
+                seqs.append(int(seq))
+            else:
+                heads[str(name)] = (int(seq), str(hash_))
+        return heads, seqs
+
+    def _write_records(self, records: list[AuditRecord], heads: list[ChainHead]) -> None:
         with self._conn.cursor() as cursor:
             cursor.executemany(_AUDIT_INSERT, [to_row(r) for r in records])
-        return records
+            cursor.executemany(_SET_HEAD, [(h.seq, h.hash, h.chain) for h in heads])
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]
@@ -188,9 +234,32 @@ class PgTransaction:
         self._conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, approval_id))
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
-        self._conn.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) "
-                           "VALUES (%s, %s, %s, %s, %s)",
-                           (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+        self._conn.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token, heads) "
+                           "VALUES (%s, %s, %s, %s, %s, %s)",
+                           (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token,
+                            heads_text(checkpoint)))
+
+
+def lock_id(key: str) -> int:
+    """A row key as a 64-bit advisory lock id. Two keys that share one only wait for each
+    other needlessly, never the opposite."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big",
+                          signed=True)
+
+
+def ensure_heads(url: str, chains: int, *, timeout: float) -> None:
+    """Gives each of the `chains` chains a head row (at genesis) if it has none, so that
+    appending only ever locks existing rows. A role that may not insert (an auditor
+    reading the trail) skips it: it appends nothing."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as conn:
+            conn.execute("INSERT INTO audit_head (chain, seq, hash) SELECT n::text, 0, %s "
+                         "FROM generate_series(0, %s - 1) AS n ON CONFLICT DO NOTHING", (GENESIS_HASH, chains))
+    except psycopg.errors.InsufficientPrivilege:
+        return
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"database `{shown_url(url)}`: cannot create the audit chains' heads: "
+                               f"{_first_line(exc)}") from exc
 
 
 def shown_url(url: str) -> str:
@@ -206,8 +275,9 @@ class PgUnit:
     """`url`: a libpq URL (postgresql://user@host:port/dbname?options). `timeout`: how
     long a request waits for a connection before it is refused as unavailable."""
 
-    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0):
+    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0, chains: int = DEFAULT_CHAINS):
         self.url = url
+        self.chains = chains
         self.label = f"database `{shown_url(url)}`"
         self._closed = False
         self._lock = threading.Lock()
@@ -230,8 +300,9 @@ class PgUnit:
     @contextmanager
     def transaction(self) -> Iterator[PgTransaction]:
         with self._errors("write"), self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            yield PgTransaction(conn)
+            tx = PgTransaction(conn, self.chains)
+            yield tx
+            tx.flush_audit()
 
     @contextmanager
     def reading(self) -> Iterator[PgTransaction]:

@@ -3,8 +3,10 @@
 Connections: one per thread, created on first use and all closed by `close()` (meant
 for a bounded thread pool). With WAL, readers see a snapshot and never wait for the
 writer. Writers take the process's WriteLock (threads and processes sharing the file),
-then BEGIN IMMEDIATE, so the audit head and the run counts read in a transaction are
-those its commit leaves behind; the log is synced after the lock is released.
+then BEGIN IMMEDIATE, so the chains' heads and the run counts read in a transaction are
+those its commit leaves behind (one writer: `Transaction.lock` has nothing to add); the
+log is synced after the lock is released. The audit chains are those of every store
+(`store/chains.py`), verified alike.
 """
 
 from __future__ import annotations
@@ -16,11 +18,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from sidecar.audit.checkpoint import Checkpoint
-from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
+from sidecar.audit.merkle import ChainHead
+from sidecar.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, LAST_CHECKPOINT, from_row, to_row
+from sidecar.store.audit_rows import (
+    CHAIN_NAMES,
+    CHECKPOINTS_IN_ORDER,
+    HEADS_SELECT,
+    LAST_CHECKPOINT,
+    checkpoint_of,
+    from_row,
+    heads_text,
+    to_row,
+)
+from sidecar.store.chains import ChainedAppends
 from sidecar.store.ledger import CallEntry, RecordedDecision
 from sidecar.store.rows import (
     APPROVAL_COLUMNS,
@@ -32,11 +45,18 @@ from sidecar.store.rows import (
     insert_call_sql,
 )
 from sidecar.store.rules import Store
-from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
+from sidecar.store.sqlite.audit_sql import (
+    INSERT,
+    SELECT,
+    audit_columns_added_later,
+    audit_schema,
+    build_query,
+    chains_migration,
+)
 from sidecar.store.sqlite.base import WriteLock, sync_log
 from sidecar.store.unit import ApprovalVerdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: several audit chains (audit_sql.chains_migration)
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -113,17 +133,18 @@ _RUN_COUNTS = (
     "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ? "
     "AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a WHERE a.approval_id = calls.approval_id "
     "AND (a.status = 'approved' OR (a.status = 'pending' AND a.expires_at >= ?))))")
-_HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+_LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM audit_record"
 # Calls that ended: their outcome was reported, or they were denied (never executable).
 _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < ?) "
           "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
-class SqliteTransaction:
+class SqliteTransaction(ChainedAppends):
     """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
     transaction, in autocommit for reads)."""
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, chains: int = DEFAULT_CHAINS):
+        super().__init__(chains)
         self._db = db
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
@@ -160,19 +181,28 @@ class SqliteTransaction:
         rows = self._db.execute(f"{SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
         return [from_row(row) for row in rows]
 
-    def audit_head(self) -> tuple[int, str]:
-        row = self._db.execute(_HEAD).fetchone()
-        return (row[0], row[1]) if row else (0, GENESIS_HASH)
+    def audit_chain_page(self, chain: str, after: int, limit: int) -> list[AuditRecord]:
+        rows = self._db.execute(f"{SELECT} WHERE chain = ? AND chain_seq > ? ORDER BY chain_seq LIMIT ?",
+                                (chain, after, limit)).fetchall()
+        return [from_row(row) for row in rows]
+
+    def audit_chain_names(self) -> list[str]:
+        return [str(row[0]) for row in self._db.execute(CHAIN_NAMES).fetchall()]
+
+    def audit_heads(self) -> list[ChainHead]:
+        return [ChainHead(str(c), int(n), str(h)) for c, n, h in self._db.execute(HEADS_SELECT).fetchall()]
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._db.execute(CHECKPOINTS_IN_ORDER).fetchall()
-        return [Checkpoint(*row) for row in rows]
+        return [checkpoint_of(row) for row in self._db.execute(CHECKPOINTS_IN_ORDER).fetchall()]
 
     def last_checkpoint(self) -> Checkpoint | None:
         row = self._db.execute(LAST_CHECKPOINT).fetchone()
-        return Checkpoint(*row) if row else None
+        return checkpoint_of(row) if row else None
 
     # -- writes --
+
+    def lock(self, keys: Sequence[str]) -> None:
+        """Nothing to add: this transaction is the file's one writer."""
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
         self._db.execute(_INSERT_CALL, call_values(entry, decided))
@@ -207,12 +237,19 @@ class SqliteTransaction:
         self._db.execute("UPDATE approvals SET call_input = x'', call_entities = x'' WHERE status = 'pending' "
                          "AND expires_at < ? AND (call_input != x'' OR call_entities != x'')", (now,))
 
-    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
-        # The head is read under the write lock this transaction holds: no other writer
-        # can append between this read and the commit.
-        records = chain(list(events), *self.audit_head())
+    def _lock_heads(self, chains: list[str], count: int) -> tuple[dict[str, tuple[int, str]], list[int]]:
+        # Read under the write lock this transaction holds: no other writer can append
+        # between this read and the commit.
+        marks = ", ".join("?" * len(chains))
+        rows = self._db.execute(f"SELECT chain, seq, hash FROM audit_head WHERE chain IN ({marks})", chains)
+        heads = {str(c): (int(n), str(h)) for c, n, h in rows.fetchall()}
+        last = int(self._db.execute(_LAST_SEQ).fetchone()[0])
+        return heads, list(range(last + 1, last + 1 + count))
+
+    def _write_records(self, records: list[AuditRecord], heads: list[ChainHead]) -> None:
         self._db.executemany(INSERT, [to_row(r) for r in records])
-        return records
+        self._db.executemany("UPDATE audit_head SET seq = ?, hash = ? WHERE chain = ?",
+                             [(h.seq, h.hash, h.chain) for h in heads])
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         rows = self._db.execute(_ENDED, (before, before, limit)).fetchall()
@@ -228,13 +265,15 @@ class SqliteTransaction:
         """Processes sharing a file learn of decisions by looking again (MAX_WATCH_WAIT)."""
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
-        self._db.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) VALUES (?, ?, ?, ?, ?)",
-                         (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+        self._db.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token, heads) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", (checkpoint.count, checkpoint.head_hash, checkpoint.time,
+                                                       checkpoint.kid, token, heads_text(checkpoint)))
 
 
 class SqliteUnit:
-    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, chains: int = DEFAULT_CHAINS):
         self.path = str(path)
+        self.chains = chains
         self.label = f"database `{self.path}`"
         self._busy_timeout = busy_timeout
         self._local = threading.local()
@@ -259,6 +298,9 @@ class SqliteUnit:
         with self._write_lock.held(self._busy_timeout):
             conn.execute("BEGIN IMMEDIATE")
             try:
+                logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
+                for statement in chains_migration(logged):
+                    conn.execute(statement)
                 for statement in _statements(_LEDGER_SCHEMA + audit_schema()):
                     conn.execute(statement)
                 present = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
@@ -271,6 +313,9 @@ class SqliteUnit:
                 logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
                 for name in audit_columns_added_later(logged):
                     conn.execute(f"ALTER TABLE audit_record ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
+                # Every chain this store appends to has a head row: appending only locks rows.
+                conn.executemany("INSERT OR IGNORE INTO audit_head (chain, seq, hash) VALUES (?, 0, ?)",
+                                 [(str(n), GENESIS_HASH) for n in range(self.chains)])
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -311,7 +356,9 @@ class SqliteUnit:
                 conn = self._conn()
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    yield SqliteTransaction(conn)
+                    tx = SqliteTransaction(conn, self.chains)
+                    yield tx
+                    tx.flush_audit()
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -353,9 +400,9 @@ def _statements(script: str) -> list[str]:
 class SqliteStore(Store):
     """The store in one SQLite file."""
 
-    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, chains: int = DEFAULT_CHAINS):
         self.path = str(path)
-        super().__init__(SqliteUnit(self.path, busy_timeout=busy_timeout))
+        super().__init__(SqliteUnit(self.path, busy_timeout=busy_timeout, chains=chains))
 
 
 class SqliteAuditLog(SqliteStore):
@@ -369,6 +416,12 @@ class SqliteAuditLog(SqliteStore):
 
     def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
         return self.audit_log.iter_records(from_seq)
+
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        return self.audit_log.iter_chains()
+
+    def heads(self) -> list[ChainHead]:
+        return self.audit_log.heads()
 
     def head(self) -> tuple[int, str]:
         return self.audit_log.head()
