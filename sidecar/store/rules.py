@@ -111,6 +111,13 @@ def lock_keys(ops: Sequence[object]) -> list[str]:
     return keys
 
 
+def call_of_op(op: ReserveCall | ConsumeToken | RecordOutcome) -> tuple[str, str]:
+    """The call (tenant, call_id) an operation reads first."""
+    if isinstance(op, ReserveCall):
+        return op.entry.tenant, op.entry.call_id
+    return op.tenant, op.call_id
+
+
 def apply_op(tx: Transaction, op: object) -> Any:
     """One operation in a transaction; a misuse fails that operation alone."""
     if isinstance(op, ReserveCall):
@@ -137,6 +144,8 @@ class Ledger:
     def _run_batch(self, ops: Sequence[LedgerOp]) -> list[Any]:
         with self._unit.transaction() as tx:
             tx.lock(lock_keys(ops))
+            tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
+                          [op.entry for op in ops if isinstance(op, ReserveCall) and op.counts is not None])
             return [apply_op(tx, op) for op in ops]
 
     def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
@@ -149,7 +158,7 @@ class Ledger:
 
     def run_counts(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
         with self._unit.reading() as reads:
-            return [reads.run_counts(entry) for entry in entries]
+            return reads.run_counts_of(entries)
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self._unit.reading() as reads:

@@ -49,6 +49,9 @@ class Reads(Protocol):
         of all tools and of entry's tool: those allowed, and those whose approval is
         pending (not expired at entry.created_at) or approved."""
 
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        """`run_counts` of each entry, in one read."""
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
@@ -87,6 +90,11 @@ class Transaction(Reads, Protocol):
         ends; call it once, before the first write, with every key it will write under: the
         keys are taken in one order, so two transactions never wait for each other in a
         cycle."""
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        """Reads at once the calls (tenant, call_id) and the run counts (of these
+        entries) the operations ahead will ask for, after `lock`: they are then answered
+        without a round trip each. A backend whose reads are cheap does nothing."""
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None: ...
 

@@ -51,6 +51,7 @@ from sidecar.store.audit_rows import (
 )
 from sidecar.store.chains import ChainedAppends
 from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.postgres.read_ahead import RUN_COUNTS_OF, ReadAhead, count_key, run_counts_params
 from sidecar.store.rows import (
     APPROVAL_COLUMNS,
     CALL_COLUMNS,
@@ -92,9 +93,20 @@ class PgTransaction(ChainedAppends):
     """The backend's reads and writes on one connection (inside a transaction, or in
     autocommit for reads)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS):
+    def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS,
+                 pipeline: psycopg.Pipeline | None = None):
         super().__init__(chains)
         self._conn = conn
+        # In a write transaction: statements whose results are not read are sent with the
+        # next one that is (pipeline mode), and what the batch reads is read ahead.
+        self._pipeline = pipeline
+        self._known = ReadAhead()
+
+    def _sync(self) -> None:
+        """In pipeline mode, a statement's row count is known once its result came back:
+        wait for it (one round trip) where the count is the answer."""
+        if self._pipeline is not None:
+            self._pipeline.sync()
 
     def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._conn.execute(sql, params).fetchone()
@@ -105,13 +117,40 @@ class PgTransaction(ChainedAppends):
         return rows
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
+        if (tenant, call_id) in self._known.calls:
+            return self._known.calls[(tenant, call_id)]
         row = self._one(f"SELECT {CALL_COLUMNS} FROM calls WHERE tenant = %s AND call_id = %s", (tenant, call_id))
         return call_of(row) if row is not None else None
 
     def run_counts(self, entry: CallEntry) -> tuple[int, int]:
+        known = self._known.counts.get(count_key(entry))
+        if known is not None:
+            return known
         row = self._one(_RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at))
         assert row is not None  # an aggregate always has a row
         return int(row[0]), int(row[1])
+
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        if not entries:
+            return []
+        return [(int(a), int(b)) for a, b in self._all(RUN_COUNTS_OF, run_counts_params(entries))]
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        calls = [key for key in dict.fromkeys(calls) if key not in self._known.calls]
+        if calls:
+            found = self._conn.execute(
+                f"SELECT {CALL_COLUMNS} FROM calls WHERE (tenant, call_id) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::text[]))", ([t for t, _ in calls], [c for _, c in calls]))
+        if runs:
+            counts = self._conn.execute(RUN_COUNTS_OF, run_counts_params(runs))
+        if calls:
+            self._known.calls.update(dict.fromkeys(calls))
+            for row in found.fetchall():
+                entry = call_of(row)
+                self._known.calls[(entry.tenant, entry.call_id)] = entry
+        if runs:
+            for entry, (a, b) in zip(runs, counts.fetchall(), strict=True):
+                self._known.counts[count_key(entry)] = (int(a), int(b))
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._one(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))
@@ -169,13 +208,17 @@ class PgTransaction(ChainedAppends):
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
         self._conn.execute(_INSERT_CALL, call_values(entry, decided))
+        self._known.inserted(entry, decided)
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
-        inserted = self._conn.execute(_CONSUME_TOKEN, (jti, tenant, call_id, now)).rowcount
-        updated = self._conn.execute(_MARK_VERIFIED, (jti, now, tenant, call_id)).rowcount
-        return bool(inserted and updated)
+        self._known.forget(tenant, call_id)
+        inserted = self._conn.execute(_CONSUME_TOKEN, (jti, tenant, call_id, now))
+        updated = self._conn.execute(_MARK_VERIFIED, (jti, now, tenant, call_id))
+        self._sync()
+        return bool(inserted.rowcount and updated.rowcount)
 
     def set_outcome(self, entry: CallEntry) -> None:
+        self._known.calls[(entry.tenant, entry.call_id)] = entry
         self._conn.execute(
             "UPDATE calls SET outcome = %s, outcome_at = %s, extra = %s WHERE tenant = %s AND call_id = %s",
             (entry.outcome, entry.outcome_at, json.dumps(entry.extra), entry.tenant, entry.call_id))
@@ -190,12 +233,14 @@ class PgTransaction(ChainedAppends):
              r.run_calls, r.run_tool_calls, r.approved_version))
 
     def decide_approval(self, v: ApprovalVerdict) -> bool:
-        return self._conn.execute(
+        decided = self._conn.execute(
             "UPDATE approvals SET status = %s, approver = %s, reason = %s, decided_at = %s, token = %s, "
             "token_jti = %s, token_expires_at = %s, approved_version = %s, call_input = '', call_entities = '' "
             "WHERE approval_id = %s AND status = 'pending' AND expires_at >= %s",
             (v.status, v.approver, v.reason, v.now, v.token, v.token_jti, v.token_expires_at, v.approved_version,
-             v.approval_id, v.now)).rowcount == 1
+             v.approval_id, v.now))
+        self._sync()
+        return decided.rowcount == 1
 
     def erase_expired_inputs(self, now: float) -> None:
         # Rows another transaction holds (deciding or erasing them) are left to it: waiting
@@ -224,6 +269,8 @@ class PgTransaction(ChainedAppends):
         return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]
 
     def delete_calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        for tenant, call_id, _ in calls:
+            self._known.forget(tenant, call_id)
         with self._conn.cursor() as cursor:
             cursor.executemany("DELETE FROM consumed_tokens WHERE tenant = %s AND call_id = %s",
                                [(t, c) for t, c, _ in calls])
@@ -299,8 +346,9 @@ class PgUnit:
 
     @contextmanager
     def transaction(self) -> Iterator[PgTransaction]:
-        with self._errors("write"), self._pool.connection() as conn, conn.transaction():
-            tx = PgTransaction(conn, self.chains)
+        with self._errors("write"), self._pool.connection() as conn, conn.pipeline() as pipeline, \
+                conn.transaction():
+            tx = PgTransaction(conn, self.chains, pipeline)
             yield tx
             tx.flush_audit()
 

@@ -157,6 +157,12 @@ class SqliteTransaction(ChainedAppends):
             _RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at)).fetchone()
         return int(calls), int(tool_calls)
 
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        return [self.run_counts(entry) for entry in entries]
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        """Nothing: a read of the file costs no round trip."""
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
                                (approval_id,)).fetchone()
