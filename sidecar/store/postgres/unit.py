@@ -23,12 +23,15 @@ import hashlib
 import json
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from sidecar.audit.checkpoint import Checkpoint
@@ -85,6 +88,7 @@ _LOCK_KEYS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < %s) "
           "OR (decision = 'DENY' AND created_at < %s) LIMIT %s")
 APPROVAL_CHANNEL = "toolauthz_approval"
+CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when lent
 
 log = logging.getLogger("toolauthz.store")
 
@@ -261,9 +265,12 @@ class PgTransaction(ChainedAppends):
         return heads, seqs
 
     def _write_records(self, records: list[AuditRecord], heads: list[ChainHead]) -> None:
-        with self._conn.cursor() as cursor:
-            cursor.executemany(_AUDIT_INSERT, [to_row(r) for r in records])
-            cursor.executemany(_SET_HEAD, [(h.seq, h.hash, h.chain) for h in heads])
+        # One statement each, queued in the pipeline with the COMMIT: executemany would
+        # wait for its results (a round trip) while the chains' heads are locked.
+        for record in records:
+            self._conn.execute(_AUDIT_INSERT, to_row(record))
+        for head in heads:
+            self._conn.execute(_SET_HEAD, (head.seq, head.hash, head.chain))
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]
@@ -332,8 +339,19 @@ class PgUnit:
         self._pool = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz",
             kwargs={"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))},
-            check=ConnectionPool.check_connection)
+            check=self._check, reset=self._used)
         self._pool.open(wait=False)
+        self._last_use: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+
+    def _used(self, conn: psycopg.Connection[Any]) -> None:
+        self._last_use[conn] = time.monotonic()
+
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """A connection handed back less than CHECK_AFTER seconds ago answered then: it is
+        lent without a check (a round trip). An older one is checked, so that one the
+        server dropped while idle is replaced rather than failing a request."""
+        if time.monotonic() - self._last_use.get(conn, float("-inf")) > CHECK_AFTER:
+            ConnectionPool.check_connection(conn)
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -346,11 +364,23 @@ class PgUnit:
 
     @contextmanager
     def transaction(self) -> Iterator[PgTransaction]:
-        with self._errors("write"), self._pool.connection() as conn, conn.pipeline() as pipeline, \
-                conn.transaction():
-            tx = PgTransaction(conn, self.chains, pipeline)
-            yield tx
-            tx.flush_audit()
+        # BEGIN and COMMIT are sent as statements of the pipeline: BEGIN goes with the key
+        # locks and the reads ahead, COMMIT with the audit records, whose chains' heads are
+        # so held for one round trip and the commit (psycopg's transaction() would wait for
+        # each). Three round trips in all for a batch of reservations.
+        with self._errors("write"), self._pool.connection() as conn:
+            try:
+                with conn.pipeline() as pipeline:
+                    conn.execute("BEGIN")
+                    tx = PgTransaction(conn, self.chains, pipeline)
+                    yield tx
+                    tx.flush_audit()
+                    conn.execute("COMMIT")
+            except BaseException:
+                if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def reading(self) -> Iterator[PgTransaction]:
