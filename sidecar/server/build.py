@@ -192,8 +192,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
+    pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader, watches, gate)
+                   desk, approval_store, pump, reloader, watches, gate)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:

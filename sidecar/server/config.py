@@ -187,6 +187,9 @@ class Settings(_Strict):
     # Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only.
     reload_poll_seconds: float = Field(1.0, ge=0)
     max_concurrent_rpcs: int = Field(256, ge=1)
+    # A call that would wait longer than this for its decision is refused at once
+    # (RESOURCE_EXHAUSTED, no token): the queue is bounded by time (server/pump.py). 0: no bound.
+    max_queue_seconds: float = Field(0.5, ge=0, le=60)
     max_message_bytes: int = Field(4 << 20, ge=1024)
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
