@@ -54,79 +54,13 @@ from sidecar.store.sqlite.audit_sql import (
     chains_migration,
 )
 from sidecar.store.sqlite.base import WriteLock, sync_log
+from sidecar.store.sqlite.ledger_sql import ADDED_COLUMNS, LEDGER_SCHEMA
 from sidecar.store.unit import ApprovalVerdict
 
 SCHEMA_VERSION = 2  # 2: several audit chains (audit_sql.chains_migration)
 
-_LEDGER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    decision TEXT NOT NULL DEFAULT '',
-    decision_id TEXT NOT NULL DEFAULT '',
-    policy_version TEXT NOT NULL DEFAULT '',
-    reasons TEXT NOT NULL DEFAULT '[]',
-    errors TEXT NOT NULL DEFAULT '[]',
-    approval_id TEXT NOT NULL DEFAULT '',
-    verified_jti TEXT NOT NULL DEFAULT '',
-    verified_at REAL,
-    outcome TEXT NOT NULL DEFAULT '',
-    outcome_at REAL,
-    extra TEXT NOT NULL DEFAULT '{}',
-    PRIMARY KEY (tenant, call_id)
-);
-CREATE INDEX IF NOT EXISTS calls_by_run ON calls (tenant, request_id, tool);
-CREATE TABLE IF NOT EXISTS consumed_tokens (
-    jti TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    consumed_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS approvals (
-    approval_id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    requester_type TEXT NOT NULL,
-    requester_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    resource TEXT NOT NULL,
-    group_name TEXT NOT NULL,
-    policy_id TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    short_code TEXT NOT NULL,
-    decision_id TEXT NOT NULL,
-    policy_version TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    fields TEXT NOT NULL,
-    status TEXT NOT NULL,
-    decided_at REAL,
-    approver TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '',
-    token TEXT NOT NULL DEFAULT '',
-    token_jti TEXT NOT NULL DEFAULT '',
-    token_expires_at REAL,
-    call_input BLOB NOT NULL DEFAULT x'',
-    call_entities BLOB NOT NULL DEFAULT x'',
-    run_calls INTEGER NOT NULL DEFAULT 0,
-    run_tool_calls INTEGER NOT NULL DEFAULT 0,
-    approved_version TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
-"""
 _INSERT_CALL = insert_call_sql("?")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("?")
-# Columns added after the approvals table's first version: a database file created
-# before them gets them when it is opened.
-_ADDED_COLUMNS = {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
-                  "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
-                  "approved_version": "TEXT NOT NULL DEFAULT ''"}
 # A call's budget share is held while it is allowed, or its approval is pending (not yet
 # expired at the new call's time) or approved.
 _RUN_COUNTS = (
@@ -307,10 +241,10 @@ class SqliteUnit:
                 logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
                 for statement in chains_migration(logged):
                     conn.execute(statement)
-                for statement in _statements(_LEDGER_SCHEMA + audit_schema()):
+                for statement in _statements(LEDGER_SCHEMA + audit_schema()):
                     conn.execute(statement)
                 present = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
-                for name, definition in _ADDED_COLUMNS.items():
+                for name, definition in ADDED_COLUMNS.items():
                     if name not in present:
                         conn.execute(f"ALTER TABLE approvals ADD COLUMN {name} {definition}")
                 # An audit log created before a later AuditEvent field (`caller`) gets its
