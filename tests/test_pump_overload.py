@@ -1,7 +1,8 @@
 """The decision queue is bounded by time: a request that would wait longer than
 `max_queue_seconds` is refused at once (RESOURCE_EXHAUSTED, undecided, no token), and
-one that waited over twice that when a batch takes it is refused then, unplanned. The
-clock is injected: the pump measures what a plan takes on it."""
+one that waited over twice that when a batch takes it is refused then, unplanned; a
+queue no longer than `min_queue` plans is never refused. The clock is injected: the
+pump measures what a plan takes on it."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def ticks():
 
 @pytest.fixture
 def pump(sidecar, ticks):
-    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=ticks, max_queue_seconds=0.25)
+    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=ticks, max_queue_seconds=0.25, min_queue=0)
     yield pump
     pump.close()
 
@@ -116,3 +117,30 @@ def test_a_request_that_waited_over_twice_the_bound_is_refused_unplanned(sidecar
     answer = asyncio.run(main())
     assert isinstance(answer, ResourceExhaustedError) and not planned
     assert pump.shed == 1
+
+
+def test_a_short_queue_is_never_refused_however_slow_the_plans(sidecar, ticks):
+    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=ticks, max_queue_seconds=0.25, min_queue=2)
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            first, entered, release = held(ticks, 10.0)  # a plan took ten seconds
+            task = asyncio.ensure_future(pump.answer(first))
+            await loop.run_in_executor(None, entered.wait, 30)
+            release.set()
+            await _settled(task)
+            second, entered, release = held(ticks, 0.0)
+            busy = asyncio.ensure_future(pump.answer(second))
+            await loop.run_in_executor(None, entered.wait, 30)
+            queued = asyncio.ensure_future(pump.answer(plan_for(sidecar, "short-queue")))  # 2 plans: kept
+            await asyncio.sleep(0)
+            with pytest.raises(ResourceExhaustedError):  # a third: over min_queue and over the bound
+                await pump.answer(plan_for(sidecar, "third"))
+            release.set()
+            await _settled(busy)
+            return await queued
+
+        assert asyncio.run(main()).decision == Decision.ALLOW
+        assert pump.shed == 1
+    finally:
+        pump.close()

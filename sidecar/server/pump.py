@@ -61,6 +61,7 @@ log = logging.getLogger("toolauthz.pump")
 
 
 _SMOOTHING = 0.2  # weight of the newest batch in the time a plan takes
+MIN_QUEUE = 64  # plans that may always queue: they share the next batch
 
 
 class _Job:
@@ -92,13 +93,16 @@ class DecisionPump:
     stops inline decisions for `slow_pause` seconds: the loop must not stall for long,
     its health checks and other calls would wait too. `clock`: monotonic seconds.
     `max_queue_seconds`: the queue's bound in time (None: unbounded; `serve` passes the
-    `max_queue_seconds` setting)."""
+    `max_queue_seconds` setting). A queue of at most `min_queue` plans is never refused:
+    they share the next batch, and on a slow machine a few calls in flight are not an
+    overload."""
 
     def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH, inline_after: int | None = 8,
                  slow_inline: float = 0.25, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 max_queue_seconds: float | None = None):
+                 max_queue_seconds: float | None = None, min_queue: int = MIN_QUEUE):
         self._authorizer = authorizer
         self._max_queue_seconds = max_queue_seconds
+        self._min_queue = min_queue
         self._plan_seconds = 0.0  # what a plan took in the last batches (smoothed)
         self._queued_plans = 0  # plans queued and in the running batch
         self._shed = 0
@@ -207,7 +211,8 @@ class DecisionPump:
 
     def _too_long(self, plans: int) -> bool:
         """Would `plans` plans ahead of and with a request make it wait too long?"""
-        return self._max_queue_seconds is not None and plans * self._plan_seconds > self._max_queue_seconds
+        return self._max_queue_seconds is not None and plans > self._min_queue and \
+            plans * self._plan_seconds > self._max_queue_seconds
 
     def _refused(self, count: int) -> None:
         self._shed += count
@@ -288,7 +293,7 @@ class DecisionPump:
 
     def _late(self, batch: list[_Job], now: float) -> tuple[list[_Job], list[_Job]]:
         """The jobs to decide, and those that waited over twice the bound: refused."""
-        if self._max_queue_seconds is None:
+        if self._max_queue_seconds is None or sum(job.plans for job in batch) <= self._min_queue:
             return batch, []
         limit = 2 * self._max_queue_seconds
         late = [job for job in batch if now - job.queued_at > limit]
