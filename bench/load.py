@@ -87,12 +87,13 @@ def _request_maker(spec: dict):
 
     from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 
-    tools, prefix = spec["tools"], spec["prefix"]
+    tools, prefix, tenants = spec["tools"], spec["prefix"], spec.get("tenants", 1)
 
     def make(n: int) -> Any:
         return pb.AuthorizeRequest(
             context=pb.TrustedContext(
-                tenant="acme", principal=pb.Principal(type="User", id=PRINCIPAL),
+                tenant="acme" if tenants == 1 else f"acme{(n // 4) % tenants}",  # a run stays in its tenant
+                principal=pb.Principal(type="User", id=PRINCIPAL),
                 request_id=f"r{prefix}-{n // 4}",  # a model run makes a few calls
                 entities_json=json.dumps(bundles.request_entities(n, PRINCIPAL)).encode()),
             call=pb.ToolCall(call_id=f"c{prefix}-{n}", name=bundles.tool_for(n, tools),
@@ -365,15 +366,17 @@ def _check_alive(procs, deadline: float, what: str, waiting_for: int = 0) -> Non
 
 
 def closed_loop(address: str, *, rpc: str, concurrency: int, procs: int, duration: float, tools: int,
-                prefix: str, max_calls: int, warmup: int = 3, cpu=None, tls: dict | None = None) -> RunResult:
+                prefix: str, max_calls: int, warmup: int = 3, cpu=None, tls: dict | None = None,
+                tenants: int = 1) -> RunResult:
     """`concurrency` calls in flight from `procs` client processes (threads spread evenly),
     until `duration` seconds have passed or `max_calls` calls were made (for Verify: the
-    number of tokens minted before the timed phase). `tls`: see `_channel`."""
+    number of tokens minted before the timed phase). `tls`: see `_channel`. `tenants`:
+    the calls' runs spread over that many tenants."""
     procs = max(1, min(procs, concurrency))
     per_proc = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     per_thread = max(1, -(-max_calls // concurrency))
     specs = [{"address": address, "rpc": rpc, "threads": threads, "duration": duration, "max_calls": per_thread,
-              "warmup": warmup, "tools": tools, "prefix": f"{prefix}p{i}", "tls": tls}
+              "warmup": warmup, "tools": tools, "prefix": f"{prefix}p{i}", "tls": tls, "tenants": tenants}
              for i, threads in enumerate(per_proc)]
     return _run(closed_loop_main, specs, timeout=duration + 600, cpu=cpu)
 

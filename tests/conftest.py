@@ -68,8 +68,11 @@ def settings(request, tmp_path, bundle_dir, backend) -> Settings:
         store = request.getfixturevalue("postgres_url")
         migrate(store)
     # No polling watcher: tests reload explicitly, so a background reload never races them.
+    # No time bound on the decision queue: on a loaded machine it would shed calls at
+    # random (tests/test_pump_overload.py tests the bound on an injected clock).
     return Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
-                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0, store=store)
+                    audit={"checkpoint_interval_seconds": 3600}, reload_poll_seconds=0, store=store,
+                    max_queue_seconds=0)
 
 
 # The PostgreSQL server the tests use (CI starts one): each test session creates a

@@ -20,14 +20,17 @@ from sidecar.audit import (
     GENESIS_HASH,
     AuditEvent,
     AuditRecord,
+    ChainHead,
     CheckpointError,
     canonical_body,
     record_hash,
     sign_checkpoint,
+    sign_heads,
     verify_chain,
     verify_checkpoint,
 )
 from sidecar.audit.checkpoint import PURPOSE
+from sidecar.audit.merkle import heads_json
 from sidecar.audit.records import chain
 from sidecar.canonical import _in_domain
 from sidecar.store import SqliteAuditLog
@@ -48,10 +51,10 @@ def event(i: int) -> AuditEvent:
 
 @pytest.fixture
 def store(tmp_path):
-    """Ten records and a checkpoint over all of them."""
-    log = SqliteAuditLog(tmp_path / "audit.db")
+    """Ten records in one chain (seq and chain_seq agree) and a checkpoint over them."""
+    log = SqliteAuditLog(tmp_path / "audit.db", chains=1)
     log.append([event(i) for i in range(1, 11)])
-    cp = sign_checkpoint(*log.head(), T0 + 11, AUDIT_KEY, "audit-1")
+    cp = sign_heads(log.heads(), T0 + 11, AUDIT_KEY, "audit-1")
     log.add_checkpoint(cp.token, cp)
     yield log
     log.close()
@@ -140,9 +143,9 @@ def test_deleted_range_is_named(store):
 
 
 def test_swapped_records_are_named(store):
-    tamper(store, "UPDATE audit_record SET seq = 1000 WHERE seq = 3",
-           "UPDATE audit_record SET seq = 3 WHERE seq = 7",
-           "UPDATE audit_record SET seq = 7 WHERE seq = 1000")
+    tamper(store, "UPDATE audit_record SET seq = 1000, chain_seq = 1000 WHERE seq = 3",
+           "UPDATE audit_record SET seq = 3, chain_seq = 3 WHERE seq = 7",
+           "UPDATE audit_record SET seq = 7, chain_seq = 7 WHERE seq = 1000")
     assert findings(store) == [(3, "reordered"), (7, "reordered")]
 
 
@@ -160,7 +163,7 @@ def test_truncated_log_is_named(store):
 
 def test_rewritten_tail_is_caught_only_by_the_checkpoint(store):
     second = list(store.iter_records())[1]
-    early = sign_checkpoint(2, second.hash, T0 + 2, AUDIT_KEY, "audit-1")
+    early = sign_heads([ChainHead("0", 2, second.hash)], T0 + 2, AUDIT_KEY, "audit-1")
     store.add_checkpoint(early.token, early)
     # Edit record 3, then re-hash it and every later record: the chain is consistent.
     tamper(store, "UPDATE audit_record SET result = 'DENY' WHERE seq = 3")
@@ -183,10 +186,11 @@ def test_forged_checkpoint_signature_is_named(store):
     attacker_key, _ = key_pair()
     # The attacker truncates the log and signs a checkpoint that matches the shorter log.
     tamper(store, "DELETE FROM audit_record WHERE seq > 7")
-    forged = sign_checkpoint(*store.head(), T0 + 12, attacker_key, "audit-1")
+    seventh = list(store.iter_records())[-1]
+    forged = sign_heads([ChainHead("0", 7, seventh.hash)], T0 + 12, attacker_key, "audit-1")
     conn = sqlite3.connect(store.path)
-    conn.execute("UPDATE audit_checkpoint SET count = ?, head_hash = ?, token = ?",
-                 (forged.count, forged.head_hash, forged.token))
+    conn.execute("UPDATE audit_checkpoint SET count = ?, head_hash = ?, token = ?, heads = ?",
+                 (forged.count, forged.head_hash, forged.token, heads_json(forged.heads)))
     conn.commit()
     conn.close()
     assert findings(store) == [(7, "bad_checkpoint_signature")]
@@ -280,9 +284,9 @@ def test_public_names():
     import sidecar.audit
 
     assert sorted(sidecar.audit.__all__) == sorted([
-        "GENESIS_HASH", "KINDS", "AuditEvent", "AuditLog", "AuditQuery", "AuditRecord",
-        "Checkpoint", "CheckpointError", "Finding", "canonical_body", "record_hash",
-        "sign_checkpoint", "verify_chain", "verify_checkpoint"])
+        "GENESIS_HASH", "KINDS", "LEGACY_CHAIN", "AuditEvent", "AuditLog", "AuditQuery", "AuditRecord",
+        "ChainHead", "Checkpoint", "CheckpointError", "Finding", "canonical_body", "chain_of", "heads_root",
+        "record_hash", "sign_checkpoint", "sign_heads", "verify_chain", "verify_checkpoint"])
     assert all(hasattr(sidecar.audit, name) for name in sidecar.audit.__all__)
 
 

@@ -13,7 +13,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sidecar.audit import AuditEvent, AuditQuery, verify_chain
+from sidecar.audit import GENESIS_HASH, AuditEvent, AuditQuery, ChainHead, chain_of, heads_root, verify_chain
+from sidecar.audit.records import DEFAULT_CHAINS
 from sidecar.errors import StoreUnavailable
 from sidecar.store import SqliteAuditLog
 from sidecar.store.sqlite.audit_sql import build_query
@@ -49,12 +50,21 @@ def sqlite_log(tmp_path):
 
 
 def test_append_numbers_and_chains_records(log):
-    first = log.append([event(1), event(2)])
-    second = log.append([event(3)])
-    assert [r.seq for r in first + second] == [1, 2, 3]
-    assert first[1].prev_hash == first[0].hash and second[0].prev_hash == first[1].hash
-    assert list(log.iter_records()) == first + second
-    assert log.head() == (3, second[0].hash)
+    # Two records of one call (one chain, whatever the number of chains), then another call's.
+    first = log.append([event(1), event(2, call_id="c-1")])
+    second = log.append([event(3, call_id="c-1"), event(4)])
+    records = first + second
+    assert [r.seq for r in records] == [1, 2, 3, 4]
+    assert [r.chain_seq for r in records[:3]] == [1, 2, 3] and len({r.chain for r in records[:3]}) == 1
+    assert records[0].prev_hash == GENESIS_HASH
+    assert records[1].prev_hash == records[0].hash and records[2].prev_hash == records[1].hash
+    assert all(r.chain == chain_of(r.event, DEFAULT_CHAINS) for r in records)
+    assert list(log.iter_records()) == records
+    assert sorted(log.iter_chains(), key=lambda r: r.seq) == records
+    used = {h.chain: h for h in log.heads() if h.seq}
+    assert used[records[2].chain] == ChainHead(records[2].chain, 3, records[2].hash)
+    assert sum(h.seq for h in used.values()) == 4
+    assert log.head() == (4, heads_root(log.heads()))
     assert log.append([]) == []
 
 
@@ -81,7 +91,7 @@ def test_columns_are_plain_and_readable_without_this_code(sqlite_log):
     row = conn.execute("SELECT * FROM audit_record").fetchone()
     conn.close()
     event_names = [f.name for f in dataclass_fields(AuditEvent)]
-    assert row.keys() == ["seq", *event_names, "prev_hash", "hash"]
+    assert row.keys() == ["seq", *event_names, "prev_hash", "hash", "chain", "chain_seq"]
     assert (row["reasons"], row["fields"], row["detail"]) == ('["p1"]', '{"amount":5}', "{}")
     assert isinstance(row["time"], float) and row["principal"] == 'User::"alice"'
 

@@ -180,13 +180,13 @@ def test_checkpointer_signs_the_head_periodically_and_at_close(log):
     checkpointer = Checkpointer(recording, private, "audit-1", FrozenClock(T0), interval=0.01)
     assert recording.added.wait(WAIT)
     (periodic,) = log.checkpoints()
-    assert verify_checkpoint(periodic.token, public).count == 1
+    assert verify_checkpoint(periodic.token, public, periodic.heads).count == 1
 
     writer.write(event(2))
     writer.close()
     checkpointer.close()  # signs the final head, unless the timer just did
     newest = log.checkpoints()[-1]
     assert (newest.count, newest.head_hash) == log.head()
-    assert verify_checkpoint(newest.token, public) == newest
+    assert verify_checkpoint(newest.token, public, newest.heads) == newest
     assert checkpointer.checkpoint() is None  # nothing new to sign
     assert verify_chain(log.iter_records(), log.checkpoints(), public) == []

@@ -174,7 +174,8 @@ def test_every_replica_sees_every_decision_and_the_trail_verifies_until_edited(f
     with psycopg.connect(store, autocommit=True) as owner:  # the owner role can edit; the chain shows it
         owner.execute("ALTER TABLE audit_record DISABLE TRIGGER USER")
         owner.execute("UPDATE audit_record SET result = 'DENY' WHERE call_id = 'q1' AND kind = 'authorize'")
-        seq = owner.execute("SELECT seq FROM audit_record WHERE call_id = 'q1' AND kind = 'authorize'").fetchone()
+        place = owner.execute("SELECT chain, chain_seq FROM audit_record WHERE call_id = 'q1' AND kind = 'authorize'"
+                              ).fetchone()
         owner.execute("ALTER TABLE audit_record ENABLE TRIGGER USER")
     assert main(["audit", "verify", "--store", store, "--data-dir", data]) == 1
-    assert f"seq {seq[0]}: edited" in capsys.readouterr().out
+    assert f"chain {place[0]} seq {place[1]}: edited" in capsys.readouterr().out

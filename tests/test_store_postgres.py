@@ -141,12 +141,13 @@ def owner_sql(store_url: str, statements: list[tuple[str, tuple]]) -> None:
 
 def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrite(store_url, tmp_path, capsys):
     """An edit is named; a writer holding the database and the audit key who re-hashes
-    the chain and re-signs the stored checkpoints passes `verify` against the store, but
+    the chains and re-signs the stored checkpoints passes `verify` against the store, but
     not against the checkpoints exported before."""
     from conftest import key_pair
 
-    from sidecar.audit.checkpoint import sign_checkpoint
-    from sidecar.audit.records import chain
+    from sidecar.audit.checkpoint import sign_heads
+    from sidecar.audit.merkle import ChainHead
+    from sidecar.audit.records import GENESIS_HASH, chain
     from sidecar.cli.main import main
 
     private, public = key_pair()
@@ -154,27 +155,32 @@ def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrit
     key_file.write_text(public.to_paserk())
     with open_store(store_url) as store:
         store.audit_log.append([event(i) for i in range(1, 4)])
-        count, head = store.audit_log.head()
-        store.audit_log.add_checkpoint(sign_checkpoint(count, head, 10.0, private, "k1").token,
-                                       sign_checkpoint(count, head, 10.0, private, "k1"))
+        signed = sign_heads(store.audit_log.heads(), 10.0, private, "k1")
+        store.audit_log.add_checkpoint(signed.token, signed)
     base = ["audit", "--store", store_url]
     assert main([*base, "verify", "--public-key", str(key_file)]) == 0
-    assert "ok: 3 records, 1 checkpoints" in capsys.readouterr().out
+    assert "ok: 3 records in" in capsys.readouterr().out
     exported = tmp_path / "checkpoints.txt"
     assert main([*base, "checkpoints", "--out", str(exported)]) == 0
-    assert len(exported.read_text().split()) == 1
+    assert len(exported.read_text().splitlines()) == 1
 
     owner_sql(store_url, [("UPDATE audit_record SET result = 'DENY' WHERE seq = %s", (2,))])
     assert main([*base, "verify", "--public-key", str(key_file)]) == 1
-    assert "seq 2: edited" in capsys.readouterr().out
+    assert ": edited: record 1 of chain" in capsys.readouterr().out
 
-    with open_store(store_url) as store:  # the rewrite: re-hashed, re-signed
+    with open_store(store_url) as store:  # the rewrite: every chain re-hashed, the checkpoints re-signed
         records = list(store.audit_log.iter_records())
-        rewritten = chain([r.event for r in records], 0, "0" * 64)
-        owner_sql(store_url, [("UPDATE audit_record SET prev_hash = %s, hash = %s WHERE seq = %s",
-                               (r.prev_hash, r.hash, r.seq)) for r in rewritten]
-                  + [("DELETE FROM audit_checkpoint", ())])
-        forged = sign_checkpoint(3, rewritten[-1].hash, 20.0, private, "k1")
+        statements, heads = [], []
+        for name in sorted({r.chain for r in records}):
+            own = [r for r in records if r.chain == name]
+            rewritten = chain([r.event for r in own], 0, GENESIS_HASH, name)
+            statements += [("UPDATE audit_record SET prev_hash = %s, hash = %s WHERE seq = %s",
+                             (new.prev_hash, new.hash, old.seq)) for old, new in zip(own, rewritten, strict=True)]
+            statements.append(("UPDATE audit_head SET hash = %s WHERE chain = %s", (rewritten[-1].hash, name)))
+            heads.append(ChainHead(name, len(own), rewritten[-1].hash))
+        owner_sql(store_url, statements + [("DELETE FROM audit_checkpoint", ())])
+        others = [h for h in store.audit_log.heads() if h.chain not in {h.chain for h in heads}]
+        forged = sign_heads(heads + others, 20.0, private, "k1")
         store.audit_log.add_checkpoint(forged.token, forged)
     assert main([*base, "verify", "--public-key", str(key_file)]) == 0
     capsys.readouterr()

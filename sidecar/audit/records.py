@@ -1,15 +1,24 @@
-"""What the audit trail stores, and how each record is hashed into the chain.
+"""What the audit trail stores, and how each record is hashed into its chain.
 
-A record's hash covers the previous record's hash and the RFC 8785 canonical JSON of
-every field (seq and time included), so changing, removing or moving any record breaks
-the chain from that point on (RFC 6962 uses a Merkle tree; a chain is enough here
-because the log is only ever verified from the start, never by inclusion proofs).
+The trail is a few hash chains, not one, so that writers of different chains never wait
+for each other (`chain_of` says which record goes where; docs/architecture.md). A
+record's hash covers the previous record of its chain's hash and the RFC 8785 canonical
+JSON of every field, of its place in its chain (`chain_seq`, hashed as "seq") and of the
+chain's name, so changing, removing or moving any record breaks its chain from that
+point on. A signed checkpoint commits every chain's head at once (`merkle.py`).
+
+The records written before the trail had several chains form the chain named "" (the
+legacy chain, frozen): their `chain_seq` is their `seq`, and their body has no chain
+name, exactly as they were hashed then. `seq` itself is the log's cursor (paging, order
+of a listing): unique, and increasing along each chain, but not hashed, since records
+of different chains commit concurrently.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
@@ -18,6 +27,9 @@ from sidecar.canonical import canonical_json, read_back
 
 KINDS = ("authorize", "verify", "approval", "outcome")
 GENESIS_HASH = "0" * 64
+LEGACY_CHAIN = ""  # the records chained before the trail had several chains
+DEFAULT_CHAINS = 16  # chains a new record is spread over (`audit_chains`)
+MAX_CHAINS = 1024
 _DOMAIN = b"toolauthz/audit/v1\n"
 
 
@@ -107,25 +119,36 @@ _TEXT_FIELDS = tuple(f.name for f in dataclass_fields(AuditEvent) if f.type == "
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """An event as committed: its place in the log and its link in the chain."""
+    """An event as committed: its place in the log (`seq`), its chain and its place and
+    link in that chain. `chain_seq` 0 means `seq` (a record of the legacy chain)."""
 
     seq: int
     event: AuditEvent
     prev_hash: str
     hash: str
+    chain: str = LEGACY_CHAIN
+    chain_seq: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.chain_seq:
+            object.__setattr__(self, "chain_seq", self.seq)
 
     def body(self) -> bytes:
-        return canonical_body(self.seq, self.event)
+        return canonical_body(self.chain_seq, self.event, self.chain)
 
 
-def canonical_body(seq: int, event: AuditEvent) -> bytes:
-    """RFC 8785 JSON of every event field plus seq (the hashes are not part of it); a
-    field of `_LATER_FIELDS` only when it is set."""
+def canonical_body(seq: int, event: AuditEvent, chain_name: str = LEGACY_CHAIN) -> bytes:
+    """RFC 8785 JSON of every event field, the record's place in its chain as "seq" and
+    the chain's name as "chain" (the hashes are not part of it); a field of
+    `_LATER_FIELDS`, and the chain's name, only when set: so a record of the legacy
+    chain hashes as it did before there were chains."""
     body: dict[str, Any] = {name: getattr(event, name) for name in _FIELDS
                             if name not in _LATER_FIELDS or getattr(event, name) != ""}
     body["reasons"] = list(event.reasons)
     body["error_codes"] = list(event.error_codes)
     body["seq"] = seq
+    if chain_name != LEGACY_CHAIN:
+        body["chain"] = chain_name
     return canonical_json(body)
 
 
@@ -133,13 +156,27 @@ def record_hash(prev_hash: str, body: bytes) -> str:
     return hashlib.sha256(_DOMAIN + prev_hash.encode("ascii") + b"\n" + body).hexdigest()
 
 
-def chain(events: list[AuditEvent], head_seq: int, head_hash: str) -> list[AuditRecord]:
-    """Number and link `events` after the given head; backends call this inside the
-    transaction that read the head, so concurrent appenders cannot fork the chain."""
+def chain(events: Sequence[AuditEvent], head_seq: int, head_hash: str, chain_name: str = LEGACY_CHAIN, *,
+          first_seq: int = 0) -> list[AuditRecord]:
+    """Number and link `events` after the head (`head_seq`, `head_hash`) of chain
+    `chain_name`; backends call this inside the transaction that locked the head, so
+    concurrent appenders cannot fork the chain. `first_seq`: the log's cursor of the
+    first record (0: the chain's own numbering, as the legacy chain had)."""
     records = []
-    for event in events:
+    for i, event in enumerate(events):
         head_seq += 1
-        head_hash_next = record_hash(head_hash, canonical_body(head_seq, event))
-        records.append(AuditRecord(head_seq, event, head_hash, head_hash_next))
+        head_hash_next = record_hash(head_hash, canonical_body(head_seq, event, chain_name))
+        records.append(AuditRecord(first_seq + i if first_seq else head_seq, event, head_hash, head_hash_next,
+                                   chain_name, head_seq))
         head_hash = head_hash_next
     return records
+
+
+def chain_of(event: AuditEvent, chains: int) -> str:
+    """The chain a new record goes to: one of `chains` names ("0" .. "chains-1"), by a
+    hash of its tenant and call id. A call's records share a chain, so its story is in
+    one chain's order; the number of chains is the operator's, never the callers' (a
+    chain per tenant would let whoever names tenants grow every checkpoint)."""
+    digest = hashlib.blake2b(event.tenant.encode("utf-8", "surrogatepass") + b"\x00" +
+                             event.call_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return str(int.from_bytes(digest, "big") % chains)

@@ -1,10 +1,11 @@
 """The audit log interface that every storage backend implements (sidecar/store/).
 
 Rules a backend must keep, whatever its storage:
-- `append` is one transaction that reads the head, chains the events after it (with
-  `records.chain`) and commits, serialized against every other appender, including other
-  processes and replicas (SQLite: BEGIN IMMEDIATE; PostgreSQL: a row lock on a head row,
-  or SERIALIZABLE). Either all events are committed or none.
+- `append` is one transaction that locks the heads of the chains its events go to
+  (`records.chain_of`), chains each event after its chain's head and commits,
+  serialized against every other appender to those chains, including other processes
+  and replicas (SQLite: BEGIN IMMEDIATE; PostgreSQL: a row lock on each head row).
+  Either all events are committed or none.
 - Every storage error surfaces as StoreUnavailable: the caller then denies.
 - Records are never updated or deleted through this interface.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.merkle import ChainHead
 from sidecar.audit.records import KINDS, AuditEvent, AuditRecord
 from sidecar.display import shown
 from sidecar.errors import RequestError
@@ -112,8 +114,15 @@ class AuditLog(Protocol):
     def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
         """Every record from `from_seq` on, by seq, without holding them all in memory."""
 
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        """Every record, chain by chain, each chain in its order (what verification
+        reads: no record committing meanwhile can be skipped)."""
+
+    def heads(self) -> list[ChainHead]:
+        """Every chain's stored head, by name."""
+
     def head(self) -> tuple[int, str]:
-        """(number of records, hash of the last one); (0, GENESIS_HASH) when empty."""
+        """(number of records, Merkle root over every chain's head: `merkle.heads_root`)."""
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
         """Store a signed checkpoint; `token` is what verification trusts."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
+from sidecar.audit.merkle import heads_from_json, heads_json, heads_root, records_in
 from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
 from sidecar.audit.timeline import Summary, build_timeline
 from sidecar.cli.approvals import RPC_TIMEOUT, client_tls
@@ -76,12 +77,12 @@ def add_audit_command(sub) -> None:
     show.add_argument("--resource", type=resource_filter,
                       help='every call on this resource, e.g. Order::"ord_777" (instead of a call id)')
     show.add_argument("--tool", help="with --resource: only calls of this tool")
-    verify = verbs.add_parser("verify", help="check the hash chain against the signed checkpoints")
+    verify = verbs.add_parser("verify", help="check the hash chains against the signed checkpoints")
     verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
                                              "default: derived from <data-dir>/audit-key.pem")
     verify.add_argument("--checkpoints", help="a file written by `audit checkpoints --out`: verify against "
                                               "these signed checkpoints only, not those in the store")
-    checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one token per line")
+    checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one per line")
     checkpoints.add_argument("--out", required=True, help="the file to write")
     every = [*parsers, show, verify, checkpoints]
     add_server_options(audit, [*parsers, show], "the sidecar's Audit address: read it instead of a local store "
@@ -324,22 +325,26 @@ def _story_line(record: AuditRecord) -> str:
 def _verify(log, args) -> int:
     keys = _audit_public_keys(args)
     checkpoints = _exported_checkpoints(args.checkpoints) if args.checkpoints else log.checkpoints()
-    findings = verify_chain(log.iter_records(), checkpoints, keys)
-    count, head = log.head()
+    heads = log.heads()  # before the records: a record appended meanwhile is past its head
+    findings = verify_chain(log.iter_chains(), checkpoints, keys, heads=heads)
+    count, root = records_in(heads), heads_root(heads)
     if not findings:
         source = f"exported in `{shown(args.checkpoints)}`" if args.checkpoints else "stored"
-        print(f"ok: {count} records, {len(checkpoints)} checkpoints ({source}), head {head[:16]}…")
+        chains = sum(1 for h in heads if h.seq)
+        print(f"ok: {count} records in {chains} chains, {len(checkpoints)} checkpoints ({source}), "
+              f"root {root[:16]}…")
         return 0
     for f in findings:
-        where = f"seq {f.seq}" if f.last_seq == f.seq else f"seq {f.seq}-{f.last_seq}"
-        print(f"{where}: {display(f.kind)}: {bounded_message(f.message)}")
+        print(f"{display(f.where)}: {display(f.kind)}: {bounded_message(f.message)}")
     print(f"{len(findings)} finding(s): the audit trail was altered", file=sys.stderr)
     return 1
 
 
 def _checkpoints(log, args) -> int:
     checkpoints = log.checkpoints()
-    pathlib.Path(args.out).write_text("".join(f"{cp.token}\n" for cp in checkpoints), encoding="utf-8")
+    # A line per checkpoint: its token, and for one of every chain the heads its root signs.
+    lines = [f"{cp.token} {heads_json(cp.heads)}" if cp.version == 2 else cp.token for cp in checkpoints]
+    pathlib.Path(args.out).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     print(f"{len(checkpoints)} checkpoints written to {shown(args.out)}")
     return 0
 
@@ -347,8 +352,9 @@ def _checkpoints(log, args) -> int:
 def _exported_checkpoints(path: str) -> list[Checkpoint]:
     """The tokens of an export; what each one says is read from it only once its
     signature verifies (verify_chain), so the placeholders here are never trusted."""
-    lines = pathlib.Path(path).read_text(encoding="utf-8").split()
-    return [Checkpoint(0, "", 0.0, "", token) for token in lines]
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    exported = [line.strip().partition(" ") for line in lines if line.strip()]
+    return [Checkpoint(0, "", 0.0, "", token, heads_from_json(heads.strip())) for token, _, heads in exported]
 
 
 def _audit_public_keys(args):

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from sidecar.audit.merkle import heads_root, records_in
 from sidecar.audit.records import KINDS
 from sidecar.audit.store import MAX_PAGE, RESULTS, AuditQuery
 from sidecar.audit.timeline import build_timeline
@@ -70,8 +71,9 @@ class AuditPages(PageHost):
             log_, key = self.deps.audit_log, self.deps.audit_public_key
 
             def run() -> dict[str, Any]:
-                count, head = log_.head()
-                findings = verify_chain(log_.iter_records(), log_.checkpoints(), key, max_findings=20)
+                heads = log_.heads()  # before the records: one appended meanwhile is past its head
+                count, head = records_in(heads), heads_root(heads)
+                findings = verify_chain(log_.iter_chains(), log_.checkpoints(), key, heads=heads, max_findings=20)
                 return {"ok": not findings, "count": count, "head": head, "findings": findings,
                         "at": self.deps.desk.clock.now()}
 

@@ -175,7 +175,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     audit_key = _audit_key(settings)
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
-    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate)
+    store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate,
+                       chains=settings.audit_chains)
     audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
@@ -199,8 +200,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     gate = Gate(role_policy(settings), writer, clock, callers)
     gate.refusals.start()  # a minute's counts are written once it ends, refused again or not
     notifier = notifier_of(settings.notifications, store, bundles, clock)
+    pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
-                   desk, approval_store, DecisionPump(authorizer), reloader, watches, gate, notifier)
+                   desk, approval_store, pump, reloader, watches, gate, notifier)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sidecar.audit.records import DEFAULT_CHAINS, MAX_CHAINS
 from sidecar.batch import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, BatchLimits
 from sidecar.errors import ToolAuthzError
 from sidecar.store.open import parse_store_url
@@ -261,6 +262,9 @@ class Settings(_Strict):
     # Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only.
     reload_poll_seconds: float = Field(1.0, ge=0)
     max_concurrent_rpcs: int = Field(256, ge=1)
+    # A call that would wait longer than this for its decision is refused at once
+    # (RESOURCE_EXHAUSTED, no token): the queue is bounded by time (server/pump.py). 0: no bound.
+    max_queue_seconds: float = Field(0.5, ge=0, le=60)
     max_message_bytes: int = Field(4 << 20, ge=1024)
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
@@ -286,6 +290,9 @@ class Settings(_Strict):
     store_pool_size: int = Field(8, ge=1, le=256)  # PostgreSQL connections per process
     # Serving upgrades an older PostgreSQL schema first (else it refuses to start).
     store_migrate: bool = False
+    # The audit chains new records are spread over (by tenant and call id): writers of
+    # different chains never wait for each other (docs/performance.md, the fleet).
+    audit_chains: int = Field(DEFAULT_CHAINS, ge=1, le=MAX_CHAINS)
 
     @field_validator("store")
     @classmethod

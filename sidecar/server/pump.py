@@ -24,6 +24,15 @@ An inline decision cannot see its client cancel (the loop that would tell it is 
 deciding), as a pump decision cannot once its token is minted: the deadline is still
 checked before the token, and a cancelled call's answer reaches no one.
 
+The queue is bounded by time, not by count: a request that would wait longer than
+`max_queue_seconds` for its turn (the plans queued and running, times the time a plan
+took in the last batches) is refused at once with ResourceExhaustedError, before any
+work is spent on it; one that has waited longer than twice that by the time a batch
+takes it (the estimate was wrong) is refused then, still undecided. Under overload the
+pump so keeps deciding what it accepts at near-quiet latency instead of queueing every
+call until its client has given up. Each refusal is counted (`metrics.SHED`) and handed
+to `on_shed`, where the refusals are audited in aggregate.
+
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
 awaiting coroutine). A group job (`answer_group`, AuthorizeBatch) returns many plans,
@@ -44,18 +53,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.authorizer import Authorizer, Plan
-from sidecar.errors import StoreUnavailable
+from sidecar.errors import ResourceExhaustedError, StoreUnavailable
 from sidecar.store.group_commit import MAX_BATCH
+from sidecar.telemetry import metrics
 
 log = logging.getLogger("toolauthz.pump")
 
 
+_SMOOTHING = 0.2  # weight of the newest batch in the time a plan takes
+MIN_QUEUE = 64  # plans that may always queue: they share the next batch
+
+
 class _Job:
-    __slots__ = ("make_plan", "future", "loop", "group", "plans")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at")
 
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
                  group: bool = False, plans: int = 1):
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
+        self.queued_at = 0.0
 
 
 class _Stage:
@@ -76,11 +91,22 @@ class DecisionPump:
     is decided on the event loop (None: never inline). An inline decision that took
     longer than `slow_inline` seconds (a store waiting on a lock, a slow disk or network)
     stops inline decisions for `slow_pause` seconds: the loop must not stall for long,
-    its health checks and other calls would wait too. `clock`: monotonic seconds."""
+    its health checks and other calls would wait too. `clock`: monotonic seconds.
+    `max_queue_seconds`: the queue's bound in time (None: unbounded; `serve` passes the
+    `max_queue_seconds` setting). A queue of at most `min_queue` plans is never refused:
+    they share the next batch, and on a slow machine a few calls in flight are not an
+    overload."""
 
     def __init__(self, authorizer: Authorizer, *, max_batch: int = MAX_BATCH, inline_after: int | None = 8,
-                 slow_inline: float = 0.25, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic):
+                 slow_inline: float = 0.25, slow_pause: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 max_queue_seconds: float | None = None, min_queue: int = MIN_QUEUE):
         self._authorizer = authorizer
+        self._max_queue_seconds = max_queue_seconds
+        self._min_queue = min_queue
+        self._plan_seconds = 0.0  # what a plan took in the last batches (smoothed)
+        self._queued_plans = 0  # plans queued and in the running batch
+        self._shed = 0
+        self.on_shed: Callable[[int], None] | None = None  # refusals to audit in aggregate (their count)
         self._max_batch = max_batch
         self._inline_after = inline_after
         self._slow_inline, self._slow_pause, self._clock = slow_inline, slow_pause, clock
@@ -149,6 +175,11 @@ class DecisionPump:
         return self._answered
 
     @property
+    def shed(self) -> int:
+        """Requests refused undecided because the queue's wait was too long."""
+        return self._shed
+
+    @property
     def waiting(self) -> int:
         """Requests queued and not yet taken into a batch."""
         with self._cond:
@@ -167,8 +198,27 @@ class DecisionPump:
         with self._cond:
             if self._closed:
                 raise StoreUnavailable("the decision pump is closed")
+            plans = sum(job.plans for job in jobs)
+            if self._too_long(self._queued_plans + plans):
+                self._refused(plans)
+                raise _overloaded()
+            now = self._clock()
+            for job in jobs:
+                job.queued_at = now
+            self._queued_plans += plans
             self._jobs.extend(jobs)
             self._cond.notify_all()
+
+    def _too_long(self, plans: int) -> bool:
+        """Would `plans` plans ahead of and with a request make it wait too long?"""
+        return self._max_queue_seconds is not None and plans > self._min_queue and \
+            plans * self._plan_seconds > self._max_queue_seconds
+
+    def _refused(self, count: int) -> None:
+        self._shed += count
+        metrics.SHED.inc(count)
+        if self.on_shed is not None:
+            self.on_shed(count)
 
     def _flush(self, stage: _Stage) -> None:
         """On the loop, after the coroutines of one iteration handed over their jobs:
@@ -183,6 +233,10 @@ class DecisionPump:
             stage.alone = stage.alone + 1 if lone else 0
             assert self._inline_after is not None  # or nothing is staged
             if not (lone and stage.alone > self._inline_after and self._clock() >= self._no_inline_until):
+                now = self._clock()
+                for job in jobs:
+                    job.queued_at = now
+                self._queued_plans += sum(job.plans for job in jobs)
                 self._jobs.extend(jobs)
                 self._cond.notify_all()
                 return
@@ -219,14 +273,35 @@ class DecisionPump:
                     plans += self._jobs[0].plans
                     batch.append(self._jobs.popleft())
                 self._busy = True
-            answers = self._safe_answers(batch)
+            began = self._clock()
+            batch, late = self._late(batch, began)
+            answers = self._safe_answers(batch) if batch else []
+            ended = self._clock()
             with self._cond:  # idle before any caller has its answer (and sends the next call)
                 self._busy = False
                 self._batches += 1
-                self._answered += len(batch)
-            self._deliver(batch, answers)
+                self._answered += len(batch) + len(late)
+                self._queued_plans -= plans
+                decided = plans - sum(job.plans for job in late)
+                if decided:
+                    took = (ended - began) / decided
+                    self._plan_seconds = took if not self._plan_seconds else \
+                        (1 - _SMOOTHING) * self._plan_seconds + _SMOOTHING * took
+            self._deliver(late + batch, [_overloaded() for _ in late] + answers)
             if self.after_batch is not None:
                 self.after_batch()
+
+    def _late(self, batch: list[_Job], now: float) -> tuple[list[_Job], list[_Job]]:
+        """The jobs to decide, and those that waited over twice the bound: refused."""
+        if self._max_queue_seconds is None or sum(job.plans for job in batch) <= self._min_queue:
+            return batch, []
+        limit = 2 * self._max_queue_seconds
+        late = [job for job in batch if now - job.queued_at > limit]
+        if late:
+            with self._cond:
+                self._refused(sum(job.plans for job in late))
+            batch = [job for job in batch if now - job.queued_at <= limit]
+        return batch, late
 
     def _safe_answers(self, batch: list[_Job]) -> list[Any]:
         try:
@@ -272,6 +347,10 @@ class DecisionPump:
                 loop.call_soon_threadsafe(_settle, settled)
             except RuntimeError:
                 log.warning("%d answers dropped: their event loop is closed", len(settled))
+
+
+def _overloaded() -> ResourceExhaustedError:
+    return ResourceExhaustedError("overloaded: the decision queue is full for now; retry after a short wait")
 
 
 def _settle(settled: list[tuple[asyncio.Future, Any]]) -> None:

@@ -9,13 +9,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
+from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.merkle import heads_from_json, heads_json
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 
 EVENT_COLUMNS = tuple(f.name for f in dataclass_fields(AuditEvent))
 JSON_COLUMNS = ("reasons", "error_codes", "fields", "detail")
-COLUMNS = ("seq", *EVENT_COLUMNS, "prev_hash", "hash")
-CHECKPOINT_SELECT = "SELECT count, head_hash, time, kid, token FROM audit_checkpoint"
+COLUMNS = ("seq", *EVENT_COLUMNS, "prev_hash", "hash", "chain", "chain_seq")
+CHECKPOINT_SELECT = "SELECT count, head_hash, time, kid, token, heads FROM audit_checkpoint"
+HEADS_SELECT = "SELECT chain, seq, hash FROM audit_head ORDER BY chain"
+# The chains that hold records (a chain without its head row still shows) and those with a head.
+CHAIN_NAMES = "SELECT DISTINCT chain FROM audit_record UNION SELECT chain FROM audit_head"
 CHECKPOINTS_IN_ORDER = f"{CHECKPOINT_SELECT} ORDER BY count, id"
 LAST_CHECKPOINT = f"{CHECKPOINT_SELECT} ORDER BY count DESC, id DESC LIMIT 1"
 # AuditQuery fields matched by equality on the column of the same name: each has an index.
@@ -28,6 +33,19 @@ UNINDEXED_FILTERS = ("policy_version", "caller")
 LIST_FILTERS = (("error_code", "error_codes"), ("policy_id", "reasons"))
 
 
+def checkpoint_of(row: Sequence[Any]) -> Checkpoint:
+    """A stored checkpoint: its columns, and the chain heads stored beside a checkpoint of
+    every chain (JSON [[chain, seq, hash], ...]); none of it trusted before the token
+    verifies (`verify_checkpoint`)."""
+    count, head_hash, time, kid, token, heads = row
+    return Checkpoint(count, head_hash, time, kid, token, heads_from_json(heads), 2 if heads else 1)
+
+
+def heads_text(checkpoint: Checkpoint) -> str:
+    """The heads column of a checkpoint: empty for one of the legacy chain."""
+    return "" if checkpoint.version == 1 else heads_json(checkpoint.heads)
+
+
 def to_row(record: AuditRecord) -> tuple[Any, ...]:
     event = record.event
     values = [getattr(event, name) for name in EVENT_COLUMNS]
@@ -36,7 +54,7 @@ def to_row(record: AuditRecord) -> tuple[Any, ...]:
             # Plain JSON is enough here: the hash covers the canonical body recomputed
             # from the values, and these values (already canonical copies) read back equal.
             values[i] = _json_text(values[i])
-    return (record.seq, *values, record.prev_hash, record.hash)
+    return (record.seq, *values, record.prev_hash, record.hash, record.chain, record.chain_seq)
 
 
 def _json_text(value: Any) -> str:
@@ -54,7 +72,8 @@ def from_row(row: Sequence[Any]) -> AuditRecord:
         values[name] = tuple(value) if name in ("reasons", "error_codes") and \
             isinstance(value, list) else value
     seq, prev_hash, hash_ = values.pop("seq"), values.pop("prev_hash"), values.pop("hash")
-    return AuditRecord(seq, AuditEvent.from_storage(**values), prev_hash, hash_)
+    chain, chain_seq = values.pop("chain"), values.pop("chain_seq")
+    return AuditRecord(seq, AuditEvent.from_storage(**values), prev_hash, hash_, chain, chain_seq)
 
 
 def order_by(filters: AuditQuery) -> str:

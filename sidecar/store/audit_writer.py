@@ -12,7 +12,8 @@ import logging
 import threading
 from typing import Any
 
-from sidecar.audit.checkpoint import Checkpoint, sign_checkpoint
+from sidecar.audit.checkpoint import Checkpoint, sign_heads
+from sidecar.audit.merkle import records_in
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditLog
 from sidecar.clock import Clock
@@ -52,7 +53,8 @@ class AuditWriter:
 
 
 class Checkpointer:
-    """Signs the log's head every `interval` seconds, and once more at close."""
+    """Signs every chain's head (one Merkle root over them) every `interval` seconds,
+    and once more at close."""
 
     def __init__(self, log: AuditLog, private_key: Any, kid: str, clock: Clock, *,
                  interval: float):
@@ -66,12 +68,13 @@ class Checkpointer:
         self._thread.start()
 
     def checkpoint(self) -> Checkpoint | None:
-        """Sign and store the current head; None when nothing was added since the last."""
+        """Sign and store the current heads; None when nothing was added since the last."""
         with self._lock:
-            count, head_hash = self._log.head()
+            heads = self._log.heads()  # one read: every head as of one moment
+            count = records_in(heads)
             if count == self._last_count:
                 return None
-            cp = sign_checkpoint(count, head_hash, self._clock.now(), self._key, self._kid)
+            cp = sign_heads(heads, self._clock.now(), self._key, self._kid)
             self._log.add_checkpoint(cp.token, cp)
             self._last_count = count
             return cp

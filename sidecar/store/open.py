@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.audit.records import DEFAULT_CHAINS
 from sidecar.errors import ToolAuthzError
 from sidecar.store.rules import Store
 
@@ -34,18 +35,19 @@ def parse_store_url(url: str) -> StoreUrl:
     raise ToolAuthzError("a store URL starts with `sqlite://` or `postgresql://`")
 
 
-def open_store(url: str, *, pool_size: int = 8, timeout: float = 5.0, migrate: bool = False) -> Store:
+def open_store(url: str, *, pool_size: int = 8, timeout: float = 5.0, migrate: bool = False,
+               chains: int = DEFAULT_CHAINS) -> Store:
     """Raises ToolAuthzError for a URL of no known backend, StoreUnavailable when the
     store cannot be opened (or, for PostgreSQL, its schema is not this code's; with
-    `migrate` it is upgraded first)."""
+    `migrate` it is upgraded first). `chains`: the audit chains new records go to."""
     parsed = parse_store_url(url)
     if parsed.backend == SQLITE:
         from sidecar.store.sqlite import SqliteStore
 
-        return SqliteStore(parsed.path)
+        return SqliteStore(parsed.path, chains=chains)
     from sidecar.store.postgres import PostgresStore
 
-    return PostgresStore(url, pool_size=pool_size, timeout=timeout, migrate_schema=migrate)
+    return PostgresStore(url, pool_size=pool_size, timeout=timeout, migrate_schema=migrate, chains=chains)
 
 
 def migrate_store(url: str, *, serving_role: str = "") -> tuple[int, int]:

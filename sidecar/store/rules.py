@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.merkle import ChainHead, heads_root, records_in
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery, check_page
 from sidecar.display import shown
@@ -30,7 +31,7 @@ from sidecar.store.ledger import (
     ReserveCall,
     only_result,
 )
-from sidecar.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit
+from sidecar.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit, iter_chains
 
 AUDIT_PAGE = 1000  # records per read while streaming: bounded memory, short reads
 
@@ -103,6 +104,31 @@ def record_outcome(tx: Transaction, op: RecordOutcome) -> CallEntry | ItemFailed
     return entry
 
 
+def call_key(tenant: str, call_id: str) -> str:
+    """The lock key of a call's rows (its call row, its tokens, its approval)."""
+    return f"call\x00{tenant}\x00{call_id}"
+
+
+def lock_keys(ops: Sequence[object]) -> list[str]:
+    """What a batch of operations writes under (`Transaction.lock`): each call's key,
+    and for a reservation its run's, whose counts the reservation checks."""
+    keys = []
+    for op in ops:
+        if isinstance(op, ReserveCall):
+            keys.append(call_key(op.entry.tenant, op.entry.call_id))
+            keys.append(f"run\x00{op.entry.tenant}\x00{op.entry.request_id}")
+        elif isinstance(op, (ConsumeToken, RecordOutcome)):
+            keys.append(call_key(op.tenant, op.call_id))
+    return keys
+
+
+def call_of_op(op: ReserveCall | ConsumeToken | RecordOutcome) -> tuple[str, str]:
+    """The call (tenant, call_id) an operation reads first."""
+    if isinstance(op, ReserveCall):
+        return op.entry.tenant, op.entry.call_id
+    return op.tenant, op.call_id
+
+
 def apply_op(tx: Transaction, op: object) -> Any:
     """One operation in a transaction; a misuse fails that operation alone."""
     if isinstance(op, ReserveCall):
@@ -128,6 +154,9 @@ class Ledger:
 
     def _run_batch(self, ops: Sequence[LedgerOp]) -> list[Any]:
         with self._unit.transaction() as tx:
+            tx.lock(lock_keys(ops))
+            tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
+                          [op.entry for op in ops if isinstance(op, ReserveCall) and op.counts is not None])
             return [apply_op(tx, op) for op in ops]
 
     def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
@@ -140,7 +169,7 @@ class Ledger:
 
     def run_counts(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
         with self._unit.reading() as reads:
-            return [reads.run_counts(entry) for entry in entries]
+            return reads.run_counts_of(entries)
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self._unit.reading() as reads:
@@ -212,7 +241,8 @@ class AuditLogOf:
         if not events:
             return []
         with self._unit.transaction() as tx:
-            return tx.append_audit(events)
+            tx.append_audit(events)
+            return tx.flush_audit()
 
     def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
         check_page(limit, after_seq)
@@ -222,9 +252,16 @@ class AuditLogOf:
     def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
         return iter_audit(self._unit, from_seq, AUDIT_PAGE)
 
-    def head(self) -> tuple[int, str]:
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        return iter_chains(self._unit, AUDIT_PAGE)
+
+    def heads(self) -> list[ChainHead]:
         with self._unit.reading() as reads:
-            return reads.audit_head()
+            return reads.audit_heads()
+
+    def head(self) -> tuple[int, str]:
+        heads = self.heads()
+        return records_in(heads), heads_root(heads)
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
         with self._unit.transaction() as tx:
@@ -256,7 +293,7 @@ class Store:
         """One read reaches the database now (for health checks)."""
         try:
             with self.unit.reading() as reads:
-                reads.audit_head()
+                reads.audit_heads()
         except StoreUnavailable:
             return False
         return True
@@ -272,6 +309,7 @@ class Store:
         while True:
             with self.unit.transaction() as tx:
                 calls = tx.ended_calls(before, batch)
+                tx.lock([call_key(tenant, call_id) for tenant, call_id, _ in calls])
                 tx.delete_calls(calls)
             removed += len(calls)
             if len(calls) < batch:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.audit.checkpoint import Checkpoint
+from sidecar.audit.merkle import ChainHead
 from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.store.approvals import ApprovalRecord
@@ -55,6 +56,9 @@ class Reads(Protocol):
         of all tools and of entry's tool: those allowed, and those whose approval is
         pending (not expired at entry.created_at) or approved."""
 
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        """`run_counts` of each entry, in one read."""
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
@@ -66,7 +70,14 @@ class Reads(Protocol):
 
     def audit_page(self, after_seq: int, limit: int) -> list[AuditRecord]: ...
 
-    def audit_head(self) -> tuple[int, str]: ...
+    def audit_chain_page(self, chain: str, after: int, limit: int) -> list[AuditRecord]:
+        """Up to `limit` records of one chain with chain_seq > `after`, in its order."""
+
+    def audit_chain_names(self) -> list[str]:
+        """Every chain that holds a record or has a head."""
+
+    def audit_heads(self) -> list[ChainHead]:
+        """The stored head of every chain, by name."""
 
     def checkpoints(self) -> list[Checkpoint]: ...
 
@@ -74,11 +85,23 @@ class Reads(Protocol):
 
 
 class Transaction(Reads, Protocol):
-    """Writes inside one transaction; reads in it see its writes. A backend runs write
-    transactions one at a time, across every process and replica sharing the database
-    (SQLite: its write lock; PostgreSQL: a lock taken at the start of each one), since
-    each may append to the one audit chain: the audit head and the run's counts read in
-    a transaction are those its commit leaves behind."""
+    """Writes inside one transaction; reads in it see its writes. Two transactions that
+    `lock` a common key run one after the other (across every process and replica
+    sharing the database), so the rows a key names, read after locking it, are those
+    the commit leaves behind; audit records are chained at the end under their chains'
+    heads (`store/chains.py`). SQLite runs every write transaction alone (its write
+    lock); PostgreSQL only those that share a key or a chain."""
+
+    def lock(self, keys: Sequence[str]) -> None:
+        """Holds `keys` (names of rows: a call, a run, a token) until the transaction
+        ends; call it once, before the first write, with every key it will write under: the
+        keys are taken in one order, so two transactions never wait for each other in a
+        cycle."""
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        """Reads at once the calls (tenant, call_id) and the run counts (of these
+        entries) the operations ahead will ask for, after `lock`: they are then answered
+        without a round trip each. A backend whose reads are cheap does nothing."""
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None: ...
 
@@ -97,8 +120,12 @@ class Transaction(Reads, Protocol):
     def erase_expired_inputs(self, now: float) -> None:
         """The kept arguments of every approval that can no longer be decided."""
 
-    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
-        """Chains `events` after the head, serialized against every other appender."""
+    def append_audit(self, events: Sequence[AuditEvent]) -> None:
+        """Queues `events`, chained and written at the end of the transaction."""
+
+    def flush_audit(self) -> list[AuditRecord]:
+        """Chains and writes the queued events now, under their chains' heads (locked
+        until the transaction ends); the backend calls it before committing."""
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         """Up to `limit` calls that ended before `before`, as (tenant, call_id,
@@ -154,3 +181,20 @@ def iter_audit(unit: UnitOfWork, from_seq: int, page: int) -> Iterator[AuditReco
         if len(records) < page:
             return
         after = records[-1].seq
+
+
+def iter_chains(unit: UnitOfWork, page: int) -> Iterator[AuditRecord]:
+    """Every record, chain by chain (by name), each in its order, a page per read. Safe
+    while others append: a chain's records commit in its order, so no page of a chain
+    can miss a record that commits later (reading by `seq` could, across chains)."""
+    with unit.reading() as reads:
+        names = sorted(reads.audit_chain_names())
+    for name in names:
+        after = 0
+        while True:
+            with unit.reading() as reads:
+                records = reads.audit_chain_page(name, after, page)
+            yield from records
+            if len(records) < page:
+                break
+            after = records[-1].chain_seq

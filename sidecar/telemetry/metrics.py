@@ -42,6 +42,8 @@ AUDIT_WRITE_SECONDS = Histogram("toolauthz_audit_write_duration_seconds",
                                 "Time to commit a batch of audit records (with its ledger rows)",
                                 buckets=_LATENCY_BUCKETS)
 AUDIT_WRITE_FAILURES = Counter("toolauthz_audit_write_failures", "Audit commits that failed (no token was sent)")
+SHED = Counter("toolauthz_shed", "Requests refused RESOURCE_EXHAUSTED before they were decided: the decision "
+               "queue's wait would have exceeded max_queue_seconds (no token; audited in aggregate)")
 STORE_ERRORS = Counter("toolauthz_store_errors", "Requests answered UNAVAILABLE because a store failed")
 RELOADS = Counter("toolauthz_reloads", "Bundle reloads that swapped in a new version")
 RELOAD_ERRORS = Counter("toolauthz_reload_errors", "Bundle reloads refused (the last good bundle kept serving)")

@@ -9,7 +9,7 @@ import psycopg
 from psycopg import sql
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION, WRITE_LOCK, event_columns, grant_serving
+from sidecar.store.postgres.schema import MIGRATION_LOCK, MIGRATIONS, SCHEMA_VERSION, event_columns, grant_serving
 from sidecar.store.postgres.unit import shown_url
 
 MIGRATE_COMMAND = "toolauthz store migrate --store URL"
@@ -33,13 +33,13 @@ def schema_version(conn: psycopg.Connection[Any]) -> int:
 
 def migrate(url: str, *, serving_role: str = "") -> Migrated:
     """Brings the schema to SCHEMA_VERSION in one transaction (all steps or none), under
-    the write lock, so that replicas or operators migrating at once apply each step
+    the migration lock, so that replicas or operators migrating at once apply each step
     once; idempotent. With `serving_role`, grants it what serving needs and no more:
     SELECT and INSERT on the audit tables (no UPDATE, DELETE or TRUNCATE). Refuses a
     schema newer than this code."""
     try:
         with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             before = schema_version(conn)
             if before > SCHEMA_VERSION:
                 raise StoreUnavailable(f"database `{shown_url(url)}` has schema version {before}, newer than this "

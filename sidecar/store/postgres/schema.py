@@ -1,7 +1,7 @@
 """The PostgreSQL schema, as numbered migrations.
 
 `toolauthz_schema` holds the version. Each migration runs in the migrating transaction,
-under the same advisory lock as every write, so replicas migrating together apply each
+under one advisory lock (`MIGRATION_LOCK`), so replicas migrating together apply each
 step once. The audit tables get one column per AuditEvent field: a field added to the
 event gets its column from `_event_columns`, which every migration run applies.
 """
@@ -13,12 +13,13 @@ from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUM
 from sidecar.store.deliveries import DELIVERY_TABLE
 from sidecar.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 
-# Every write transaction takes this advisory lock first (`pg_advisory_xact_lock`): one
-# writer at a time on the database, so the audit chain has one head and a run's counts
-# read in a transaction are those its commit leaves behind.
-WRITE_LOCK = 0x746F6F6C617574  # "toolaut"
+# Taken by a migration (`pg_advisory_xact_lock`), so that two at once apply each step once.
+# Serving takes no lock over the whole database (`unit.py`).
+MIGRATION_LOCK = 0x746F6F6C617574  # "toolaut"
 
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
+# The chains' heads: rows the serving role updates (under a row lock) as it appends.
+HEAD_TABLE = "audit_head"
 LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE)
 
 _V1_LEDGER = """
@@ -119,6 +120,33 @@ CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_check
 # The serving role's grants on `calls` cover the new column.
 _V2_CALL_CALLER = """
 ALTER TABLE calls ADD COLUMN caller TEXT NOT NULL DEFAULT '';
+
+# Version 4: several audit chains. The one chain written so far becomes the legacy chain
+# "" (its chain_seq is its seq, its records hash as they did), with its head; new records
+# go to the chains `records.chain_of` names, each with a head row locked to append; `seq`
+# becomes the log's cursor, drawn from a sequence. `chain` and `chain_seq` get no default,
+# so a replica still running the code of version 1 fails to append (and denies) rather
+# than extend the legacy chain. A checkpoint keeps the heads its root signs.
+_V4_CHAINS = """
+ALTER TABLE audit_record ADD COLUMN chain TEXT NOT NULL DEFAULT '';
+ALTER TABLE audit_record ADD COLUMN chain_seq BIGINT;
+ALTER TABLE audit_record DISABLE TRIGGER audit_record_no_update;
+UPDATE audit_record SET chain_seq = seq;
+ALTER TABLE audit_record ENABLE TRIGGER audit_record_no_update;
+ALTER TABLE audit_record ALTER COLUMN chain_seq SET NOT NULL;
+ALTER TABLE audit_record ALTER COLUMN chain DROP DEFAULT;
+ALTER TABLE audit_record ADD CONSTRAINT audit_record_chain_seq CHECK (chain_seq >= 1);
+CREATE UNIQUE INDEX audit_record_chain ON audit_record (chain, chain_seq);
+CREATE SEQUENCE audit_record_seq OWNED BY audit_record.seq;
+SELECT setval('audit_record_seq', coalesce((SELECT max(seq) FROM audit_record), 0) + 1, false);
+ALTER TABLE audit_record ALTER COLUMN seq SET DEFAULT nextval('audit_record_seq');
+CREATE TABLE audit_head (
+    chain TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL CHECK (seq >= 0),
+    hash TEXT NOT NULL
+);
+INSERT INTO audit_head (chain, seq, hash) SELECT '', seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1;
+ALTER TABLE audit_checkpoint ADD COLUMN heads TEXT NOT NULL DEFAULT '';
 """
 
 # (version, statements). Append only: a released migration never changes.
@@ -127,6 +155,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (2, _V2_CALL_CALLER),
     # Approval notifications: which event went to which sink (store/deliveries.py).
     (3, DELIVERY_SCHEMA),
+    (4, _V4_CHAINS),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -158,5 +187,6 @@ def grant_serving(role: str, schema: str) -> list[str]:
         f"GRANT SELECT ON toolauthz_schema TO {role}",
         f"REVOKE UPDATE, DELETE, TRUNCATE ON {', '.join(AUDIT_TABLES)} FROM {role}",
         f"GRANT SELECT, INSERT ON {', '.join(AUDIT_TABLES)} TO {role}",
-        f"GRANT USAGE ON SEQUENCE audit_checkpoint_id_seq TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE ON {HEAD_TABLE} TO {role}",
+        f"GRANT USAGE ON SEQUENCE audit_checkpoint_id_seq, audit_record_seq TO {role}",
     ]

@@ -50,7 +50,9 @@ def audit_schema() -> str:
         "    seq INTEGER PRIMARY KEY CHECK (seq >= 1),",
         *(f"    {column(name)}," for name in _EVENT_COLUMNS),
         "    prev_hash TEXT NOT NULL,",
-        "    hash TEXT NOT NULL",
+        "    hash TEXT NOT NULL,",
+        "    chain TEXT NOT NULL,",
+        "    chain_seq INTEGER NOT NULL CHECK (chain_seq >= 1)",
         ") STRICT;",
         *(f"CREATE INDEX IF NOT EXISTS audit_record_{name} ON audit_record ({cols});"
           for name, cols in indexes),
@@ -64,10 +66,39 @@ def audit_schema() -> str:
         "    head_hash TEXT NOT NULL,",
         "    time REAL NOT NULL,",
         "    kid TEXT NOT NULL,",
-        "    token TEXT NOT NULL",
+        "    token TEXT NOT NULL,",
+        "    heads TEXT NOT NULL DEFAULT ''",
         ") STRICT;",
+        CHAINS_SCHEMA,
         _PLANNER_STATS,
     ])
+
+
+# The chains' heads, and each chain's records in order (a file of schema version 1 gets
+# them from `chains_migration` first).
+CHAINS_SCHEMA = """CREATE TABLE IF NOT EXISTS audit_head (
+    chain TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    hash TEXT NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX IF NOT EXISTS audit_record_chain ON audit_record (chain, chain_seq);"""
+
+
+def chains_migration(present: set[str]) -> list[str]:
+    """Schema version 1 to 2 for an audit table with columns `present` (none: a new
+    file): the one chain written so far becomes the legacy chain "" (chain_seq = seq,
+    hashed as before), with its head; checkpoints get their heads column."""
+    if not present or "chain" in present:
+        return []
+    return [
+        "ALTER TABLE audit_record ADD COLUMN chain TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE audit_record ADD COLUMN chain_seq INTEGER NOT NULL DEFAULT 0",
+        "DROP TRIGGER IF EXISTS audit_record_no_update",  # recreated by audit_schema, after
+        "UPDATE audit_record SET chain_seq = seq",
+        "ALTER TABLE audit_checkpoint ADD COLUMN heads TEXT NOT NULL DEFAULT ''",
+        *CHAINS_SCHEMA.split(";\n"),
+        "INSERT INTO audit_head (chain, seq, hash) SELECT '', seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1",
+    ]
 
 
 # Fixed planner statistics for the shape the indexes are designed for (a million records,

@@ -3,8 +3,10 @@
 Connections: one per thread, created on first use and all closed by `close()` (meant
 for a bounded thread pool). With WAL, readers see a snapshot and never wait for the
 writer. Writers take the process's WriteLock (threads and processes sharing the file),
-then BEGIN IMMEDIATE, so the audit head and the run counts read in a transaction are
-those its commit leaves behind; the log is synced after the lock is released.
+then BEGIN IMMEDIATE, so the chains' heads and the run counts read in a transaction are
+those its commit leaves behind (one writer: `Transaction.lock` has nothing to add); the
+log is synced after the lock is released. The audit chains are those of every store
+(`store/chains.py`), verified alike.
 """
 
 from __future__ import annotations
@@ -17,11 +19,22 @@ from contextlib import contextmanager
 from typing import Any
 
 from sidecar.audit.checkpoint import Checkpoint
-from sidecar.audit.records import GENESIS_HASH, AuditEvent, AuditRecord, chain
+from sidecar.audit.merkle import ChainHead
+from sidecar.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.approvals import ApprovalRecord, approvals_filter
-from sidecar.store.audit_rows import CHECKPOINTS_IN_ORDER, LAST_CHECKPOINT, from_row, to_row
+from sidecar.store.audit_rows import (
+    CHAIN_NAMES,
+    CHECKPOINTS_IN_ORDER,
+    HEADS_SELECT,
+    LAST_CHECKPOINT,
+    checkpoint_of,
+    from_row,
+    heads_text,
+    to_row,
+)
+from sidecar.store.chains import ChainedAppends
 from sidecar.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 from sidecar.store.deliveries import DeliveryRows, DeliverySql
 from sidecar.store.ledger import CallEntry, RecordedDecision
@@ -35,106 +48,42 @@ from sidecar.store.rows import (
     insert_call_sql,
 )
 from sidecar.store.rules import Store
-from sidecar.store.sqlite.audit_sql import INSERT, SELECT, audit_columns_added_later, audit_schema, build_query
+from sidecar.store.sqlite.audit_sql import (
+    INSERT,
+    SELECT,
+    audit_columns_added_later,
+    audit_schema,
+    build_query,
+    chains_migration,
+)
 from sidecar.store.sqlite.base import WriteLock, sync_log
+from sidecar.store.sqlite.ledger_sql import ADDED_COLUMNS, LEDGER_SCHEMA
 from sidecar.store.unit import ApprovalVerdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: several audit chains (audit_sql.chains_migration)
 
-_LEDGER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    decision TEXT NOT NULL DEFAULT '',
-    decision_id TEXT NOT NULL DEFAULT '',
-    policy_version TEXT NOT NULL DEFAULT '',
-    reasons TEXT NOT NULL DEFAULT '[]',
-    errors TEXT NOT NULL DEFAULT '[]',
-    approval_id TEXT NOT NULL DEFAULT '',
-    verified_jti TEXT NOT NULL DEFAULT '',
-    verified_at REAL,
-    outcome TEXT NOT NULL DEFAULT '',
-    outcome_at REAL,
-    extra TEXT NOT NULL DEFAULT '{}',
-    caller TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant, call_id)
-);
-CREATE INDEX IF NOT EXISTS calls_by_run ON calls (tenant, request_id, tool);
-CREATE TABLE IF NOT EXISTS consumed_tokens (
-    jti TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    consumed_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS approvals (
-    approval_id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    requester_type TEXT NOT NULL,
-    requester_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    resource TEXT NOT NULL,
-    group_name TEXT NOT NULL,
-    policy_id TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    short_code TEXT NOT NULL,
-    decision_id TEXT NOT NULL,
-    policy_version TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    fields TEXT NOT NULL,
-    status TEXT NOT NULL,
-    decided_at REAL,
-    approver TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '',
-    token TEXT NOT NULL DEFAULT '',
-    token_jti TEXT NOT NULL DEFAULT '',
-    token_expires_at REAL,
-    call_input BLOB NOT NULL DEFAULT x'',
-    call_entities BLOB NOT NULL DEFAULT x'',
-    run_calls INTEGER NOT NULL DEFAULT 0,
-    run_tool_calls INTEGER NOT NULL DEFAULT 0,
-    approved_version TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
-"""
 _INSERT_CALL = insert_call_sql("?")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("?")
-# Columns added after a table's first version: a database file created before them gets
-# them when it is opened. A call recorded before its caller was has caller '': no caller
-# owns it (sidecar/store/ledger.py CallOwner), so it can no longer be verified, reported
-# or replayed, and is proposed again under a new call id.
-_ADDED_COLUMNS = {
-    "approvals": {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
-                  "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
-                  "approved_version": "TEXT NOT NULL DEFAULT ''"},
-    "calls": {"caller": "TEXT NOT NULL DEFAULT ''"},
-}
 # A call's budget share is held while it is allowed, or its approval is pending (not yet
 # expired at the new call's time) or approved.
 _RUN_COUNTS = (
     "SELECT count(*), coalesce(sum(tool = ?), 0) FROM calls WHERE tenant = ? AND request_id = ? "
     "AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a WHERE a.approval_id = calls.approval_id "
     "AND (a.status = 'approved' OR (a.status = 'pending' AND a.expires_at >= ?))))")
-_HEAD = "SELECT seq, hash FROM audit_record ORDER BY seq DESC LIMIT 1"
+_LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM audit_record"
 # Calls that ended: their outcome was reported, or they were denied (never executable).
 _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < ?) "
           "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
-class SqliteTransaction(DeliveryRows):
+class SqliteTransaction(ChainedAppends, DeliveryRows):
     """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
     transaction, in autocommit for reads)."""
 
     _delivery_sql = DeliverySql.with_mark("?")
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, chains: int = DEFAULT_CHAINS):
+        super().__init__(chains)
         self._db = db
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -152,6 +101,12 @@ class SqliteTransaction(DeliveryRows):
         calls, tool_calls = self._db.execute(
             _RUN_COUNTS, (entry.tool, entry.tenant, entry.request_id, entry.created_at)).fetchone()
         return int(calls), int(tool_calls)
+
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        return [self.run_counts(entry) for entry in entries]
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        """Nothing: a read of the file costs no round trip."""
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?",
@@ -177,19 +132,28 @@ class SqliteTransaction(DeliveryRows):
         rows = self._db.execute(f"{SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
         return [from_row(row) for row in rows]
 
-    def audit_head(self) -> tuple[int, str]:
-        row = self._db.execute(_HEAD).fetchone()
-        return (row[0], row[1]) if row else (0, GENESIS_HASH)
+    def audit_chain_page(self, chain: str, after: int, limit: int) -> list[AuditRecord]:
+        rows = self._db.execute(f"{SELECT} WHERE chain = ? AND chain_seq > ? ORDER BY chain_seq LIMIT ?",
+                                (chain, after, limit)).fetchall()
+        return [from_row(row) for row in rows]
+
+    def audit_chain_names(self) -> list[str]:
+        return [str(row[0]) for row in self._db.execute(CHAIN_NAMES).fetchall()]
+
+    def audit_heads(self) -> list[ChainHead]:
+        return [ChainHead(str(c), int(n), str(h)) for c, n, h in self._db.execute(HEADS_SELECT).fetchall()]
 
     def checkpoints(self) -> list[Checkpoint]:
-        rows = self._db.execute(CHECKPOINTS_IN_ORDER).fetchall()
-        return [Checkpoint(*row) for row in rows]
+        return [checkpoint_of(row) for row in self._db.execute(CHECKPOINTS_IN_ORDER).fetchall()]
 
     def last_checkpoint(self) -> Checkpoint | None:
         row = self._db.execute(LAST_CHECKPOINT).fetchone()
-        return Checkpoint(*row) if row else None
+        return checkpoint_of(row) if row else None
 
     # -- writes --
+
+    def lock(self, keys: Sequence[str]) -> None:
+        """Nothing to add: this transaction is the file's one writer."""
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None:
         self._db.execute(_INSERT_CALL, call_values(entry, decided))
@@ -224,12 +188,19 @@ class SqliteTransaction(DeliveryRows):
         self._db.execute("UPDATE approvals SET call_input = x'', call_entities = x'' WHERE status = 'pending' "
                          "AND expires_at < ? AND (call_input != x'' OR call_entities != x'')", (now,))
 
-    def append_audit(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
-        # The head is read under the write lock this transaction holds: no other writer
-        # can append between this read and the commit.
-        records = chain(list(events), *self.audit_head())
+    def _lock_heads(self, chains: list[str], count: int) -> tuple[dict[str, tuple[int, str]], list[int]]:
+        # Read under the write lock this transaction holds: no other writer can append
+        # between this read and the commit.
+        marks = ", ".join("?" * len(chains))
+        rows = self._db.execute(f"SELECT chain, seq, hash FROM audit_head WHERE chain IN ({marks})", chains)
+        heads = {str(c): (int(n), str(h)) for c, n, h in rows.fetchall()}
+        last = int(self._db.execute(_LAST_SEQ).fetchone()[0])
+        return heads, list(range(last + 1, last + 1 + count))
+
+    def _write_records(self, records: list[AuditRecord], heads: list[ChainHead]) -> None:
         self._db.executemany(INSERT, [to_row(r) for r in records])
-        return records
+        self._db.executemany("UPDATE audit_head SET seq = ?, hash = ? WHERE chain = ?",
+                             [(h.seq, h.hash, h.chain) for h in heads])
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         rows = self._db.execute(_ENDED, (before, before, limit)).fetchall()
@@ -245,13 +216,15 @@ class SqliteTransaction(DeliveryRows):
         """Processes sharing a file learn of decisions by looking again (MAX_WATCH_WAIT)."""
 
     def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
-        self._db.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) VALUES (?, ?, ?, ?, ?)",
-                         (checkpoint.count, checkpoint.head_hash, checkpoint.time, checkpoint.kid, token))
+        self._db.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token, heads) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", (checkpoint.count, checkpoint.head_hash, checkpoint.time,
+                                                       checkpoint.kid, token, heads_text(checkpoint)))
 
 
 class SqliteUnit:
-    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, chains: int = DEFAULT_CHAINS):
         self.path = str(path)
+        self.chains = chains
         self.label = f"database `{self.path}`"
         self._busy_timeout = busy_timeout
         self._local = threading.local()
@@ -276,9 +249,12 @@ class SqliteUnit:
         with self._write_lock.held(self._busy_timeout):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _statements(_LEDGER_SCHEMA + DELIVERY_SCHEMA + audit_schema()):
+                logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
+                for statement in chains_migration(logged):
                     conn.execute(statement)
-                for table, added in _ADDED_COLUMNS.items():
+                for statement in _statements(LEDGER_SCHEMA + DELIVERY_SCHEMA + audit_schema()):
+                    conn.execute(statement)
+                for table, added in ADDED_COLUMNS.items():
                     present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
                     for name, definition in added.items():
                         if name not in present:
@@ -289,6 +265,9 @@ class SqliteUnit:
                 logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
                 for name in audit_columns_added_later(logged):
                     conn.execute(f"ALTER TABLE audit_record ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
+                # Every chain this store appends to has a head row: appending only locks rows.
+                conn.executemany("INSERT OR IGNORE INTO audit_head (chain, seq, hash) VALUES (?, 0, ?)",
+                                 [(str(n), GENESIS_HASH) for n in range(self.chains)])
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -329,7 +308,9 @@ class SqliteUnit:
                 conn = self._conn()
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    yield SqliteTransaction(conn)
+                    tx = SqliteTransaction(conn, self.chains)
+                    yield tx
+                    tx.flush_audit()
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -371,9 +352,9 @@ def _statements(script: str) -> list[str]:
 class SqliteStore(Store):
     """The store in one SQLite file."""
 
-    def __init__(self, path: str, *, busy_timeout: float = 10.0):
+    def __init__(self, path: str, *, busy_timeout: float = 10.0, chains: int = DEFAULT_CHAINS):
         self.path = str(path)
-        super().__init__(SqliteUnit(self.path, busy_timeout=busy_timeout))
+        super().__init__(SqliteUnit(self.path, busy_timeout=busy_timeout, chains=chains))
 
 
 class SqliteAuditLog(SqliteStore):
@@ -387,6 +368,12 @@ class SqliteAuditLog(SqliteStore):
 
     def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
         return self.audit_log.iter_records(from_seq)
+
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        return self.audit_log.iter_chains()
+
+    def heads(self) -> list[ChainHead]:
+        return self.audit_log.heads()
 
     def head(self) -> tuple[int, str]:
         return self.audit_log.head()

@@ -1,0 +1,146 @@
+"""The decision queue is bounded by time: a request that would wait longer than
+`max_queue_seconds` is refused at once (RESOURCE_EXHAUSTED, undecided, no token), and
+one that waited over twice that when a batch takes it is refused then, unplanned; a
+queue no longer than `min_queue` plans is never refused. The clock is injected: the
+pump measures what a plan takes on it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from conftest import make_request
+
+from sidecar.errors import InputError, ResourceExhaustedError
+from sidecar.model import Decision
+from sidecar.server.pump import DecisionPump
+from sidecar.service.common import proposed_call, trusted_context
+from sidecar.telemetry import metrics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plan_for(car, call_id: str):
+    request = make_request(call_id=call_id, request_id=f"run-{call_id}")
+    return lambda: car.authorizer.plan_authorize(trusted_context(request.context), proposed_call(request.call))
+
+
+def held(clock: Clock, advance: float):
+    """A job that holds the pump until released, the clock `advance` seconds on when it is."""
+    entered, release = threading.Event(), threading.Event()
+
+    def make_plan():
+        entered.set()
+        release.wait(30)
+        clock.now += advance
+        raise InputError("held", "held on purpose")
+
+    return make_plan, entered, release
+
+
+@pytest.fixture
+def ticks():
+    return Clock()
+
+
+@pytest.fixture
+def pump(sidecar, ticks):
+    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=ticks, max_queue_seconds=0.25, min_queue=0)
+    yield pump
+    pump.close()
+
+
+async def _settled(task):
+    try:
+        return await task
+    except Exception as exc:  # noqa: BLE001 - the answer under test
+        return exc
+
+
+def test_a_request_that_would_wait_too_long_is_refused_at_once_undecided(sidecar, pump, ticks):
+    clock = ticks
+    shed_before = metrics.SHED._value.get()
+    told = []
+    pump.on_shed = told.append
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, entered, release = held(clock, 0.1)  # one plan takes 0.1 s, as the pump measures it
+        task = asyncio.ensure_future(pump.answer(first))
+        await loop.run_in_executor(None, entered.wait, 30)
+        release.set()
+        with pytest.raises(InputError):
+            await task
+        second, entered, release = held(clock, 0.0)  # the pump busy with one plan again
+        busy = asyncio.ensure_future(pump.answer(second))
+        await loop.run_in_executor(None, entered.wait, 30)
+        queued = asyncio.ensure_future(pump.answer(plan_for(sidecar, "fits")))  # 2 plans x 0.1 s: 0.2 s
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhaustedError, match="overloaded"):  # 3 x 0.1 s: over 0.25 s
+            await pump.answer(plan_for(sidecar, "refused"))
+        release.set()
+        return await _settled(busy), await queued
+
+    held_answer, fits = asyncio.run(main())
+    assert isinstance(held_answer, InputError)
+    assert fits.decision == Decision.ALLOW and fits.token
+    assert sidecar.ledger.get("acme", "refused") is None  # never decided, nothing written
+    assert pump.shed == 1 and told == [1] and metrics.SHED._value.get() == shed_before + 1
+
+
+def test_a_request_that_waited_over_twice_the_bound_is_refused_unplanned(sidecar, pump, ticks):
+    clock = ticks
+    planned = []
+
+    def never_planned():
+        planned.append(True)
+        raise AssertionError("a late request must not be planned")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, entered, release = held(clock, 0.6)  # while it runs, 0.6 s pass: the next waits that long
+        task = asyncio.ensure_future(pump.answer(first))
+        await loop.run_in_executor(None, entered.wait, 30)
+        late = asyncio.ensure_future(pump.answer(never_planned))
+        await asyncio.sleep(0)
+        release.set()
+        await _settled(task)
+        return await _settled(late)
+
+    answer = asyncio.run(main())
+    assert isinstance(answer, ResourceExhaustedError) and not planned
+    assert pump.shed == 1
+
+
+def test_a_short_queue_is_never_refused_however_slow_the_plans(sidecar, ticks):
+    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=ticks, max_queue_seconds=0.25, min_queue=2)
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            first, entered, release = held(ticks, 10.0)  # a plan took ten seconds
+            task = asyncio.ensure_future(pump.answer(first))
+            await loop.run_in_executor(None, entered.wait, 30)
+            release.set()
+            await _settled(task)
+            second, entered, release = held(ticks, 0.0)
+            busy = asyncio.ensure_future(pump.answer(second))
+            await loop.run_in_executor(None, entered.wait, 30)
+            queued = asyncio.ensure_future(pump.answer(plan_for(sidecar, "short-queue")))  # 2 plans: kept
+            await asyncio.sleep(0)
+            with pytest.raises(ResourceExhaustedError):  # a third: over min_queue and over the bound
+                await pump.answer(plan_for(sidecar, "third"))
+            release.set()
+            await _settled(busy)
+            return await queued
+
+        assert asyncio.run(main()).decision == Decision.ALLOW
+        assert pump.shed == 1
+    finally:
+        pump.close()
