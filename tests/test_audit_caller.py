@@ -80,6 +80,6 @@ def test_verify_of_a_store_elsewhere_says_how_to_pass_the_public_key(settings, c
     public = elsewhere / "audit-public.paserk"
     public.write_text(load_private_key_file(settings.audit_key_file).public_key.to_paserk())
     assert main([*store, "--public-key", str(public)]) == 0
-    assert "ok: 1 records, 1 checkpoints" in capsys.readouterr().out
+    assert "ok: 1 records in 1 chains, 1 checkpoints" in capsys.readouterr().out
     assert main([*store, "--public-key", "missing.paserk"]) != 0
     assert "the public key file `missing.paserk` does not exist" in capsys.readouterr().err

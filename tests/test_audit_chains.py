@@ -179,7 +179,7 @@ def test_a_sqlite_trail_of_one_chain_is_migrated_and_still_verifies(tmp_path):
 
 def test_a_postgresql_trail_of_one_chain_is_migrated_and_still_verifies(postgres_url):
     from sidecar.store.postgres import migrate
-    from sidecar.store.postgres.schema import MIGRATIONS, event_columns
+    from sidecar.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION, event_columns
 
     records, token = legacy_rows(12)
     old_columns = COLUMNS[:-2]
@@ -194,7 +194,7 @@ def test_a_postgresql_trail_of_one_chain_is_migrated_and_still_verifies(postgres
                                f"VALUES ({', '.join(['%s'] * len(old_columns))})", [to_row(r)[:-2] for r in records])
         conn.execute("INSERT INTO audit_checkpoint (count, head_hash, time, kid, token) VALUES (12, %s, 1, 'k', %s)",
                      (records[-1].hash, token))
-    assert (migrate(postgres_url).before, migrate(postgres_url).before) == (1, 2)
+    assert (migrate(postgres_url).before, migrate(postgres_url).before) == (1, SCHEMA_VERSION)
     with open_store(postgres_url, chains=4) as store:
         log = store.audit_log
         assert [r.hash for r in log.iter_records()] == [r.hash for r in records]

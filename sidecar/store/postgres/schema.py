@@ -120,6 +120,7 @@ CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_check
 # The serving role's grants on `calls` cover the new column.
 _V2_CALL_CALLER = """
 ALTER TABLE calls ADD COLUMN caller TEXT NOT NULL DEFAULT '';
+"""
 
 # Version 4: several audit chains. The one chain written so far becomes the legacy chain
 # "" (its chain_seq is its seq, its records hash as they did), with its head; new records
