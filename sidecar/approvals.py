@@ -32,6 +32,7 @@ from sidecar.engine import (
     ApprovalSubject,
     PreparedCall,
     RunCounts,
+    approver_refusal,
     evaluate,
     may_approve,
     prepare,
@@ -205,10 +206,9 @@ class ApprovalDesk:
             who = str(person.principal)
             base = replace(base, principal=who, approver=who)
 
-        if approver.tenant != record.tenant:
-            refuse(ForbiddenError("the approver is not in the tenant of the call"), "cross_tenant")
-        if (approver.principal.type, approver.principal.id) == (record.requester_type, record.requester_id):
-            refuse(ForbiddenError("a requester never approves their own call"), "self_approval")
+        rule = approver_refusal(approver, record.tenant, Principal(record.requester_type, record.requester_id))
+        if rule is not None:
+            refuse(ForbiddenError(rule.message), rule.code)
         current = record.as_of(now)
         if current.status == APPROVED and verdict == APPROVE:
             return self.get(approval_id)  # a second click: the same approval, the same single token
