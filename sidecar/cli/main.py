@@ -41,7 +41,7 @@ def cmd_check(args) -> int:
         bundle = load_bundle(args.bundle)
     except BundleError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(problem.render(), file=sys.stderr)
         print(f"{len(exc.problems)} problem(s); bundle refused", file=sys.stderr)
         return 1
     print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}")
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BundleError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(problem.render(), file=sys.stderr)
         return 1
     except (ToolAuthzError, RequestError, OSError) as exc:
         print(f"toolauthz: {bounded_message(str(exc))}", file=sys.stderr)

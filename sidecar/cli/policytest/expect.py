@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.bundle import Bundle
+from sidecar.bundle.suggest import did_you_mean
 from sidecar.cli.policytest.yamlfile import SuiteFile, YamlMap, YamlSeq
 from sidecar.model import Decision, Principal
 
@@ -44,6 +46,7 @@ class Expect:
     may_approve: tuple[Approver, ...] = ()
     may_not_approve: tuple[Approver, ...] = ()
     shadow: frozenset[str] | None = None  # None: not checked; else the disagreeing @shadow policies
+    line: int = 0  # of `expect:`, for problems found once the bundle is known
 
     @property
     def approvers(self) -> tuple[tuple[Approver, bool], ...]:
@@ -71,7 +74,7 @@ def parse_expect(f: SuiteFile, raw: Any, line: int, what: str, principals: dict[
     if len(f.problems) > before:
         return None
     return Expect(Decision(raw["decision"]), reasons, error, group, approvers.get("may_approve", ()),
-                  approvers.get("may_not_approve", ()), shadow)
+                  approvers.get("may_not_approve", ()), shadow, raw.line)
 
 
 def _ids(f: SuiteFile, raw: Any, key: str, what: str) -> frozenset[str] | None:
@@ -117,3 +120,20 @@ def _approvers(f: SuiteFile, raw: Any, line: int, what: str, principals: dict[st
 
 def _label(written: Any, principal: Principal | None) -> str:
     return written if isinstance(written, str) else str(principal)
+
+
+def name_problems(bundle: Bundle, case_file: str, what: str, expect: Expect) -> list[str]:
+    """The names `expect` gives that the bundle does not define (policy ids in `reasons`
+    and `shadow`, the `approval_group`), each with the closest one the bundle does."""
+    where = f"tests/{case_file}:{expect.line}"
+    problems = []
+    for key, ids, known in (("reasons", expect.reasons, [p for p, i in bundle.policies.items() if not i.shadow]),
+                            ("shadow", expect.shadow, [p for p, i in bundle.policies.items() if i.shadow])):
+        for pid in sorted(set(ids or ()) - set(known)):
+            problems.append(f"{where}: `expect.{key}` of {what} names `{pid}`, which is no "
+                            f"{'@shadow ' if key == 'shadow' else ''}policy of the bundle{did_you_mean(pid, known)}")
+    groups = {i.approval_group for i in bundle.policies.values() if i.approval_group}
+    if expect.approval_group is not None and expect.approval_group not in groups:
+        problems.append(f"{where}: `expect.approval_group` of {what} is `{expect.approval_group}`, which no "
+                        f"`@approval` of the bundle names{did_you_mean(expect.approval_group, groups)}")
+    return problems

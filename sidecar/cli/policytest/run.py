@@ -18,7 +18,7 @@ import time
 
 from sidecar.bundle import Bundle, load_bundle
 from sidecar.cli.policytest import report
-from sidecar.cli.policytest.expect import Approver
+from sidecar.cli.policytest.expect import Approver, name_problems
 from sidecar.cli.policytest.suite import ApprovalCheck, Case, Result, load_suites
 from sidecar.engine import ApprovalSubject, approver_verdict, decide
 from sidecar.errors import BundleError, RequestError
@@ -72,9 +72,11 @@ def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict
     try:
         bundle = load_bundle(bundle_dir)
     except BundleError as exc:
-        problems += [str(p) for p in exc.problems]
+        problems += [p.render() for p in exc.problems]
     cases, suite_problems = load_suites(bundle_dir)
     problems += suite_problems
+    if not problems:
+        problems += [p for case in cases for p in name_problems(bundle, case.suite, f"case `{case.name}`", case.expect)]
     if problems:
         for problem in problems:
             print(problem, file=err)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from sidecar.bundle.suggest import did_you_mean
 from sidecar.model import Principal
 
 PRINCIPAL_KEYS: tuple[set[str], set[str]] = ({"type", "id"}, set())
@@ -120,7 +121,7 @@ class SuiteFile:
         """A principal name of `principals`, or an inline `{type, id}`."""
         if isinstance(value, str):
             if value not in principals:
-                self.error(line, f"unknown principal `{value}`")
+                self.error(line, f"unknown principal `{value}`{did_you_mean(value, principals)}")
             return principals.get(value)
         return self.principal(value, line, f"`principal` of {what}") if value is not None else None
 
@@ -133,7 +134,7 @@ class SuiteFile:
         entities: list[dict] = []
         for i, ref in enumerate(refs):
             if isinstance(ref, str) and ref not in entity_sets:
-                self.error(refs.at(i), f"unknown entity set `{ref}`")
+                self.error(refs.at(i), f"unknown entity set `{ref}`{did_you_mean(ref, entity_sets)}")
             found = entity_sets.get(ref, ()) if isinstance(ref, str) else self.entity_list(
                 ref if isinstance(ref, YamlSeq) else YamlSeq([ref]), refs.at(i),
                 f"an inline entry of `entities` of {what}")
