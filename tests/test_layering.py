@@ -22,7 +22,8 @@ PACKAGE = ROOT / "sidecar"
 # so `sidecar.server.pump` sits below the rest of `sidecar.server`.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
-                               "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.tool_files"})),
+                               "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.tool_files",
+                               "sidecar.bounded_file"})),
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),

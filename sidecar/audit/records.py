@@ -16,7 +16,7 @@ from typing import Any
 
 from sidecar.canonical import canonical_json, read_back
 
-KINDS = ("authorize", "verify", "approval", "outcome")
+KINDS = ("authorize", "verify", "approval", "outcome", "bundle")  # bundle: a reload refused or loaded
 GENESIS_HASH = "0" * 64
 _DOMAIN = b"toolauthz/audit/v1\n"
 

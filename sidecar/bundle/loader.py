@@ -91,6 +91,8 @@ class Bundle:
     # Static entities that the runtime's entities may name as a parent (bundle.yaml
     # `runtime_groups`): groups whose members come from the caller's identity provider.
     runtime_groups: frozenset[UID] = field(repr=False, default=frozenset())
+    # The revision its signature gives (bundle/signature.py), when it was verified.
+    revision: int | None = None
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:

@@ -15,6 +15,7 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from sidecar.cli.audit import add_audit_command
+from sidecar.cli.bundle import add_bundle_command
 from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
@@ -37,14 +38,22 @@ def cmd_serve(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from sidecar.server.config import load_settings
+    from sidecar.server.reload import load_bundle_snapshot
+
+    verification = load_settings(args.config).bundle_verification
     try:
-        bundle = load_bundle(args.bundle)
+        bundle = load_bundle_snapshot(args.bundle, verification.public_keys() if verification else None)
     except BundleError as exc:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
         print(f"{len(exc.problems)} problem(s); bundle refused", file=sys.stderr)
         return 1
-    print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}")
+    if verification is None:
+        print("warning: `bundle_verification` is not configured: whoever can write the bundle directory changes "
+              "what is enforced (see `toolauthz bundle sign`)", file=sys.stderr)
+    signed = f", signed revision {bundle.revision}" if bundle.revision is not None else ""
+    print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}{signed}")
     return 0
 
 
@@ -151,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="load and validate a bundle")
     check.add_argument("bundle", nargs="?", default="policies")
+    check.add_argument("--config", help="verify the bundle's signature with this config's bundle_verification")
     check.set_defaults(func=cmd_check)
 
     schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
@@ -188,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_test_command(sub)
     add_mcp_commands(sub, parse_principal)
     add_store_command(sub)
+    add_bundle_command(sub)
     return parser
 
 

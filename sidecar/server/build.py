@@ -155,7 +155,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     sidecar that cannot do its job refuses to start. `callers` resolves who is calling
     from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
-    bundle = load_bundle_snapshot(settings.bundle)
+    bundle_keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
+    bundle = load_bundle_snapshot(settings.bundle, bundle_keys)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not settings.store:
@@ -187,7 +188,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
-    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
+    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
+                              clock=clock).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
