@@ -30,6 +30,7 @@ from sidecar.display import display
 from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_entities, supplied_entities
 from sidecar.errors import InputError, RequestError, StoreUnavailable
 from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict, deny
+from sidecar.retainer import Retainer
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.ledger import (
     OUTCOMES,
@@ -97,6 +98,7 @@ class Authorizer:
     # and for a plain ALLOW only under the same policy version: an old decision must not
     # become executable again days later, under policies that may have changed since.
     reissue_window: float = 300.0
+    retainer: Retainer | None = None  # keeps the inputs of tools with `audit.retain_input`
     _shadow_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _shadow: Counter = field(default_factory=Counter, repr=False)
 
@@ -294,6 +296,8 @@ class Authorizer:
                 # jti is in the record) is handed to no one; a retry replays the decision.
                 token = None
             self._count_shadow(bundle, verdict)
+            if self.retainer is not None:
+                self.retainer.retain(ctx, call.call_id, prepared, RunCounts(*latest.counts), bundle.version)
             approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
             return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
                                    verdict.errors, prepared.digest, token, approval.approval_id if approval else "",

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # audit trail's records and chain; audit/ never knows storage.
     ("store", frozenset({"sidecar.store"})),
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
-                                         "sidecar.batch"})),
+                                         "sidecar.batch", "sidecar.retainer"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
     # hand their work to it, so it sits below the service although server/ holds it.
     ("decision pump", frozenset({"sidecar.server.pump"})),

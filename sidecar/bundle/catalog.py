@@ -61,6 +61,9 @@ class Tool:
     # else None and `schema_engine` says why.
     fast_validator: Any = field(default=None, repr=False, compare=False)
     schema_engine: str = "jsonschema"
+    # `audit.retain_input`: keep each call's input (encrypted) this many seconds for
+    # `toolauthz policy impact`; None: never kept.
+    retain_input_seconds: int | None = None
 
     def accepts(self, value: Any) -> bool:
         """Whether the parsed input is valid against the input schema."""
@@ -152,6 +155,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     max_bytes, max_calls = _parse_limits(raw.get("limits"), bad)
     audit_fields = _parse_audit(raw.get("audit"), input_schema, bad)
     audit_entities = _parse_audit_entities(raw.get("audit"), bad)
+    retain = _parse_retention(raw.get("audit"), bad)
 
     if len(problems) > before or input_schema is None:
         return None
@@ -165,6 +169,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         audit_fields=audit_fields, audit_entities=audit_entities, source=rel,
         validator=InputValidator(input_schema, format_checker=_FORMAT_CHECKER),
         fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
+        retain_input_seconds=retain,
     )
 
 
@@ -293,8 +298,8 @@ def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:
 def _parse_audit(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, ...]:
     if raw is None:
         return ()
-    for key in sorted(set(raw) - {"record", "record_entities"}) if isinstance(raw, dict) else ():
-        bad(f"/audit/{key}", f"unknown audit rule `{key}`; expected record or record_entities")
+    for key in sorted(set(raw) - {"record", "record_entities", "retain_input"}) if isinstance(raw, dict) else ():
+        bad(f"/audit/{key}", f"unknown audit rule `{key}`; expected record, record_entities or retain_input")
     if isinstance(raw, dict) and "record" not in raw:
         return ()
     record = raw.get("record") if isinstance(raw, dict) else None
@@ -325,6 +330,30 @@ def _parse_audit_entities(raw: Any, bad: Complain) -> dict[str, tuple[str, ...]]
         else:
             out[kind] = tuple(pointers)
     return out
+
+
+DURATION = re.compile(r"^([1-9][0-9]{0,5})([smhd])\Z")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_RETENTION_SECONDS = 90 * 86400
+
+
+def parse_duration(text: str) -> int | None:
+    """`30m`, `12h`, `7d` as seconds, or None when it is not such a duration."""
+    found = DURATION.match(text) if isinstance(text, str) else None
+    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else None
+
+
+def _parse_retention(raw: Any, bad: Complain) -> int | None:
+    """`audit.retain_input: 7d`: how long a call's input is kept for replay (at most 90d)."""
+    value = raw.get("retain_input") if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    seconds = parse_duration(value)
+    if seconds is None or seconds > MAX_RETENTION_SECONDS:
+        bad("/audit/retain_input", "audit.retain_input must be a duration such as `7d`, `12h` or `30m`, "
+                                   "at most 90d")
+        return None
+    return seconds
 
 
 def resolve_pointer(instance: Any, pointer: str) -> tuple[bool, Any]:

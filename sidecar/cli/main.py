@@ -16,6 +16,7 @@ from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from sidecar.cli.audit import add_audit_command
 from sidecar.cli.bundle import add_bundle_command
+from sidecar.cli.impact import add_policy_command
 from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import parse_principal
 from sidecar.cli.policytest import add_test_command
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mcp_commands(sub, parse_principal)
     add_store_command(sub)
     add_bundle_command(sub)
+    add_policy_command(sub)
     return parser
 
 

@@ -299,6 +299,11 @@ class Settings(_Strict):
         return self.data_dir / "audit-key.pem"
 
     @property
+    def retention_key_file(self) -> pathlib.Path:
+        """The AES-256 key that seals retained call inputs (`audit.retain_input`)."""
+        return self.data_dir / "retention-key"
+
+    @property
     def database_path(self) -> pathlib.Path:
         """One SQLite file for the call ledger, the approvals and the audit trail, so that
         a decision's ledger row and its audit record (or a token's consumption and its

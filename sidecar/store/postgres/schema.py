@@ -17,7 +17,7 @@ from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUM
 WRITE_LOCK = 0x746F6F6C617574  # "toolaut"
 
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
-LEDGER_TABLES = ("calls", "consumed_tokens", "approvals")
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", "retained_inputs")
 
 _V1_LEDGER = """
 CREATE TABLE calls (
@@ -112,9 +112,30 @@ CREATE TRIGGER audit_checkpoint_no_update BEFORE UPDATE OR DELETE ON audit_check
     FOR EACH ROW EXECUTE FUNCTION toolauthz_append_only();
 """
 
+# Retained call inputs for `policy impact` (store/retained.py), and the audit kind
+# `bundle` (a reload refused or loaded) in the check of audit_record.kind.
+_V2_RETAINED = """
+CREATE TABLE retained_inputs (
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    decided_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    policy_version TEXT NOT NULL,
+    sealed BYTEA NOT NULL,
+    PRIMARY KEY (tenant, call_id)
+);
+CREATE INDEX retained_inputs_by_time ON retained_inputs (decided_at, tenant, call_id);
+CREATE INDEX retained_inputs_by_expiry ON retained_inputs (expires_at);
+ALTER TABLE audit_record DROP CONSTRAINT IF EXISTS audit_record_kind_check;
+ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check
+    CHECK (kind IN ('authorize', 'verify', 'approval', 'outcome', 'bundle'));
+"""
+
 # (version, statements). Append only: a released migration never changes.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_LEDGER + _V1_AUDIT),
+    (2, _V2_RETAINED),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
