@@ -248,3 +248,23 @@ def test_the_retained_inputs_table_in_both_stores(store_url):
         assert store.purge(100.0 + DAY) == 5 and store.count() == 0
     finally:
         store.close()
+
+
+def test_an_example_shows_model_written_values_escaped():
+    from sidecar.cli.impact import Change
+
+    report = Report()
+    change = Change("acme", "c\nforged", "issue_refund", 1.0, Outcome("ALLOW", ("p",), ""),
+                    Outcome("DENY", (), ""), {"/note": "\x1b[8mhidden\u202e"})
+    report.add(RetainedRow("acme", "c", "issue_refund", 1.0, 2.0, "v", b""), change)
+    text = report.text()
+    assert "\x1b" not in text and "\u202e" not in text and "\nforged" not in text
+    assert '/note="\\u001b[8mhidden\\u202e"' in text and "c\\nforged" in text
+
+
+def test_the_impact_bench_runs_and_counts_the_tightened_calls():
+    from bench.impact import run
+
+    figures = run(200)  # amounts pass 3000 from the 68th call on
+    assert figures["calls"] == 200 and 0 < figures["changed"] < 200
+    assert figures["peak_rss_mb_after_replay"] >= figures["peak_rss_mb_before_replay"] > 0

@@ -27,7 +27,7 @@ from typing import Any
 from sidecar.audit.retention import RetentionError, unseal
 from sidecar.bundle import Bundle
 from sidecar.bundle.catalog import parse_duration, resolve_pointer
-from sidecar.display import shown
+from sidecar.display import SHOWN_PREFIX_CHARS, shown
 from sidecar.engine import RunCounts, decide
 from sidecar.errors import RequestError, ToolAuthzError
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -159,7 +159,8 @@ class Report:
         if self.examples:
             lines.append("examples:")
         for change in self.examples:
-            fields = ", ".join(f"{shown(k)}={shown(json.dumps(v))}" for k, v in change.fields.items())
+            # json.dumps escapes every control and non-ASCII character: the value prints as it is held.
+            fields = ", ".join(f"{shown(k)}={json.dumps(v)[:SHOWN_PREFIX_CHARS]}" for k, v in change.fields.items())
             lines.append(f"  {shown(change.tenant)} {shown(change.call_id)} {change.tool}"
                          f"{' ' + fields if fields else ''}")
             lines.append(f"    {shown(change.before.show())} -> {shown(change.after.show())}")
