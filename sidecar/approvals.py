@@ -36,6 +36,7 @@ from sidecar.engine import (
     ApprovalSubject,
     PreparedCall,
     RunCounts,
+    approver_refusal,
     evaluate,
     may_approve,
     prepare,
@@ -233,10 +234,9 @@ class ApprovalDesk:
             except OtherTenantsPerson as exc:
                 refuse(exc, CROSS_TENANT_APPROVER)
 
-        if approver.tenant != record.tenant:
-            refuse(ForbiddenError("the approver is not in the tenant of the call"), "cross_tenant")
-        if (approver.principal.type, approver.principal.id) == (record.requester_type, record.requester_id):
-            refuse(ForbiddenError("a requester never approves their own call"), "self_approval")
+        rule = approver_refusal(approver, record.tenant, Principal(record.requester_type, record.requester_id))
+        if rule is not None:
+            refuse(ForbiddenError(rule.message), rule.code)
         current = record.as_of(now)
         if current.status == APPROVED and verdict == APPROVE:
             return self.get(approval_id)  # a second click: the same approval, the same single token

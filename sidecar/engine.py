@@ -21,7 +21,7 @@ from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import InputLimits, digest_call
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
-from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
+from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
 
 _ERRORED_POLICY = re.compile(r"policy `([^`]*)`")
 
@@ -335,3 +335,25 @@ def may_approve(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubje
         gated = ErrorDetail("policy_denied", "an approver's permit cannot itself ask for approval")
         return Verdict(Decision.DENY, verdict.reasons, verdict.errors + (gated,), detail=verdict.detail)
     return verdict
+
+
+def approver_refusal(approver: TrustedContext, tenant: str, requester: Principal) -> ErrorDetail | None:
+    """The two rules that hold whatever the policies say, before any policy is asked: an
+    approver is in the tenant of the call (`cross_tenant`), and a requester never approves
+    their own call (`self_approval`). None when neither refuses."""
+    if approver.tenant != tenant:
+        return ErrorDetail("cross_tenant", "the approver is not in the tenant of the call")
+    if approver.principal == requester:
+        return ErrorDetail("self_approval", "a requester never approves their own call")
+    return None
+
+
+def approver_verdict(bundle: Bundle, approver: TrustedContext, subject: ApprovalSubject, requester: Principal,
+                     proven_groups: Sequence[str] | None = None) -> Verdict:
+    """The whole approver check of DecideApproval: `approver_refusal`, then `may_approve`.
+    ALLOW, or a DENY whose errors say why. RequestError still raises (the approver's
+    entities break a rule)."""
+    refusal = approver_refusal(approver, subject.tenant, requester)
+    if refusal is not None:
+        return Verdict(Decision.DENY, errors=(refusal,))
+    return may_approve(bundle, approver, subject, proven_groups)

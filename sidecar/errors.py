@@ -33,6 +33,8 @@ class Problem:
     line: int = 0
     col: int = 0
     pointer: str = ""  # JSON pointer, for catalog and schema problems
+    excerpt: str = ""  # the source line at `line`, when the file is text toolauthz read
+    span: int = 0  # characters of the offending text from `col`
 
     def __str__(self) -> str:
         where = self.file
@@ -41,6 +43,17 @@ class Problem:
         if self.pointer:
             return f"{where}: at `{self.pointer}`: {self.message}"
         return f"{where}: {self.message}"
+
+    def render(self) -> str:
+        """`str(self)`, then the source line and a caret line under the offending text, as
+        Cedar's own CLI shows them. Control characters of the line are shown as `?` so
+        that the carets stay under what they mark and the terminal draws nothing else."""
+        if not self.excerpt or not self.col:
+            return str(self)
+        shown = "".join(c if c.isprintable() else "?" for c in self.excerpt)
+        gutter = " " * len(str(self.line))
+        return (f"{self}\n {self.line} | {shown}\n {gutter} | "
+                f"{' ' * (self.col - 1)}{'^' * max(self.span, 1)}")
 
 
 class BundleError(ToolAuthzError):

@@ -9,6 +9,7 @@ from sidecar.audit.records import KINDS
 from sidecar.audit.store import RESULTS, AuditQuery, checked_query
 from sidecar.errors import RequestError
 from sidecar.model import Decision
+from sidecar.server import reload
 from sidecar.store.ledger import OUTCOMES
 from sidecar.tokens import claims
 
@@ -17,7 +18,7 @@ def test_results_are_every_value_the_writers_record():
     verify_codes = {claims.OK, claims.MALFORMED, claims.UNKNOWN_KEY, claims.BAD_SIGNATURE, claims.EXPIRED,
                     claims.NOT_YET_VALID, claims.WRONG_AUDIENCE, claims.CLAIMS_MISMATCH}
     written = ({d.value for d in Decision} | {approvals.APPROVE, approvals.REJECT} | verify_codes
-               | {"already_used", "refused", "superseded"} | set(OUTCOMES))
+               | {"already_used", "refused", "superseded"} | set(OUTCOMES) | {reload.BUNDLE_LOADED})
     assert set(RESULTS) == written
     assert len({r.lower() for r in RESULTS}) == len(RESULTS)  # case-insensitive input is unambiguous
 
@@ -53,4 +54,4 @@ def test_a_refusal_shows_the_value_escaped():
 
 def test_a_principal_uid_passes_unchanged():
     assert checked_query(AuditQuery(principal='User::"alice@example.com"')).principal == 'User::"alice@example.com"'
-    assert KINDS == ("authorize", "verify", "approval", "outcome")
+    assert KINDS == ("authorize", "verify", "approval", "outcome", "bundle")

@@ -213,7 +213,8 @@ def test_an_approval_group_nobody_can_approve_is_refused(bundle_dir):
     path.write_text(text)
     line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "@approval" in text_line)
     found = problems_of(bundle_dir)
-    assert any(p.startswith(f"refunds.cedar:{line - 1}:1: no policy can permit `Action::\"approve\"` for approval "
+    col = text.splitlines()[line - 1].index("leads") + 1  # at the group's name
+    assert any(p.startswith(f"refunds.cedar:{line}:{col}: no policy can permit `Action::\"approve\"` for approval "
                             "group `leads`") for p in found), found
 
 

@@ -23,7 +23,7 @@ PACKAGE = ROOT / "sidecar"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
                                "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.display_hints",
-                               "sidecar.tool_files"})),
+                               "sidecar.tool_files", "sidecar.bounded_file"})),
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("store", frozenset({"sidecar.store"})),
     # approvers: who a deciding person is (ID tokens) and that they are of the tenant.
     ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
-                                         "sidecar.batch", "sidecar.approvers"})),
+                                         "sidecar.batch", "sidecar.approvers", "sidecar.retainer"})),
     # Approval notifications: events read from the store, sent off the decision path.
     ("notify", frozenset({"sidecar.notify"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers

@@ -186,3 +186,27 @@ def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrit
     capsys.readouterr()
     assert main([*base, "verify", "--public-key", str(key_file), "--checkpoints", str(exported)]) == 1
     assert "checkpoint_mismatch" in capsys.readouterr().out
+
+
+def test_a_version_1_database_gains_retained_inputs_and_bundle_records(postgres_url):
+    from sidecar.store.retained import RetainedInputs, RetainedRow
+
+    migrate(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 1 left it
+        conn.execute("DROP TABLE retained_inputs")
+        conn.execute("ALTER TABLE audit_record DROP CONSTRAINT audit_record_kind_check")
+        conn.execute("ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check "
+                     "CHECK (kind IN ('authorize', 'verify', 'approval', 'outcome'))")
+        conn.execute("UPDATE toolauthz_schema SET version = 1")
+    assert migrate(postgres_url).before == 1
+    store = open_store(postgres_url)
+    try:
+        store.audit_log.append([AuditEvent(kind="bundle", time=1.0, result="loaded")])
+    finally:
+        store.close()
+    retained = RetainedInputs(postgres_url)
+    try:
+        retained.put(RetainedRow("acme", "c", "t", 1.0, 2.0, "v", b"sealed"))
+        assert retained.count() == 1
+    finally:
+        retained.close()

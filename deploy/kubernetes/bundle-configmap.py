@@ -7,7 +7,9 @@ A ConfigMap is flat (a key holds no `/`), and a bundle is not (`tools/<name>.yam
 each file becomes one key (`tools/issue_refund.yaml` -> `tools.issue_refund.yaml`) and
 the volume's `items` put it back at its path. Both go in one ConfigMap, so the kubelet
 swaps the whole bundle at once and the sidecar reloads it whole. `tests/` stays out: it
-changes no decision. Writes `base/policies.yaml` (the ConfigMap) and, for each
+changes no decision. Every other file goes in, the signature `.signatures.json` of a
+signed bundle (`toolauthz bundle sign`) too: it is checked against exactly these files,
+and it arrives with them in one swap. Writes `base/policies.yaml` (the ConfigMap) and, for each
 Deployment that mounts it, `policies-volume.yaml` (a patch naming every item) beside
 the kustomization that holds that Deployment; run it again after adding a file.
 """
@@ -30,7 +32,7 @@ def bundle_files(bundle: pathlib.Path) -> dict[str, str]:
     files = {}
     for path in sorted(bundle.rglob("*")):
         rel = path.relative_to(bundle).as_posix()
-        if path.is_file() and not rel.startswith("tests/") and not path.name.startswith("."):
+        if path.is_file() and not rel.startswith("tests/"):
             files[rel] = path.read_text(encoding="utf-8")
     return files
 

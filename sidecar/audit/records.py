@@ -25,7 +25,7 @@ from typing import Any
 
 from sidecar.canonical import canonical_json, read_back
 
-KINDS = ("authorize", "verify", "approval", "outcome")
+KINDS = ("authorize", "verify", "approval", "outcome", "bundle")  # bundle: a reload refused or loaded
 GENESIS_HASH = "0" * 64
 LEGACY_CHAIN = ""  # the records chained before the trail had several chains
 DEFAULT_CHAINS = 16  # chains a new record is spread over (`audit_chains`)

@@ -33,7 +33,7 @@ MAX_PAGE = 10_000
 RESULTS = ("ALLOW", "DENY", "APPROVAL_REQUIRED", "APPROVE", "REJECT", "refused", "superseded",
            "ok", "already_used", "malformed", "unknown_key", "bad_signature", "expired",
            "not_yet_valid", "wrong_audience", "claims_mismatch",
-           "completed", "failed", "cancelled", "outcome_unknown")
+           "completed", "failed", "cancelled", "outcome_unknown", "loaded")
 # No two results differ only in case, so `allow` can only mean ALLOW.
 _RESULT_OF = {result.lower(): result for result in RESULTS}
 _KIND_OF = {kind.lower(): kind for kind in KINDS}

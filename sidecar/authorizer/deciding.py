@@ -91,6 +91,8 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
             # jti is in the record) is handed to no one; a retry replays the decision.
             token = None
         parts.count_shadow(bundle, verdict)
+        if parts.retainer is not None:
+            parts.retainer.retain(ctx, call.call_id, prepared, RunCounts(*latest.counts), bundle.version)
         approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
         return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
                                verdict.errors, prepared.digest, token, approval.approval_id if approval else "",

@@ -19,6 +19,7 @@ from sidecar.call_record import CallRecord
 from sidecar.clock import Clock
 from sidecar.engine import PreparedCall
 from sidecar.model import TrustedContext, Verdict
+from sidecar.retainer import Retainer
 from sidecar.store.ledger import CallLedger
 from sidecar.telemetry import metrics
 from sidecar.tokens import CallClaims, IssuedToken, TokenIssuer, TokenVerifier
@@ -37,6 +38,7 @@ class Parts:
     # and for a plain ALLOW only under the same policy version: an old decision must not
     # become executable again days later, under policies that may have changed since.
     reissue_window: float = 300.0
+    retainer: Retainer | None = None  # keeps the inputs of tools with `audit.retain_input`
     _shadow_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _shadow: Counter = field(default_factory=Counter, repr=False)
 

@@ -82,6 +82,9 @@ class Tool:
         """The arguments approvers may see: `audit.record` and `display` with `show: true`."""
         shown = [p for p, hint in self.display.items() if hint.show and p not in self.audit_fields]
         return (*self.audit_fields, *sorted(shown))
+    # `audit.retain_input`: keep each call's input (encrypted) this many seconds for
+    # `toolauthz policy impact`; None: never kept.
+    retain_input_seconds: int | None = None
 
     def accepts(self, value: Any) -> bool:
         """Whether the parsed input is valid against the input schema."""
@@ -149,6 +152,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     audit_entities = _parse_audit_entities(raw.get("audit"), bad)
     hints = parse_display(raw.get("display"),
                           lambda ptr: schema_at(input_schema, ptr)[0] if input_schema is not None else None, bad)
+    retain = _parse_retention(raw.get("audit"), bad)
 
     if len(problems) > before or input_schema is None:
         return None
@@ -163,6 +167,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         validator=reference_validator(input_schema),
         fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
         display=hints,
+        retain_input_seconds=retain,
     )
 
 
@@ -296,8 +301,8 @@ def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:
 def _parse_audit(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, ...]:
     if raw is None:
         return ()
-    for key in sorted(set(raw) - {"record", "record_entities"}) if isinstance(raw, dict) else ():
-        bad(f"/audit/{key}", f"unknown audit rule `{key}`; expected record or record_entities")
+    for key in sorted(set(raw) - {"record", "record_entities", "retain_input"}) if isinstance(raw, dict) else ():
+        bad(f"/audit/{key}", f"unknown audit rule `{key}`; expected record, record_entities or retain_input")
     if isinstance(raw, dict) and "record" not in raw:
         return ()
     record = raw.get("record") if isinstance(raw, dict) else None
@@ -328,6 +333,30 @@ def _parse_audit_entities(raw: Any, bad: Complain) -> dict[str, tuple[str, ...]]
         else:
             out[kind] = tuple(pointers)
     return out
+
+
+DURATION = re.compile(r"^([1-9][0-9]{0,5})([smhd])\Z")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_RETENTION_SECONDS = 90 * 86400
+
+
+def parse_duration(text: str) -> int | None:
+    """`30m`, `12h`, `7d` as seconds, or None when it is not such a duration."""
+    found = DURATION.match(text) if isinstance(text, str) else None
+    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else None
+
+
+def _parse_retention(raw: Any, bad: Complain) -> int | None:
+    """`audit.retain_input: 7d`: how long a call's input is kept for replay (at most 90d)."""
+    value = raw.get("retain_input") if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    seconds = parse_duration(value)
+    if seconds is None or seconds > MAX_RETENTION_SECONDS:
+        bad("/audit/retain_input", "audit.retain_input must be a duration such as `7d`, `12h` or `30m`, "
+                                   "at most 90d")
+        return None
+    return seconds
 
 
 def resolve_pointer(instance: Any, pointer: str) -> tuple[bool, Any]:

@@ -129,7 +129,18 @@ def annotation_problems(rel: str, policy: SourcePolicy, annotations: dict[str, s
     return problems
 
 
-def approval_group_problems(infos: list[PolicyInfo], approve_action: str) -> list[Problem]:
+def quoted_at(source: str, line: int, literal: str) -> tuple[int, int]:
+    """Line and column of the text of `"<literal>"` on the first line from `line` that
+    quotes it (a name inside a policy that starts at `line`), else (line, 1)."""
+    for number, text in enumerate(source.splitlines()[line - 1:], line):
+        at = text.find(f'"{literal}"')
+        if at >= 0:
+            return number, at + 2
+    return line, 1
+
+
+def approval_group_problems(infos: list[PolicyInfo], approve_action: str,
+                            sources: dict[str, str] | None = None) -> list[Problem]:
     """Each `@approval("<group>")` that no permit on `approve_action` can grant: nobody
     could ever approve such a call. The test is static and errs towards accepting: a
     permit on approve (or on every action) counts for a group unless one of its `when`
@@ -147,9 +158,10 @@ def approval_group_problems(infos: list[PolicyInfo], approve_action: str) -> lis
             continue
         close = difflib.get_close_matches(group, sorted(approvable), n=1)
         hint = f"; did you mean `{close[0]}`?" if close else ""
+        line, col = quoted_at((sources or {}).get(info.file, ""), info.line, group)
         problems.append(Problem(
             info.file, f"no policy can permit `Action::\"{approve_action}\"` for approval group `{group}`: "
-            f"add a permit on it whose condition requires `resource.group == \"{group}\"`{hint}", info.line, 1))
+            f"add a permit on it whose condition requires `resource.group == \"{group}\"`{hint}", line, col))
     return problems
 
 

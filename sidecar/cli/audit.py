@@ -17,6 +17,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
@@ -25,6 +26,7 @@ from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
 from sidecar.audit.timeline import Summary, build_timeline
 from sidecar.cli.approvals import RPC_TIMEOUT, client_tls
 from sidecar.cli.audit_remote import RemoteAuditLog
+from sidecar.cli.audit_shadow import shadow_counts, shadow_line
 from sidecar.cli.options import add_anywhere, add_server_options, principal_filter, resource_filter
 from sidecar.client import AuthzClient
 from sidecar.display import bounded_message, display, display_uid, shown
@@ -57,7 +59,8 @@ def add_audit_command(sub) -> None:
     verbs = audit.add_subparsers(dest="audit_command", required=True)
     parsers: list[argparse.ArgumentParser] = []
     for name, help_text in (("query", "matching records as a table (or JSON lines)"),
-                            ("export", "matching records as JSON lines or CSV")):
+                            ("export", "matching records as JSON lines or CSV"),
+                            ("shadow", "how many matching decisions each @shadow policy disagreed with")):
         p = verbs.add_parser(name, help=help_text)
         parsers.append(p)
         for f in _FILTERS:
@@ -67,7 +70,7 @@ def add_audit_command(sub) -> None:
         if name == "query":
             p.add_argument("--limit", type=int, default=100)
             p.add_argument("--json", action="store_true")
-        else:
+        elif name != "shadow":
             p.add_argument("--output", help="a file; default standard output")
             p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
                            help="JSON lines (default) or CSV with a header row")
@@ -94,9 +97,10 @@ def add_audit_command(sub) -> None:
 
 
 def run(args) -> int:
-    verbs = {"query": _query, "export": _export, "show": _show, "verify": _verify, "checkpoints": _checkpoints}
+    verbs = {"query": _query, "export": _export, "show": _show, "verify": _verify, "checkpoints": _checkpoints,
+             "shadow": _shadow}
     if getattr(args, "server", None):
-        if args.audit_command not in ("query", "export", "show"):
+        if args.audit_command not in ("query", "export", "show", "shadow"):
             raise ToolAuthzError(f"`audit {args.audit_command}` reads the store itself: give --store or --data-dir")
         try:
             client = AuthzClient(args.server, timeout=RPC_TIMEOUT, tls=client_tls(args))
@@ -248,6 +252,15 @@ def _show_resource(log, args) -> int:
     return 0
 
 
+def _shadow(log, args) -> int:
+    """Counts per @shadow policy over the matching decisions (`audit_shadow.py`)."""
+    total, counts = shadow_counts(_pages(log, replace(_filters(args), kind="authorize")))
+    print(f"{sum(counts.values())} shadow disagreements in {total} decisions")
+    for policy, count in sorted(counts.items()):
+        print(f"  {count:8d}  {display(policy)}")
+    return 0
+
+
 def _print_story(records: list[AuditRecord]) -> None:
     story = build_timeline(records)
     first = records[0].event
@@ -260,6 +273,9 @@ def _print_story(records: list[AuditRecord]) -> None:
         decided = record.event.detail.get("decided_by") if record.event.kind == "authorize" else None
         if isinstance(decided, dict):
             print("  " + " " * 26 + _decided_by_line(decided))
+        shadow = shadow_line(record.event.detail) if record.event.kind == "authorize" else None
+        if shadow is not None:
+            print("  " + " " * 26 + shadow)
     print("  " + _summary_line(story.summary))
 
 

@@ -13,6 +13,8 @@ import grpc
 from sidecar.bundle import load_bundle
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from sidecar.cli.audit import add_audit_command
+from sidecar.cli.bundle import add_bundle_command
+from sidecar.cli.impact import add_policy_command
 from sidecar.cli.mcp import add_mcp_commands
 from sidecar.cli.options import add_server_options, parse_principal
 from sidecar.cli.policytest import add_test_command
@@ -52,16 +54,25 @@ def cmd_serve(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from sidecar.server.config import load_settings
+    from sidecar.server.reload import load_bundle_snapshot
+
     if args.bundle_option and args.bundle and args.bundle_option != args.bundle:
         raise ToolAuthzError("give the bundle once: as `--bundle DIR` or as the positional DIR")
+    verification = load_settings(args.config).bundle_verification
     try:
-        bundle = load_bundle(args.bundle_option or args.bundle or "policies")
+        bundle = load_bundle_snapshot(args.bundle_option or args.bundle or "policies",
+                                      verification.public_keys() if verification else None)
     except BundleError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(problem.render(), file=sys.stderr)
         print(f"{len(exc.problems)} problem(s); bundle refused", file=sys.stderr)
         return 1
-    print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}")
+    if verification is None:
+        print("warning: `bundle_verification` is not configured: whoever can write the bundle directory changes "
+              "what is enforced (see `toolauthz bundle sign`)", file=sys.stderr)
+    signed = f", signed revision {bundle.revision}" if bundle.revision is not None else ""
+    print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}{signed}")
     return 0
 
 
@@ -169,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="load and validate a bundle")
     check.add_argument("bundle", nargs="?", help="the bundle directory (default: policies)")
     check.add_argument("--bundle", dest="bundle_option", metavar="DIR", help="the same, as `serve` takes it")
+    check.add_argument("--config", help="verify the bundle's signature with this config's bundle_verification")
     check.set_defaults(func=cmd_check)
 
     schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
@@ -212,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mcp_commands(sub, parse_principal)
     add_store_command(sub)
     add_status_command(sub)
+    add_bundle_command(sub)
+    add_policy_command(sub)
     return parser
 
 
@@ -224,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BundleError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(problem.render(), file=sys.stderr)
         return 1
     except (ToolAuthzError, RequestError, OSError) as exc:
         print(f"toolauthz: {bounded_message(str(exc))}", file=sys.stderr)

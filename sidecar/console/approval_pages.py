@@ -12,9 +12,9 @@ from sidecar.console.approval_view import arguments, hints_of, thresholds
 from sidecar.console.signin import Person
 from sidecar.console.visit import PageHost, Visit, signed_in
 from sidecar.display_hints import labelled
-from sidecar.engine import ApprovalSubject, may_approve
+from sidecar.engine import ApprovalSubject, approver_verdict
 from sidecar.errors import ForbiddenError, NotFoundError, RequestError
-from sidecar.model import Decision, TrustedContext
+from sidecar.model import Decision, Principal, TrustedContext
 from sidecar.service.failures import failure_of
 from sidecar.service.observe import approval_decided
 from sidecar.store.approvals import PENDING, ApprovalRecord
@@ -30,14 +30,13 @@ class ApprovalPages(PageHost):
         """The approver check of DecideApproval (engine.may_approve), for the inbox: the
         person's tenant, not their own call, and a permit of `Action::"approve"` with the
         bundle's groups (or, signed in with an ID token, the token's, as the desk reads them)."""
-        if record.tenant != person.tenant or \
-                (record.requester_type, record.requester_id) == (person.principal.type, person.principal.id):
-            return False
         subject = ApprovalSubject(record.approval_id, record.tenant, record.tool, record.group, record.requester)
         approver = TrustedContext(person.tenant, person.principal, "")
         groups = person.groups if person.via == "oidc" else None
+        requester = Principal(record.requester_type, record.requester_id)
         try:
-            return may_approve(self.deps.desk.bundles.current, approver, subject, groups).decision is Decision.ALLOW
+            return approver_verdict(self.deps.desk.bundles.current, approver, subject, requester,
+                                    groups).decision is Decision.ALLOW
         except RequestError:
             return False
 

@@ -19,8 +19,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.approvals import ApprovalDesk
+from sidecar.audit.retention import load_retention_key
 from sidecar.authorizer import Authorizer
-from sidecar.bundle import BundleHolder
+from sidecar.bundle import Bundle, BundleHolder
 from sidecar.clock import Clock, SystemClock
 from sidecar.console import Console, ConsoleDeps
 from sidecar.console.session import Sessions, load_or_create_secret
@@ -33,6 +34,7 @@ from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
 from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from sidecar.retainer import Retainer
 from sidecar.server.config import SERVICES, ListenerSettings, Settings
 from sidecar.server.listeners import (
     TcpAddress,
@@ -65,6 +67,7 @@ from sidecar.service.watching import WatchLimits
 from sidecar.store import Store
 from sidecar.store.audit_writer import AuditWriter, Checkpointer
 from sidecar.store.open import open_store
+from sidecar.store.retained import RetainedInputs
 from sidecar.store.rules import Approvals, AuditLogOf, Ledger
 from sidecar.telemetry import metrics
 from sidecar.tokens import TokenIssuer, TokenVerifier
@@ -152,6 +155,8 @@ class Sidecar:
             self.board.close()
         self.gate.refusals.close()  # the refusals still counted, written before the writer drains
         self.audit_writer.close()
+        if self.authorizer.retainer is not None:
+            self.authorizer.retainer.store.close()
         self.checkpointer.close()  # signs a final checkpoint of everything written
         self.store.close()
 
@@ -161,7 +166,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     sidecar that cannot do its job refuses to start. `callers` resolves who is calling
     from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
-    bundle = load_bundle_snapshot(settings.bundle)
+    bundle_keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
+    bundle = load_bundle_snapshot(settings.bundle, bundle_keys)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not settings.store:
@@ -193,8 +199,10 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
         bundles=bundles, ledger=ledger, issuer=issuer,
         verifier=TokenVerifier(keyring, issuer=t.issuer, audience=t.audience, leeway_seconds=t.leeway_seconds,
                                clock=clock),
-        audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds)
-    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds).start()
+        audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds,
+        retainer=_retainer(settings, bundle, clock))
+    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
+                              clock=clock).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
@@ -203,6 +211,22 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, pump, reloader, watches, gate, notifier)
+
+
+def _retainer(settings: Settings, bundle: Bundle, clock: Clock) -> Retainer | None:
+    """Where retained inputs go (`audit.retain_input`), with the retention key: made in
+    development, required in production once a tool retains. Without a key file and
+    with no tool retaining, nothing is retained (a later bundle that asks is logged)."""
+    path = settings.retention_key_file
+    retaining = any(s.tool.retain_input_seconds for s in bundle.tools.values())
+    if not path.exists():
+        if retaining and not settings.generate_missing_keys:
+            raise KeyFileError(f"a tool retains its inputs (audit.retain_input): the retention key `{path}` is "
+                               "missing (a file of 32 random bytes, mode 0600)")
+        if not retaining:
+            return None
+    key = load_retention_key(path, create=settings.generate_missing_keys)
+    return Retainer(RetainedInputs(settings.store_url, timeout=5.0), key, clock)
 
 
 def _refuse_old_layout(data: pathlib.Path, database: pathlib.Path) -> None:

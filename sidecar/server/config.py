@@ -237,11 +237,39 @@ class NotificationSettings(_Strict):
     keep_dead: int = Field(100, ge=1, le=100_000)
 
 
+class BundleKeySettings(_Strict):
+    """One public key a bundle's signature may name: its key id and an Ed25519 PEM file."""
+
+    kid: str = Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")
+    file: pathlib.Path
+
+
+class BundleVerificationSettings(_Strict):
+    """Bundles load only when signed (`toolauthz bundle sign`) with one of these keys;
+    several for a rotation."""
+
+    keys: tuple[BundleKeySettings, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_entry_per_kid(self) -> BundleVerificationSettings:
+        if len({key.kid for key in self.keys}) != len(self.keys):
+            raise ValueError("each key id may be listed once in `bundle_verification.keys`")
+        return self
+
+    def public_keys(self) -> dict[str, Any]:
+        """kid -> Ed25519 public key, read now (SignatureError when a file is unusable)."""
+        from sidecar.bundle.signature import load_public_key_file
+
+        return {key.kid: load_public_key_file(key.file) for key in self.keys}
+
+
 DATABASE_FILE = "toolauthz.db"
 
 
 class Settings(_Strict):
     bundle: pathlib.Path = pathlib.Path("policies")
+    # Verify every bundle against its signature before it loads (at start and each reload).
+    bundle_verification: BundleVerificationSettings | None = None
     listen: str = "127.0.0.1:50051"
     # Serve the Approvals service on its own address instead of `listen` (empty: same server).
     approvals_listen: str = ""
@@ -373,6 +401,11 @@ class Settings(_Strict):
     @property
     def audit_key_file(self) -> pathlib.Path:
         return self.data_dir / "audit-key.pem"
+
+    @property
+    def retention_key_file(self) -> pathlib.Path:
+        """The AES-256 key that seals retained call inputs (`audit.retain_input`)."""
+        return self.data_dir / "retention-key"
 
     @property
     def database_path(self) -> pathlib.Path:

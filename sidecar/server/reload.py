@@ -17,10 +17,16 @@ import os
 import pathlib
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from sidecar.audit.records import AuditEvent
+from sidecar.audit.sink import AuditSink
 from sidecar.bundle import Bundle, BundleHolder, load_bundle
-from sidecar.errors import BundleError, Problem
+from sidecar.bundle.signature import SIGNATURE_FILE, SignatureError, SignedManifest, bundle_files, verify_bundle
+from sidecar.clock import Clock, SystemClock
+from sidecar.errors import BundleError, Problem, StoreUnavailable
 from sidecar.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")
@@ -28,6 +34,7 @@ log = logging.getLogger("toolauthz.reload")
 # The link the kubelet swaps when it updates a projected ConfigMap or Secret volume.
 KUBERNETES_DATA_LINK = "..data"
 _SNAPSHOT_ATTEMPTS = 5
+BUNDLE_LOADED, BUNDLE_REFUSED = "loaded", "refused"  # results of `bundle` audit records
 
 
 def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
@@ -39,22 +46,47 @@ def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
     return pathlib.Path(os.path.realpath(data if os.path.lexists(data) else root))
 
 
-def load_bundle_snapshot(directory: str | os.PathLike[str]) -> Bundle:
+def load_bundle_snapshot(directory: str | os.PathLike[str], keys: Mapping[str, Ed25519PublicKey] | None = None,
+                         min_revision: int | None = None) -> Bundle:
     """Load the bundle from one snapshot of `directory` (see `bundle_snapshot`); the
     bundle keeps `directory` as its name. When the snapshot is replaced while it is read
-    (the kubelet deletes the old directory right after the swap), read the new one."""
+    (the kubelet deletes the old directory right after the swap), read the new one.
+    With `keys` (bundle_verification), the snapshot must verify against its signature
+    before it is loaded, and still match it once loaded; a revision below `min_revision`
+    (the one serving) is a rollback. A refusal is a BundleError on `.signatures.json`."""
     for _attempt in range(_SNAPSHOT_ATTEMPTS):
         snapshot = bundle_snapshot(directory)
         try:
+            manifest = _verified(snapshot, keys, min_revision)
             bundle = load_bundle(snapshot)
+            if manifest is not None and bundle_files_or_refuse(snapshot) != manifest.files:
+                raise BundleError([Problem(SIGNATURE_FILE, "the bundle changed while it was verified and loaded")])
         except BundleError:
             if bundle_snapshot(directory) != snapshot:
                 continue
             raise
         if bundle_snapshot(directory) != snapshot:
             continue
-        return dataclasses.replace(bundle, directory=pathlib.Path(directory))
+        return dataclasses.replace(bundle, directory=pathlib.Path(directory),
+                                   revision=manifest.revision if manifest is not None else None)
     raise BundleError([Problem(str(directory), "the bundle directory kept being replaced while it was loaded")])
+
+
+def _verified(snapshot: pathlib.Path, keys: Mapping[str, Ed25519PublicKey] | None,
+              min_revision: int | None) -> SignedManifest | None:
+    if keys is None:
+        return None
+    try:
+        return verify_bundle(snapshot, keys, min_revision)
+    except (SignatureError, OSError) as exc:
+        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
+
+
+def bundle_files_or_refuse(snapshot: pathlib.Path) -> Mapping[str, str]:
+    try:
+        return bundle_files(snapshot)
+    except (SignatureError, OSError) as exc:
+        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
 
 
 def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
@@ -90,9 +122,16 @@ def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
 
 
 class BundleReloader:
-    def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0):
-        """poll_seconds = 0: no polling; reload only when triggered (SIGHUP)."""
+    def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
+                 keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
+                 clock: Clock | None = None):
+        """poll_seconds = 0: no polling; reload only when triggered (SIGHUP). `keys`: a
+        bundle loads only when its signature verifies with one of them, and its revision
+        is not older than the serving one. `audit`: where refusals and swaps are recorded."""
         self._holder = holder
+        self._keys = keys
+        self._audit = audit
+        self._clock = clock or SystemClock()
         self._directory = pathlib.Path(holder.current.directory)
         self._poll = poll_seconds
         self._lock = threading.Lock()  # one reload at a time (watcher and SIGHUP)
@@ -127,22 +166,29 @@ class BundleReloader:
     def _reload(self) -> bool:
         with self._lock:
             seen = fingerprint(self._directory)
+            serving = self._holder.current
             try:
-                bundle = load_bundle_snapshot(self._directory)
+                bundle = self._next(serving)
             except BundleError as exc:
                 self.last_error = str(exc)
                 metrics.RELOAD_ERRORS.inc()
+                signature = any(p.file == SIGNATURE_FILE for p in exc.problems)
+                if signature:
+                    metrics.BUNDLE_SIGNATURE_REFUSALS.inc()
+                self._record(BUNDLE_REFUSED, serving, ("bundle_signature" if signature else "bundle_invalid",),
+                             {"reason": str(exc)[:2000]})
                 # One line; each problem an item of `problems` (never newlines in a message).
-                log.error("bundle reload refused; version %s keeps serving", self._holder.current.version,
+                log.error("bundle reload refused; version %s keeps serving", serving.version,
                           extra={"problems": [str(p) for p in exc.problems]})
                 return False
             finally:
                 self._seen = seen
             self.last_error = ""
-            if bundle.version == self._holder.current.version:
+            if bundle.version == serving.version:
                 return False
-            previous = self._holder.current.version
+            previous = serving.version
             self._holder.swap(bundle)
+            self._record(BUNDLE_LOADED, bundle, (), {"previous_version": previous, "revision": bundle.revision})
             metrics.RELOADS.inc()
             metrics.serving_version(bundle.version, previous)
             if self.after_swap is not None:
@@ -150,6 +196,27 @@ class BundleReloader:
             self.reloads += 1
             log.info("bundle reloaded: version %s", bundle.version)
             return True
+
+    def _next(self, serving: Bundle) -> Bundle:
+        """The bundle to serve next. A signed one must not be older than the serving one,
+        and other content under the same revision is refused too: a revision names one
+        signed bundle, so only a newer signature may change what is enforced."""
+        bundle = load_bundle_snapshot(self._directory, self._keys, serving.revision)
+        if self._keys is not None and bundle.revision == serving.revision and bundle.version != serving.version:
+            raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
+                                                       "but the content differs; sign a new revision")])
+        return bundle
+
+    def _record(self, result: str, bundle: Bundle, codes: tuple[str, ...], detail: dict[str, object]) -> None:
+        """A `bundle` audit record of a reload: refused (with the version that keeps
+        serving) or loaded (with the new one)."""
+        if self._audit is None:
+            return
+        try:
+            self._audit.write(AuditEvent(kind="bundle", time=self._clock.now(), result=result,
+                                         policy_version=bundle.version, error_codes=codes, detail=detail))
+        except StoreUnavailable as exc:  # the reload stands; its record is what is lost, and said so
+            log.error("the audit record of a bundle reload (%s) could not be written: %s", result, exc)
 
     def trigger(self) -> None:
         """Ask the watcher thread to reload now (safe from a signal handler)."""

@@ -47,6 +47,10 @@ SHED = Counter("toolauthz_shed", "Requests refused RESOURCE_EXHAUSTED before the
 STORE_ERRORS = Counter("toolauthz_store_errors", "Requests answered UNAVAILABLE because a store failed")
 RELOADS = Counter("toolauthz_reloads", "Bundle reloads that swapped in a new version")
 RELOAD_ERRORS = Counter("toolauthz_reload_errors", "Bundle reloads refused (the last good bundle kept serving)")
+RETAINED_INPUTS = Counter("toolauthz_retained_inputs", "Inputs of calls kept for replay (audit.retain_input), "
+                          "by outcome: kept, too_large, failed", ["outcome"])
+BUNDLE_SIGNATURE_REFUSALS = Counter("toolauthz_bundle_signature_refusals",
+                                    "Bundle reloads refused because the bundle did not verify against its signature")
 POLICY_INFO = Gauge("toolauthz_policy_info", "1 for the policy version a worker serves (info metric)",
                     ["version"], multiprocess_mode="livemax")
 NOTIFICATIONS = Counter("toolauthz_notifications",

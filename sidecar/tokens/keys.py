@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyseto import Key, KeyInterface
 
+from sidecar.bounded_file import FileRefused, read_bounded
 from sidecar.errors import KeyFileError
 
 _MAX_KEY_FILE_BYTES = 16 * 1024  # an RSA-8192 PEM is ~6 KiB; anything bigger is not a key
@@ -120,29 +121,28 @@ def _parse_pem(data: bytes, path: str) -> Ed25519PrivateKey:
 
 def load_private_key_file(path: str | os.PathLike[str]) -> SigningKey:
     """Load an Ed25519 private key (PKCS#8 PEM or PASERK `k4.secret`), refusing open modes."""
+    return SigningKey.from_private(load_ed25519_private_key(path))
+
+
+def load_ed25519_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """The Ed25519 private key of a key file, as `load_private_key_file` reads it."""
     p = os.fspath(path)
-    try:
-        # O_NONBLOCK: a FIFO planted at the path must not hang startup.
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise KeyFileError(f"key file `{p}` does not exist") from None
-    except OSError as err:
-        raise KeyFileError(f"cannot open key file `{p}`: {err.strerror}") from None
-    try:
-        st = os.fstat(fd)  # fstat the opened file, so a swap after the check cannot matter
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"key file `{p}` is not a regular file")
+
+    def private_mode(st: os.stat_result) -> None:
         if st.st_mode & 0o077:
             raise KeyFileError(
                 f"key file `{p}` has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
                 "accessible by group or others (chmod 600)")
-        data = b""
-        while len(data) <= _MAX_KEY_FILE_BYTES and (chunk := os.read(fd, _MAX_KEY_FILE_BYTES + 1 - len(data))):
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_KEY_FILE_BYTES:
-        raise KeyFileError(f"key file `{p}` is too large to be a key")
+
+    try:
+        data = read_bounded(p, _MAX_KEY_FILE_BYTES, private_mode)
+    except FileNotFoundError:
+        raise KeyFileError(f"key file `{p}` does not exist") from None
+    except OSError as err:
+        raise KeyFileError(f"cannot open key file `{p}`: {err.strerror}") from None
+    except FileRefused as refused:
+        problem = "is not a regular file" if refused.reason == "not_regular" else "is too large to be a key"
+        raise KeyFileError(f"key file `{p}` {problem}") from None
     text = data.strip()
     if text.startswith(b"k4.secret."):
         private = _parse_paserk_secret(text.decode("ascii", "replace"), p)
@@ -150,7 +150,7 @@ def load_private_key_file(path: str | os.PathLike[str]) -> SigningKey:
         private = _parse_pem(data, p)
     else:
         raise KeyFileError(f"key file `{p}` is not an Ed25519 private key (PKCS#8 PEM or `k4.secret` PASERK)")
-    return SigningKey.from_private(private)
+    return private
 
 
 def create_private_file(path: str, data: bytes) -> None:

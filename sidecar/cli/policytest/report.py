@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from sidecar.bundle import Bundle
 from sidecar.cli.policytest.suite import Result
-from sidecar.model import Decision
+from sidecar.model import Decision, Verdict
 
 _ANY = "(any)"
 _NONE = "(none)"
@@ -58,7 +58,18 @@ def _rows(result: Result) -> list[tuple[str, str, str]]:
         ("errors", _ANY if e.error is None else f"includes {e.error}",
          _list(f"{x.code} ({x.message})" for x in v.errors)),
         ("approval_group", _ANY if e.approval_group is None else e.approval_group, v.approval_group or _NONE),
+        ("approvers", _list(_approver(a.label, ok) for a, ok in e.approvers) if e.approvers else _ANY,
+         _list(_approver(c.approver.label, c.allowed, c.verdict) for c in result.approvals)),
+        ("shadow", _ANY if e.shadow is None else _list(sorted(e.shadow)), _list(sorted(result.shadow))),
     ]
+
+
+def _approver(label: str, allowed: bool, verdict: Verdict | None = None) -> str:
+    """`bob may`, or `alice may not`, with why not (the refusal code or the reasons)."""
+    if allowed:
+        return f"{label} may"
+    why = [x.code for x in verdict.errors] + list(verdict.reasons) if verdict is not None else []
+    return f"{label} may not" + (f" ({', '.join(why)})" if why else "")
 
 
 def _list(items) -> str:
@@ -66,13 +77,23 @@ def _list(items) -> str:
     return ", ".join(items) if items else _NONE
 
 
-def coverage(bundle: Bundle, results: list[Result]) -> list[str]:
-    """Tool policies no case saw as a determining reason, and catalogued tools without
-    both a permitting (ALLOW or APPROVAL_REQUIRED) and a DENY expectation."""
+def coverage(bundle: Bundle, results: list[Result]) -> tuple[list[str], int]:
+    """What no case reaches, and how many policies there are. A policy is reached when
+    it is among a verdict's reasons: a tool call's, or an approver check's (`may_approve`
+    and `may_not_approve` cases) for an `Action::"approve"` policy. A `@shadow` policy is
+    reached only by a case that states `expect.shadow` and saw it disagree. A tool is
+    covered with both a permitting (ALLOW or APPROVAL_REQUIRED) and a DENY expectation."""
     seen = {reason for r in results if r.verdict is not None for reason in r.verdict.reasons}
-    out = [f"policy `{pid}`" for pid, info in sorted(bundle.policies.items())
-           if pid not in seen and not info.shadow
-           and (info.actions is None or any(a.startswith("tool:") for a in info.actions))]
+    seen |= {reason for r in results for check in r.approvals for reason in check.verdict.reasons}
+    shadowed = {pid for r in results if r.case.expect.shadow is not None for pid in r.shadow}
+    out = []
+    for pid, info in sorted(bundle.policies.items()):
+        if info.shadow and pid not in shadowed:
+            out.append(f"shadow policy `{pid}` (no case with `expect.shadow` sees it disagree)")
+        elif not info.shadow and pid not in seen:
+            approver = info.actions is not None and all(not a.startswith("tool:") for a in info.actions)
+            out.append(f"approver policy `{pid}` (no `may_approve` or `may_not_approve` case reaches it)"
+                       if approver else f"policy `{pid}`")
     for tool in sorted(bundle.tools):
         expected = {r.case.expect.decision for r in results if r.case.tool == tool}
         missing = [label for label, ok in (
@@ -80,7 +101,7 @@ def coverage(bundle: Bundle, results: list[Result]) -> list[str]:
             ("DENY", Decision.DENY in expected)) if not ok]
         if missing:
             out.append(f"tool `{tool}` has no {' and no '.join(missing)} case")
-    return out
+    return out, len(bundle.policies)
 
 
 def write_junit(path: str, results: list[Result], *, problems: Sequence[str] = (),

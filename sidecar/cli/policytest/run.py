@@ -18,10 +18,11 @@ import time
 
 from sidecar.bundle import Bundle, load_bundle
 from sidecar.cli.policytest import report
-from sidecar.cli.policytest.suite import Case, Result, load_suites
-from sidecar.engine import decide
+from sidecar.cli.policytest.expect import Approver, name_problems
+from sidecar.cli.policytest.suite import ApprovalCheck, Case, Result, load_suites
+from sidecar.engine import ApprovalSubject, approver_verdict, decide
 from sidecar.errors import BundleError, RequestError
-from sidecar.model import ProposedCall, TrustedContext
+from sidecar.model import Decision, ErrorDetail, ProposedCall, TrustedContext, Verdict
 
 
 def run_case(bundle: Bundle, case: Case, index: int = 1) -> Result:
@@ -35,7 +36,32 @@ def run_case(bundle: Bundle, case: Case, index: int = 1) -> Result:
         verdict = decide(bundle, ctx, call, run=case.run)
     except RequestError as exc:
         return Result(case, None, str(exc), time.perf_counter() - start)
-    return Result(case, verdict, "", time.perf_counter() - start)
+    approvals: tuple[ApprovalCheck, ...] = ()
+    if verdict.decision is Decision.APPROVAL_REQUIRED:
+        subject = ApprovalSubject(f"policytest-{index}", case.tenant, case.tool, verdict.approval_group,
+                                  str(case.principal))
+        approvals = tuple(ApprovalCheck(approver, expected, _approver_verdict(bundle, case, approver, subject))
+                          for approver, expected in case.expect.approvers)
+    return Result(case, verdict, "", time.perf_counter() - start, approvals, shadow_disagreements(bundle, verdict))
+
+
+def _approver_verdict(bundle: Bundle, case: Case, approver: Approver, subject: ApprovalSubject) -> Verdict:
+    """What DecideApproval's check says of `approver` (engine.approver_verdict). A request
+    it refuses outright (malformed, or entities that break a rule) is refused approval."""
+    entities = json.dumps(list(approver.entities)).encode() if approver.entities else b""
+    ctx = TrustedContext(approver.tenant or case.tenant, approver.principal, "", entities)
+    try:
+        ctx.check(require_request_id=False)
+        return approver_verdict(bundle, ctx, subject, case.principal, approver.groups)
+    except RequestError as exc:
+        return Verdict(Decision.DENY, errors=(ErrorDetail("invalid_entities", str(exc)),))
+
+
+def shadow_disagreements(bundle: Bundle, verdict: Verdict) -> frozenset[str]:
+    """The @shadow policies among the reasons of the shadow evaluation, when it disagreed
+    with the enforced one (engine.evaluate records it as `detail.shadow`)."""
+    shadow = verdict.detail.get("shadow") or {}
+    return frozenset(pid for pid in shadow.get("reasons", ()) if pid in bundle.policies and bundle.policies[pid].shadow)
 
 
 def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict_coverage: bool = False,
@@ -46,9 +72,11 @@ def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict
     try:
         bundle = load_bundle(bundle_dir)
     except BundleError as exc:
-        problems += [str(p) for p in exc.problems]
+        problems += [p.render() for p in exc.problems]
     cases, suite_problems = load_suites(bundle_dir)
     problems += suite_problems
+    if not problems:
+        problems += [p for case in cases for p in name_problems(bundle, case.suite, f"case `{case.name}`", case.expect)]
     if problems:
         for problem in problems:
             print(problem, file=err)
@@ -62,9 +90,13 @@ def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict
     if filter and not selected:
         print(f"no case matches `{filter}`", file=err)
     # Coverage only means something over every case: a filtered run skips it.
-    uncovered = [] if filter else report.coverage(bundle, results)
-    for item in uncovered:
-        print(f"uncovered: {item}", file=out)
+    uncovered: list[str] = []
+    if not filter:
+        uncovered, policies = report.coverage(bundle, results)
+        for item in uncovered:
+            print(f"uncovered: {item}", file=out)
+        unreached = sum(1 for item in uncovered if "policy `" in item)
+        print(f"coverage: {policies - unreached} of {policies} policies reached", file=out)
     if junit:
         report.write_junit(junit, results, uncovered=uncovered if strict_coverage else [])
     return 1 if failed or not selected or (strict_coverage and uncovered) else 0

@@ -20,7 +20,7 @@ MIGRATION_LOCK = 0x746F6F6C617574  # "toolaut"
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
 # The chains' heads: rows the serving role updates (under a row lock) as it appends.
 HEAD_TABLE = "audit_head"
-LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE)
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE, "retained_inputs")
 
 _V1_LEDGER = """
 CREATE TABLE calls (
@@ -150,6 +150,26 @@ INSERT INTO audit_head (chain, seq, hash) SELECT '', seq, hash FROM audit_record
 ALTER TABLE audit_checkpoint ADD COLUMN heads TEXT NOT NULL DEFAULT '';
 """
 
+# Retained call inputs for `policy impact` (store/retained.py), and the audit kind
+# `bundle` (a reload refused or loaded) in the check of audit_record.kind.
+_V5_RETAINED = """
+CREATE TABLE retained_inputs (
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    decided_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    policy_version TEXT NOT NULL,
+    sealed BYTEA NOT NULL,
+    PRIMARY KEY (tenant, call_id)
+);
+CREATE INDEX retained_inputs_by_time ON retained_inputs (decided_at, tenant, call_id);
+CREATE INDEX retained_inputs_by_expiry ON retained_inputs (expires_at);
+ALTER TABLE audit_record DROP CONSTRAINT IF EXISTS audit_record_kind_check;
+ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check
+    CHECK (kind IN ('authorize', 'verify', 'approval', 'outcome', 'bundle'));
+"""
+
 # (version, statements). Append only: a released migration never changes.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_LEDGER + _V1_AUDIT),
@@ -157,6 +177,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     # Approval notifications: which event went to which sink (store/deliveries.py).
     (3, DELIVERY_SCHEMA),
     (4, _V4_CHAINS),
+    (5, _V5_RETAINED),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -1,0 +1,42 @@
+"""Shadow disagreements are read back from the audit trail: they survive a restart, and
+`audit show` prints a call's under its decision."""
+
+from __future__ import annotations
+
+import json
+
+from sidecar.cli.main import main
+from sidecar.model import Principal, ProposedCall, TrustedContext
+
+MEASURE = {"prototype": "A", "metric": "runtime", "unit": "hours"}
+SHADOW = ('@id("shadow-no-measure-b")\n@shadow\n'
+          'forbid (principal, action == Action::"tool:measure_runtime", resource)\n'
+          'when { context.input.prototype == "B" };\n')
+
+
+def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bundle_dir, clock, capsys):
+    from sidecar.server.build import build_sidecar
+
+    (bundle_dir / "shadow.cedar").write_text(SHADOW)
+    ctx = TrustedContext("acme", Principal("User", "alice"), "r")
+    car = build_sidecar(settings, clock=clock)
+    try:
+        for i, prototype in enumerate("ABBAB"):
+            car.authorizer.authorize(ctx, ProposedCall(f"c{i}", "measure_runtime",
+                                                       json.dumps({**MEASURE, "prototype": prototype}).encode()))
+    finally:
+        car.close()
+    restarted = build_sidecar(settings, clock=clock)
+    restarted.close()
+    assert restarted.authorizer.shadow_effects() == {}  # a process's own count starts again...
+    store = ["--store", f"sqlite://{settings.database_path.absolute()}"]
+    assert main(["audit", "shadow", *store]) == 0  # ...the audit trail's does not
+    assert capsys.readouterr().out.splitlines() == ["3 shadow disagreements in 5 decisions",
+                                                    "         3  shadow-no-measure-b"]
+    assert main(["audit", "shadow", *store, "--tenant", "globex"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["0 shadow disagreements in 0 decisions"]
+    assert main(["audit", "show", "c1", *store]) == 0
+    out = capsys.readouterr().out
+    assert "shadow: would DENY because shadow-no-measure-b" in out
+    assert main(["audit", "show", "c0", *store]) == 0
+    assert "shadow:" not in capsys.readouterr().out
