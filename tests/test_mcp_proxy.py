@@ -15,50 +15,17 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
-from mcp.server import Server
 from mcp.shared.memory import create_client_server_memory_streams
 from mcp.shared.message import SessionMessage
+from mcp_support import EXAMPLE, Upstream, approve, example_bundle, serve_http, text, wait_for
 
 from examples.mcp_gateway.upstream import TOOLS
 from sidecar.audit.store import AuditQuery
-from sidecar.client import AsyncAuthzClient, AuthzClient, GuardEvent, Principal, TrustedContext
+from sidecar.client import AsyncAuthzClient, GuardEvent, Principal
 from sidecar.mcp_proxy.pins import load_pins, schema_sha256
 from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mcp_gateway" / "bundle"
-
-
-@pytest.fixture
-def bundle_dir(tmp_path) -> pathlib.Path:
-    target = tmp_path / "bundle"
-    shutil.copytree(EXAMPLE, target)
-    return target
-
-
-class Upstream:
-    """An upstream MCP server whose tools the test controls: `handlers[name]` answers a
-    call, `calls` counts them, `tools` is what it advertises."""
-
-    def __init__(self) -> None:
-        self.tools = [t.model_copy(deep=True) for t in TOOLS]
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]] = {}
-        self.server: Server[Any] = Server("upstream", on_list_tools=self._list, on_call_tool=self._call)
-
-    async def _list(self, ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.tools)
-
-    async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        args = params.arguments or {}
-        self.calls.append((params.name, args))
-        handler = self.handlers.get(params.name)
-        if handler is not None:
-            return await handler(args)
-        if params.name == "read_note":
-            value = {"note_id": args["note_id"], "text": "buy milk"}
-        else:
-            value = {"deleted": args["note_id"]}
-        return types.CallToolResult(content=[types.TextContent(text=json.dumps(value))], structured_content=value)
+bundle_dir = example_bundle  # the sidecar (conftest) and the proxy load a copy of the example bundle
 
 
 class Harness:
@@ -89,25 +56,10 @@ class Harness:
         return [e for e in self.events if e.kind == "outcome"]
 
 
-async def wait_for(events: list[GuardEvent], kind: str, **data: Any) -> GuardEvent:
-    """The first event of `kind` whose data has these values (polls the event list the
-    Guard appends to on the loop; no timing assertion)."""
-    with anyio.fail_after(20):
-        while True:
-            for event in events:
-                if event.kind == kind and all(event.data.get(k) == v for k, v in data.items()):
-                    return event
-            await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def harness(server, bundle_dir) -> Harness:
     _srv, port = server
     return Harness(port, bundle_dir)
-
-
-def text(result: types.CallToolResult) -> str:
-    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 def test_lists_only_catalogued_tools_and_runs_an_allowed_call(harness):
@@ -178,12 +130,6 @@ def test_approval_pending_answers_with_the_approval_id(harness):
 
     harness.run(body)
     assert harness.upstream.calls == []
-
-
-def approve(port: int, approval_id: str, verdict: str) -> None:
-    with AuthzClient(f"127.0.0.1:{port}") as client:
-        bob = TrustedContext("acme", Principal("User", "bob"), "approver-run")
-        client.decide_approval(approval_id, bob, verdict, reason="checked")
 
 
 @pytest.mark.parametrize("verdict", ["approve", "reject"])
@@ -424,17 +370,6 @@ def test_import_maps_names_and_annotations():
     assert "side_effect: communicate" in draft_for(open_world).text
 
 
-async def _serve_http(app: Any, tg: Any) -> tuple[Any, int]:
-    """Serves an ASGI app with uvicorn on 127.0.0.1, port 0: (server, port)."""
-    import uvicorn
-
-    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    tg.start_soon(http.serve)
-    while not http.started:
-        await asyncio.sleep(0.01)
-    return http, http.servers[0].sockets[0].getsockname()[1]
-
-
 def test_streamable_http_on_both_sides(harness):
     """Upstream and downstream over Streamable HTTP on loopback; the sidecar's request id
     is the downstream HTTP session, so two sessions are two runs."""
@@ -449,9 +384,9 @@ def test_streamable_http_on_both_sides(harness):
         proxy = McpProxy(settings, authz)
         proxy.observers.append(harness.events.append)
         async with anyio.create_task_group() as tg:
-            up_http, up_port = await _serve_http(upstream.streamable_http_app(host="127.0.0.1"), tg)
+            up_http, up_port = await serve_http(upstream.streamable_http_app(host="127.0.0.1"), tg)
             async with proxy.connected(f"http://127.0.0.1:{up_port}/mcp"):
-                down_http, down_port = await _serve_http(proxy.server.streamable_http_app(host="127.0.0.1"), tg)
+                down_http, down_port = await serve_http(proxy.server.streamable_http_app(host="127.0.0.1"), tg)
                 for _ in range(2):
                     async with Client(f"http://127.0.0.1:{down_port}/mcp", mode="legacy", cache=None) as client:
                         assert sorted(t.name for t in (await client.list_tools()).tools) == ["delete_note",

@@ -31,7 +31,7 @@ def shown(result: types.CallToolResult) -> str:
 
 
 async def main(sidecar: str) -> None:
-    async with Client(proxy_command(sidecar), mode="legacy", cache=None) as client:
+    async with Client(proxy_command(sidecar), cache=None) as client:
         tools = await client.list_tools()
         print("tools:", ", ".join(sorted(t.name for t in tools.tools)))  # export_all_notes is not there
         print("read n1:", shown(await client.call_tool("read_note", {"note_id": "n1"})))

@@ -1,11 +1,8 @@
-"""The MCP proxy: one downstream MCP server in front of one upstream MCP client.
+"""The MCP proxy: one downstream MCP server in front of the upstream MCP servers.
 
 Identity never comes from the MCP client: the tenant and principal are the proxy's
-configuration. The sidecar's `request_id` (one model run) is the MCP session: the HTTP
-session id the SDK issued, or a ULID drawn when a stdio connection starts. MCP has no
-tool-call id, so a call's id is the session's plus the JSON-RPC request id: a request id
-replayed within a session is the same call, which the Guard answers from its record (and
-the sidecar's single-use Verify backs that up), never running it twice.
+configuration. Runs and call ids (the sidecar's `request_id`, replay, approval
+resumption) in both protocol eras are defined in sidecar.mcp_proxy.runs.
 
 Each `tools/call`: re-list the upstream tools (drift check) → Authorize → (approval
 wait, with MCP progress notifications) → Verify → the upstream `tools/call` → output
@@ -16,11 +13,9 @@ but the drift check, with the upstream call as the tool's implementation.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import pathlib
-import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,15 +31,14 @@ from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, 
 from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from sidecar.display import display
 from sidecar.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
+from sidecar.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 
 __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 TOOL_CHANGED = "tool_changed"
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
-_PLAIN_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _RELIST_PAGES = 100
-_MAX_SESSIONS = 1024  # Guards kept for replay answers; the sidecar's single use covers the rest
+_MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
                       "update": types.ToolAnnotations(read_only_hint=False, destructive_hint=True)}
@@ -99,9 +93,10 @@ class McpProxy:
         self._pins: dict[str, PinnedTool] = {}
         self._tools = ToolSet()
         self._drifted: dict[str, _Drift] = {}  # catalog name -> the pin that the upstream broke
-        self._guards: dict[str, AsyncGuard] = {}
+        self._guards: BoundedMap[tuple[str, str, str], AsyncGuard] = BoundedMap(_MAX_RUNS)
         self._progress: dict[str, _Call] = {}
-        self._pending_approvals: dict[tuple[str, str, str], str] = {}  # (session, tool, args) -> call id
+        # (run, tool, arguments) -> the call id whose approval is pending: the same call resumes it
+        self._pending_approvals: BoundedMap[tuple[tuple[str, str, str], str, str], str] = BoundedMap(_MAX_RUNS)
         self._background: set[asyncio.Task[Any]] = set()
         self._relist_lock = asyncio.Lock()
 
@@ -110,7 +105,7 @@ class McpProxy:
     @asynccontextmanager
     async def connected(self, upstream: Any) -> AsyncIterator[McpProxy]:
         """Connects the upstream (a URL, StdioServerParameters, or an in-process server)."""
-        async with Client(upstream, mode="legacy", cache=None, message_handler=self._on_upstream_message) as client:
+        async with Client(upstream, cache=None, message_handler=self._on_upstream_message) as client:
             self._upstream = client
             try:
                 await self.refresh()
@@ -211,15 +206,19 @@ class McpProxy:
                           annotations=_SIDE_EFFECT_HINTS.get(pinned.side_effect))
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        session = self._session_of(ctx)
-        if session is None:
-            return _error("This connection has no session; the call was not executed.")
+        caller = self._caller(ctx)
+        run = run_of(ctx, caller, self.connection_id if self.settings.downstream == "stdio" else None)
+        result = await self._call_in_run(ctx, run, params)
+        result.meta = {**(result.meta or {}), RUN_META_KEY: run.name}
+        return result
+
+    async def _call_in_run(self, ctx: Any, run: Run, params: types.CallToolRequestParams) -> types.CallToolResult:
         exposed = await self.refresh()
         name = params.name
         broken = self._drifted.get(name)
         if broken is not None and name in self._pins:
-            log.warning("tool_changed: refused a call of %s in session %s", display(name), session)
-            await self._audit_refusal(session, ctx.request_id, name, broken)
+            log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
+            await self._audit_refusal(run, call_id(run, ctx.request_id), name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
@@ -229,25 +228,34 @@ class McpProxy:
                                     allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             return _error("The arguments are not valid JSON; the call was not executed.")
-        call_id = self._call_id(session, ctx.request_id, name, input_json)
-        guard = self._guard(session)
+        pending_key = (run.key, name, input_json)
+        pending = self._pending_approvals.get(pending_key)
+        this_call = pending if pending is not None else call_id(run, ctx.request_id)  # resume a pending approval
+        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
         token = (ctx.meta or {}).get("progress_token")
         if token is not None:
-            self._progress[call_id] = _Call(ctx, token)
+            self._progress[this_call] = _Call(ctx, token)
         try:
-            result = await self._run_guarded(guard, call_id, name, input_json)
+            result = await self._run_guarded(guard, this_call, name, input_json)
         finally:
-            self._progress.pop(call_id, None)
-        self._remember_pending(session, name, input_json, result)
+            self._progress.pop(this_call, None)
+        if result.status == APPROVAL_PENDING:
+            self._pending_approvals.set(pending_key, result.call_id)
+        else:
+            self._pending_approvals.pop(pending_key)
         return self._to_mcp(result, self._pins[name])
 
-    async def _audit_refusal(self, session: str, request_id: Any, name: str, broken: _Drift) -> None:
+    def _caller(self, ctx: Any) -> Caller:
+        """Who the request acts for: the proxy's configured identity."""
+        return Caller(self.settings.tenant, self.settings.principal)
+
+    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: _Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
         not that succeeds (fail closed); a failure is logged."""
-        context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
         try:
-            await self.authz.report_refusal(context, self._request_call_id(session, request_id), name, TOOL_CHANGED,
-                                            broken.detail(), timeout=self.settings.rpc_timeout)
+            await self.authz.report_refusal(context, refused_call, name, TOOL_CHANGED, broken.detail(),
+                                            timeout=self.settings.rpc_timeout)
         except Exception:  # logged; the call is refused either way
             log.exception("could not record the tool_changed refusal of %s in the sidecar's audit trail",
                           display(name))
@@ -266,43 +274,10 @@ class McpProxy:
                 await asyncio.wait([task])
             raise
 
-    def _session_of(self, ctx: Any) -> str | None:
-        if self.settings.downstream == "stdio":
-            return self.connection_id
-        request = getattr(ctx, "request", None)
-        headers = getattr(request, "headers", None)
-        session = headers.get("mcp-session-id") if headers is not None else None
-        return session if isinstance(session, str) and _SESSION.fullmatch(session) else None
-
-    def _call_id(self, session: str, request_id: Any, name: str, input_json: str) -> str:
-        pending = self._pending_approvals.get((session, name, input_json))
-        if pending is not None:
-            return pending  # the same call again while its approval is pending: resume it
-        return self._request_call_id(session, request_id)
-
-    @staticmethod
-    def _request_call_id(session: str, request_id: Any) -> str:
-        text = str(request_id)
-        part = "s" + text if _PLAIN_REQUEST_ID.fullmatch(text) else "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
-        return f"mcp-{session}-{part}"
-
-    def _remember_pending(self, session: str, name: str, input_json: str, result: CallResult) -> None:
-        key = (session, name, input_json)
-        if result.status == APPROVAL_PENDING:
-            self._pending_approvals[key] = result.call_id
-        else:
-            self._pending_approvals.pop(key, None)
-
-    def _guard(self, session: str) -> AsyncGuard:
-        guard = self._guards.get(session)
-        if guard is None:
-            if len(self._guards) >= _MAX_SESSIONS:
-                self._guards.pop(next(iter(self._guards)))
-            context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
-            guard = AsyncGuard(self.authz, context, self._tools, execution_timeout=self.settings.execution_timeout,
-                               rpc_timeout=self.settings.rpc_timeout, observer=self._observe)
-            self._guards[session] = guard
-        return guard
+    def _new_guard(self, run: Run) -> AsyncGuard:
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+        return AsyncGuard(self.authz, context, self._tools, execution_timeout=self.settings.execution_timeout,
+                          rpc_timeout=self.settings.rpc_timeout, observer=self._observe)
 
     def _observe(self, event: GuardEvent) -> None:
         for observer in self.observers:

@@ -1,0 +1,108 @@
+"""What the MCP gateway tests share: an upstream MCP server the test controls, an HTTP
+server on a loopback port 0, raw 2026-07-28 requests, and small result helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import shutil
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+import mcp_types as types
+import pytest
+from mcp.server import Server
+
+from examples.mcp_gateway.upstream import TOOLS
+from sidecar.client import AuthzClient, GuardEvent, Principal, TrustedContext
+
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mcp_gateway" / "bundle"
+MODERN = "2026-07-28"
+RUN_META = "io.toolauthz/run"
+
+
+@pytest.fixture
+def example_bundle(tmp_path) -> pathlib.Path:
+    """A copy of the example's bundle (tests change its tool files)."""
+    target = tmp_path / "bundle"
+    shutil.copytree(EXAMPLE, target)
+    return target
+
+
+class Upstream:
+    """An upstream MCP server whose tools the test controls: `handlers[name]` answers a
+    call, `calls` counts them, `tools` is what it advertises."""
+
+    def __init__(self) -> None:
+        self.tools = [t.model_copy(deep=True) for t in TOOLS]
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]] = {}
+        self.server: Server[Any] = Server("upstream", on_list_tools=self._list, on_call_tool=self._call)
+
+    async def _list(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools)
+
+    async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        args = params.arguments or {}
+        self.calls.append((params.name, args))
+        handler = self.handlers.get(params.name)
+        if handler is not None:
+            return await handler(args)
+        if params.name == "read_note":
+            value = {"note_id": args["note_id"], "text": "buy milk"}
+        else:
+            value = {"deleted": args["note_id"]}
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(value))], structured_content=value)
+
+
+async def serve_http(app: Any, tg: Any, port: int = 0) -> tuple[Any, int]:
+    """Serves an ASGI app with uvicorn on 127.0.0.1 (port 0 unless given): (server, port)."""
+    import uvicorn
+
+    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    tg.start_soon(http.serve)
+    with anyio.fail_after(20):
+        while not http.started:
+            await asyncio.sleep(0.01)
+    return http, http.servers[0].sockets[0].getsockname()[1]
+
+
+async def modern_post(url: str, request_id: Any, method: str, params: dict[str, Any], *,
+                      run: str | None = None, headers: dict[str, str] | None = None) -> httpx.Response:
+    """One raw 2026-07-28 request (no session, `_meta` on the request), as a replay would send it."""
+    meta: dict[str, Any] = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                            "io.modelcontextprotocol/clientCapabilities": {}}
+    if run is not None:
+        meta[RUN_META] = run
+    body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
+    routing = {"mcp-protocol-version": MODERN, "mcp-method": method}
+    if isinstance(params.get("name"), str):
+        routing["mcp-name"] = params["name"]
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(url, json=body, headers={**routing,
+                                                        "accept": "application/json, text/event-stream",
+                                                        **(headers or {})})
+
+
+def text(result: types.CallToolResult) -> str:
+    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+def approve(port: int, approval_id: str, verdict: str = "approve") -> None:
+    with AuthzClient(f"127.0.0.1:{port}") as client:
+        bob = TrustedContext("acme", Principal("User", "bob"), "approver-run")
+        client.decide_approval(approval_id, bob, verdict, reason="checked")
+
+
+async def wait_for(events: list[GuardEvent], kind: str, **data: Any) -> GuardEvent:
+    """The first event of `kind` whose data has these values (polls the event list the
+    Guard appends to on the loop; no timing assertion)."""
+    with anyio.fail_after(20):
+        while True:
+            for event in events:
+                if event.kind == kind and all(event.data.get(k) == v for k, v in data.items()):
+                    return event
+            await asyncio.sleep(0.01)
