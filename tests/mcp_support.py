@@ -63,11 +63,62 @@ async def serve_http(app: Any, tg: Any, port: int = 0) -> tuple[Any, int]:
     import uvicorn
 
     http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    tg.start_soon(http.serve)
+    stopped = anyio.Event()
+
+    async def serve() -> None:
+        try:
+            await http.serve()
+        finally:
+            stopped.set()
+
+    http.stopped = stopped  # type: ignore[attr-defined]
+    tg.start_soon(serve)
     with anyio.fail_after(20):
         while not http.started:
             await asyncio.sleep(0.01)
     return http, http.servers[0].sockets[0].getsockname()[1]
+
+
+async def stop_http(http: Any) -> None:
+    """Stops a uvicorn server at once (open streams included) and waits until it is down."""
+    http.should_exit = http.force_exit = True
+    with anyio.fail_after(20):
+        await http.stopped.wait()
+
+
+def crm_server(description: str = "Look a customer up by id.") -> Server[Any]:
+    """A second upstream, for the gateway's tests: one read-only tool."""
+    schema = {"type": "object", "properties": {"customer_id": {"type": "string", "pattern": "^c[0-9]{1,6}$"}},
+              "required": ["customer_id"], "additionalProperties": False}
+    tool = types.Tool(name="lookup_customer", description=description, input_schema=schema,
+                      annotations=types.ToolAnnotations(read_only_hint=True))
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        customer = (params.arguments or {}).get("customer_id")
+        return types.CallToolResult(content=[types.TextContent(text=f"customer {customer}: Ada")])
+
+    return Server("crm", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+CRM_TOOL_FILE = """name: crm__lookup_customer
+description: Look a customer up by id.
+side_effect: read
+input_schema:
+  $schema: https://json-schema.org/draft/2020-12/schema
+  type: object
+  properties:
+    customer_id: {type: string, pattern: '^c[0-9]{1,6}$'}
+  required: [customer_id]
+  additionalProperties: false
+mcp: {upstream: crm, name: lookup_customer}
+"""
+
+CRM_POLICY = """@id("read-customers")
+permit (principal, action == Action::"tool:crm__lookup_customer", resource);
+"""
 
 
 async def modern_post(url: str, request_id: Any, method: str, params: dict[str, Any], *,

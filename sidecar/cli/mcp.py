@@ -30,7 +30,7 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                      parse_principal: Callable[[str], Any]) -> None:
     proxy = sub.add_parser("mcp-proxy", help="an MCP server that guards one upstream MCP server's tools")
     proxy.add_argument("--config", help="YAML: bundle, sidecar, tenant, principal, listen, approval_wait_seconds, "
-                                        "upstream (flags win)")
+                                        "upstream or upstreams (flags win)")
     proxy.add_argument("--bundle", help="the bundle whose tools/ pins the upstream tools (default policies)")
     proxy.add_argument("--sidecar", help=f"the sidecar's address (default ${SERVER_ENV}, else {DEFAULT_SERVER})")
     proxy.add_argument("--tenant")
@@ -98,11 +98,17 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_proxy(args: argparse.Namespace) -> int:
     from sidecar.client import Principal
+    from sidecar.mcp_proxy.config import upstream_specs
     from sidecar.mcp_proxy.proxy import ProxySettings
+    from sidecar.mcp_proxy.upstreams import UpstreamSpec
 
     config = _settings(args)
     upstream = config.get("upstream")
-    target = upstream_target([upstream] if isinstance(upstream, str) else list(upstream or []))
+    if upstream or "upstreams" not in config:
+        targets = [UpstreamSpec("default", upstream_target([upstream] if isinstance(upstream, str)
+                                                          else list(upstream or [])))]
+    else:
+        targets = upstream_specs(config["upstreams"])
     principal = config.get("principal")
     if not config.get("tenant") or principal is None:
         raise RequestError("the proxy needs --tenant and --principal (every call acts for them)")
@@ -113,11 +119,11 @@ def run_proxy(args: argparse.Namespace) -> int:
                              approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
                              downstream="stdio" if http is None else "http")
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
-    anyio.run(_serve, settings, sidecar, target, http)
+    anyio.run(_serve, settings, sidecar, targets, http)
     return 0
 
 
-async def _serve(settings: Any, sidecar: str, target: Any, http: tuple[str, int] | None) -> None:
+async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[str, int] | None) -> None:
     from mcp.server.stdio import stdio_server
 
     from sidecar.client import AsyncAuthzClient
@@ -126,7 +132,7 @@ async def _serve(settings: Any, sidecar: str, target: Any, http: tuple[str, int]
     authz = AsyncAuthzClient(sidecar)
     proxy = McpProxy(settings, authz)
     try:
-        async with proxy.connected(target):
+        async with proxy.connected(*targets):
             if http is None:
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())

@@ -23,21 +23,21 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp import Client
 from mcp.server import Server
 from ulid import ULID
 
-from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolError, ToolSet, TrustedContext
+from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from sidecar.display import display
-from sidecar.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
+from sidecar.mcp_proxy.catalog import Catalog, Drift
+from sidecar.mcp_proxy.pins import PinnedTool
 from sidecar.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
+from sidecar.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
 
 __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 TOOL_CHANGED = "tool_changed"
-_RELIST_PAGES = 100
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
@@ -53,20 +53,6 @@ class ProxySettings:
     execution_timeout: float = 30.0
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
-
-
-@dataclass(frozen=True)
-class _Drift:
-    """A catalogued tool whose upstream advertisement broke its pin: `pin` is the pin it
-    broke, `changed` what differs, `advertised` the digest of what the upstream showed."""
-
-    pin: str
-    changed: str
-    advertised: str
-
-    def detail(self) -> str:
-        """For the sidecar's audit record: digests and a field name, never upstream text."""
-        return f"changed={self.changed} pinned={self.pin} advertised={self.advertised or '-'}"
 
 
 @dataclass
@@ -88,116 +74,39 @@ class McpProxy:
         self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
                                           on_call_tool=self._call_tool)
         self.observers: list[Callable[[GuardEvent], None]] = []
-        self._upstream: Client | None = None
-        self._signature: tuple[tuple[str, int, int], ...] | None = None
-        self._pins: dict[str, PinnedTool] = {}
+        self.catalog: Catalog
         self._tools = ToolSet()
-        self._drifted: dict[str, _Drift] = {}  # catalog name -> the pin that the upstream broke
         self._guards: BoundedMap[tuple[str, str, str], AsyncGuard] = BoundedMap(_MAX_RUNS)
         self._progress: dict[str, _Call] = {}
         # (run, tool, arguments) -> the call id whose approval is pending: the same call resumes it
         self._pending_approvals: BoundedMap[tuple[tuple[str, str, str], str, str], str] = BoundedMap(_MAX_RUNS)
         self._background: set[asyncio.Task[Any]] = set()
-        self._relist_lock = asyncio.Lock()
 
-    # -- the upstream ------------------------------------------------------------------
+    # -- the upstreams ----------------------------------------------------------------
 
     @asynccontextmanager
-    async def connected(self, upstream: Any) -> AsyncIterator[McpProxy]:
-        """Connects the upstream (a URL, StdioServerParameters, or an in-process server)."""
-        async with Client(upstream, cache=None, message_handler=self._on_upstream_message) as client:
-            self._upstream = client
-            try:
-                await self.refresh()
-                yield self
-            finally:
-                self._upstream = None
+    async def connected(self, *upstreams: Any) -> AsyncIterator[McpProxy]:
+        """Keeps the upstreams connected: UpstreamSpecs, or one target (a URL,
+        StdioServerParameters, or an in-process server) without a prefix."""
+        specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
+        self.catalog = Catalog(self.settings.bundle, specs, self._use_tools,
+                               request_timeout=self.settings.rpc_timeout or 10.0)
+        async with self.catalog.connected():
+            yield self
 
-    async def _on_upstream_message(self, message: Any) -> None:
-        method = getattr(getattr(message, "root", message), "method", None)
-        if method == "notifications/tools/list_changed":
-            # Not awaited here: the upstream's answer arrives through this same receive loop.
-            task = asyncio.ensure_future(self._refresh_logged())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _refresh_logged(self) -> None:
-        try:
-            await self.refresh()
-        except Exception:  # logged; a failed eager re-list is retried by the next call
-            log.exception("re-listing the upstream tools failed")
-
-    async def refresh(self) -> dict[str, types.Tool]:
-        """Re-reads the catalog (when a tool file changed) and the upstream's tools; the
-        catalogued tools whose upstream advertisement matches its pin, by catalog name."""
-        async with self._relist_lock:
-            self._reload_catalog()
-            advertised = await self._upstream_tools()
-            exposed: dict[str, types.Tool] = {}
-            for name, pinned in self._pins.items():
-                tool = advertised.get(pinned.upstream_name)
-                if tool is None:
-                    continue
-                broken = self._drifted.get(name)
-                if broken is not None and broken.pin == pinned.pin:
-                    continue  # refused until the catalog is updated, even if the upstream reverted
-                why = drift(pinned, tool.description, tool.input_schema)
-                if why is not None:
-                    self._drifted[name] = _Drift(pinned.pin, why, advertised_sha256(
-                        tool.name, tool.description, tool.input_schema))
-                    log.warning("tool_changed: upstream tool %s changed its %s since the catalog pinned it; "
-                                "calls are refused until tools/%s is updated", display(pinned.upstream_name), why,
-                                display(name))
-                    continue
-                self._drifted.pop(name, None)
-                exposed[name] = tool
-            return exposed
-
-    async def _upstream_tools(self) -> dict[str, types.Tool]:
-        if self._upstream is None:
-            raise RuntimeError("the upstream is not connected")
-        tools: dict[str, types.Tool] = {}
-        cursor: str | None = None
-        for _ in range(_RELIST_PAGES):
-            page = await self._upstream.list_tools(cursor=cursor, cache_mode="refresh")
-            for tool in page.tools:
-                tools.setdefault(tool.name, tool)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        return tools
-
-    def _reload_catalog(self) -> None:
-        signature = catalog_signature(self.settings.bundle)
-        if signature == self._signature:
-            return
-        pins = load_pins(self.settings.bundle)
-        tools = ToolSet()
-        for pinned in pins.values():
-            tools.register(pinned.name, self._upstream_call(pinned), output_schema=pinned.output_schema)
-        self._pins, self._tools, self._signature = pins, tools, signature
+    def _use_tools(self, tools: ToolSet) -> None:
+        self._tools = tools
         for guard in self._guards.values():
             guard.tools = tools
 
-    def _upstream_call(self, pinned: PinnedTool) -> Callable[..., Any]:
-        async def call(args: Any, invocation: Any) -> Any:
-            if self._upstream is None:
-                raise ToolError("upstream_unavailable", "The tool's server is not connected.")
-            result = await self._upstream.call_tool(pinned.upstream_name, args)
-            if result.is_error:
-                text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
-                raise ToolError("upstream_error", text or "The tool failed.")
-            if pinned.output_schema is not None:
-                return result.structured_content
-            return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
-
-        return call
+    async def refresh(self) -> dict[str, types.Tool]:
+        return await self.catalog.refresh()
 
     # -- the downstream ----------------------------------------------------------------
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         exposed = await self.refresh()
-        return types.ListToolsResult(tools=[self._advertised(self._pins[name]) for name in sorted(exposed)])
+        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name]) for name in sorted(exposed)])
 
     @staticmethod
     def _advertised(pinned: PinnedTool) -> types.Tool:
@@ -215,13 +124,17 @@ class McpProxy:
     async def _call_in_run(self, ctx: Any, run: Run, params: types.CallToolRequestParams) -> types.CallToolResult:
         exposed = await self.refresh()
         name = params.name
-        broken = self._drifted.get(name)
-        if broken is not None and name in self._pins:
+        broken = self.catalog.drifted.get(name)
+        if broken is not None and name in self.catalog.pins:
             log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
             await self._audit_refusal(run, call_id(run, ctx.request_id), name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
+            upstream = self.catalog.upstream_of(name)
+            if upstream is not None and not upstream.connected:
+                return _error(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the call was "
+                              "not executed. Try again later.")
             return _error("The tool is not available here; the call was not executed.")
         try:
             input_json = json.dumps(params.arguments or {}, ensure_ascii=False, separators=(",", ":"),
@@ -243,13 +156,13 @@ class McpProxy:
             self._pending_approvals.set(pending_key, result.call_id)
         else:
             self._pending_approvals.pop(pending_key)
-        return self._to_mcp(result, self._pins[name])
+        return self._to_mcp(result, self.catalog.pins[name])
 
     def _caller(self, ctx: Any) -> Caller:
         """Who the request acts for: the proxy's configured identity."""
         return Caller(self.settings.tenant, self.settings.principal)
 
-    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: _Drift) -> None:
+    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
         not that succeeds (fail closed); a failure is logged."""
         context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
