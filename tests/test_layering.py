@@ -26,6 +26,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
+    # jwks: an identity provider's keys by `kid` and third-party JWTs checked against
+    # them; used by approvers' ID tokens, the console sign-in and the MCP gateway.
+    ("jwks", frozenset({"sidecar.jwks"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
     ("engine", frozenset({"sidecar.engine", "sidecar.decided_by"})),
@@ -63,14 +66,15 @@ FENCES: tuple[Fence, ...] = (
     Fence("sidecar.client",
           may_import=frozenset({"sidecar.client", "sidecar.errors", "sidecar.model", "sidecar.strict_json",
                                 "sidecar.digest", "sidecar.display", "sidecar.tool_files", "sidecar.tokens",
-                                "sidecar.proto"}),
+                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
           imported_by=frozenset({"sidecar.cli", "sidecar.mcp_proxy"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
+    # It checks bearer access tokens against its identity provider's keys (jwks).
     Fence("sidecar.mcp_proxy",
           may_import=frozenset({"sidecar.mcp_proxy", "sidecar.client", "sidecar.errors", "sidecar.model",
                                 "sidecar.strict_json", "sidecar.digest", "sidecar.display", "sidecar.tool_files",
-                                "sidecar.proto"}),
+                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
           imported_by=frozenset({"sidecar.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).
