@@ -168,9 +168,9 @@ class RemoteSettings:
             if url and not url.startswith("https://"):
                 raise KeyFileError(f"`{shown(url)}` is not an https:// URL: keys are fetched over HTTPS only")
         if not (0 < self.timeout_seconds <= 60 and 0 < self.max_bytes <= 4 * 1024 * 1024
-                and 0 <= self.refresh_interval_seconds <= self.max_age_seconds):
+                and 0 < self.refresh_interval_seconds <= self.max_age_seconds):
             raise KeyFileError("the JWKS fetch needs 0 < timeout <= 60 s, 0 < max_bytes <= 4 MiB and "
-                               "refresh_interval <= max_age")
+                               "0 < refresh_interval <= max_age")
 
 
 class RemoteJwks:
@@ -224,15 +224,17 @@ class RemoteJwks:
         found = self._cached(kid) if isinstance(kid, str) else None
         return found if found is not None else await asyncio.to_thread(self.key, kid)
 
+    # A clock set back counts as time gone by: keys then age out, and a fetch is allowed.
     def _fresh(self) -> bool:
-        return self._fetched_at is not None and self._clock.now() - self._fetched_at < self._settings.max_age_seconds
+        return self._fetched_at is not None and \
+            0 <= self._clock.now() - self._fetched_at < self._settings.max_age_seconds
 
     def _cached(self, kid: str) -> Key | None:
         return self._keys.get(kid) if self._fresh() else None
 
     def _may_fetch(self) -> bool:
         return self._attempted_at is None or \
-            self._clock.now() - self._attempted_at >= self._settings.refresh_interval_seconds
+            not 0 <= self._clock.now() - self._attempted_at < self._settings.refresh_interval_seconds
 
     def _refresh(self) -> None:
         self._attempted_at = self._clock.now()

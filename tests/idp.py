@@ -34,7 +34,7 @@ class TestIdp:
         self.requests: Counter[str] = Counter()
         self._routes: dict[str, tuple[int, bytes, dict[str, str]]] = {}
         self._lock = threading.Lock()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_file, key_file)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
@@ -80,3 +80,11 @@ class TestIdp:
                 pass
 
         return Handler
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Clients that hang up early (a size cap, a refused certificate) are what some
+        tests do: not worth a traceback."""

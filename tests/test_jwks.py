@@ -219,6 +219,7 @@ def test_a_fetch_never_runs_on_the_event_loop(idp, clock):
     {"jwks_uri": "https://idp.example/jwks", "issuer": "https://idp.example"},
     {"jwks_uri": "https://idp.example/jwks", "max_bytes": 0},
     {"jwks_uri": "https://idp.example/jwks", "refresh_interval_seconds": 7200},
+    {"jwks_uri": "https://idp.example/jwks", "refresh_interval_seconds": 0},
 ])
 def test_remote_settings_are_checked(changes):
     with pytest.raises(KeyFileError):
@@ -256,3 +257,10 @@ def test_verify_jwt_checks_the_algorithm_the_key_and_the_signature():
         with pytest.raises(JwtRefused) as err:
             verify_jwt(bad, keys, algorithms)
         assert err.value.reason == reason
+
+
+def test_a_clock_set_back_ages_the_keys_out_and_allows_a_fetch(idp, clock):
+    source = remote(idp, clock)
+    source.key("k1")
+    clock.advance(-MAX_AGE * 10)  # keys fetched "in the future" are trusted no longer than any others
+    assert source.key("k1") and idp.requests[JWKS_PATH] == 2
