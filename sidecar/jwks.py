@@ -25,7 +25,6 @@ Every refusal is a `JwtRefused` (a ForbiddenError, PERMISSION_DENIED over gRPC) 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import logging
 import pathlib
@@ -241,8 +240,9 @@ class RemoteJwks:
         try:
             keys = public_keys(self._fetch_document(), "the fetched JWKS")
         # URLError, HTTPError, TLS errors and timeouts are OSErrors; a broken HTTP exchange
-        # is an HTTPException; a bad document a ValueError.
-        except (OSError, ValueError, http.client.HTTPException) as exc:
+        # is an HTTPException; a bad document a ValueError. Whatever else a fetch raises,
+        # it is a failed fetch too: the token is refused, never an internal error.
+        except Exception as exc:  # noqa: BLE001 - the boundary of a fetch
             log.warning("cannot fetch the identity provider's keys: %s", display(str(exc)[:300]))
             return
         self._keys, self._fetched_at = keys, self._attempted_at

@@ -264,3 +264,13 @@ def test_a_clock_set_back_ages_the_keys_out_and_allows_a_fetch(idp, clock):
     source.key("k1")
     clock.advance(-MAX_AGE * 10)  # keys fetched "in the future" are trusted no longer than any others
     assert source.key("k1") and idp.requests[JWKS_PATH] == 2
+
+
+def test_any_failure_of_a_fetch_refuses_the_token(idp, clock):
+    source = remote(idp, clock)
+
+    def broken():
+        raise RuntimeError("something no one foresaw")
+
+    source._fetch_document = broken  # type: ignore[method-assign]
+    assert refused(source, "k1") == KEYS_UNAVAILABLE
