@@ -7,7 +7,8 @@ import asyncio
 import json
 import pathlib
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -136,6 +137,27 @@ async def modern_post(url: str, request_id: Any, method: str, params: dict[str, 
         return await http.post(url, json=body, headers={**routing,
                                                         "accept": "application/json, text/event-stream",
                                                         **(headers or {})})
+
+
+@asynccontextmanager
+async def gateway_over_http(settings: Any, sidecar_port: int, events: list[GuardEvent],
+                            *upstreams: Any) -> AsyncIterator[tuple[Any, str]]:
+    """The proxy serving Streamable HTTP on a loopback port: (proxy, its URL)."""
+    from sidecar.client import AsyncAuthzClient
+    from sidecar.mcp_proxy.proxy import McpProxy
+
+    authz = AsyncAuthzClient(f"127.0.0.1:{sidecar_port}")
+    proxy = McpProxy(settings, authz)
+    proxy.observers.append(events.append)
+    try:
+        async with proxy.connected(*upstreams), anyio.create_task_group() as tg:
+            http, port = await serve_http(proxy.http_app("127.0.0.1"), tg)
+            try:
+                yield proxy, f"http://127.0.0.1:{port}/mcp"
+            finally:
+                http.should_exit = True
+    finally:
+        await authz.close()
 
 
 def text(result: types.CallToolResult) -> str:

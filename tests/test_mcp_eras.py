@@ -17,9 +17,9 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp_support import MODERN, RUN_META, Upstream, approve, example_bundle, modern_post, serve_http, text
+from mcp_support import MODERN, RUN_META, Upstream, approve, example_bundle, gateway_over_http, modern_post, text
 
-from sidecar.client import AsyncAuthzClient, GuardEvent, Principal
+from sidecar.client import GuardEvent, Principal
 from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -40,21 +40,11 @@ class Gateway:
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[McpProxy]:
-        authz = AsyncAuthzClient(f"127.0.0.1:{self.sidecar_port}")
         settings = ProxySettings(bundle=self.bundle, tenant="acme", principal=Principal("User", "alice"),
                                  downstream="http")
-        proxy = McpProxy(settings, authz)
-        proxy.observers.append(self.events.append)
-        try:
-            async with proxy.connected(self.upstream.server), anyio.create_task_group() as tg:
-                http, port = await serve_http(proxy.server.streamable_http_app(host="127.0.0.1"), tg)
-                self.url = f"http://127.0.0.1:{port}/mcp"
-                try:
-                    yield proxy
-                finally:
-                    http.should_exit = True
-        finally:
-            await authz.close()
+        async with gateway_over_http(settings, self.sidecar_port, self.events, self.upstream.server) as (proxy, url):
+            self.url = url
+            yield proxy
 
     def approval_ids(self) -> list[str]:
         return [e.data["approval_id"] for e in self.events if e.kind == "authorize" and e.data.get("approval_id")]
@@ -100,7 +90,8 @@ def test_a_client_run_groups_stateless_calls_into_one_sidecar_run(gateway):
 
     anyio.run(main)
     outcomes = [e for e in gateway.events if e.kind == "outcome"]
-    assert len(outcomes) == 2 and all(e.call_id.startswith("mcp-triage-42-") for e in outcomes)
+    assert len(outcomes) == 2 and all("-triage-42-" in e.call_id for e in outcomes)
+    assert len({e.call_id.rsplit("-", 1)[0] for e in outcomes}) == 1
 
 
 @pytest.mark.parametrize("run", ["", "a" * 65, "-lead", "a/b", "ü", 7, None])

@@ -78,6 +78,19 @@ def loopback_http(listen: str) -> tuple[str, int]:
     return host, port
 
 
+def any_http(listen: str) -> tuple[str, int]:
+    """(host, port) of `http://HOST:PORT`: with `oauth`, every caller proves who they are,
+    so the gateway may listen beyond loopback (put TLS in front of it)."""
+    url = urllib.parse.urlsplit(listen)
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if url.scheme != "http" or not url.hostname or port is None:
+        raise RequestError("--listen must be `stdio` or http://HOST:PORT")
+    return url.hostname, port
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if args.config:
@@ -98,7 +111,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_proxy(args: argparse.Namespace) -> int:
     from sidecar.client import Principal
-    from sidecar.mcp_proxy.config import upstream_specs
+    from sidecar.mcp_proxy.config import resource_server, upstream_specs
     from sidecar.mcp_proxy.proxy import ProxySettings
     from sidecar.mcp_proxy.upstreams import UpstreamSpec
 
@@ -110,14 +123,15 @@ def run_proxy(args: argparse.Namespace) -> int:
     else:
         targets = upstream_specs(config["upstreams"])
     principal = config.get("principal")
-    if not config.get("tenant") or principal is None:
-        raise RequestError("the proxy needs --tenant and --principal (every call acts for them)")
     listen = str(config.get("listen") or "stdio")
-    http = None if listen == "stdio" else loopback_http(listen)
-    settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"), tenant=str(config["tenant"]),
-                             principal=Principal(principal.type, principal.id),
+    oauth = resource_server(config["oauth"]) if config.get("oauth") is not None else None
+    http = None if listen == "stdio" else (any_http(listen) if oauth is not None else loopback_http(listen))
+    settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"),
+                             tenant=str(config["tenant"]) if config.get("tenant") else None,
+                             principal=Principal(principal.type, principal.id) if principal is not None else None,
                              approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
-                             downstream="stdio" if http is None else "http")
+                             downstream="stdio" if http is None else "http", oauth=oauth)
+    settings.configured_caller()  # RequestError when the identity is missing
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
     anyio.run(_serve, settings, sidecar, targets, http)
     return 0
@@ -140,7 +154,7 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
                 import uvicorn
 
                 host, port = http
-                app = proxy.server.streamable_http_app(host=host)
+                app = proxy.http_app(host)
                 await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
     finally:
         await authz.close()

@@ -1,4 +1,4 @@
-"""The `upstreams` section of the gateway's configuration file.
+"""The `upstreams` and `oauth` sections of the gateway's configuration file.
 
     upstreams:
       notes:                         # the name tool files give in `mcp.upstream`
@@ -13,15 +13,19 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.errors import RequestError
+from sidecar.clock import SystemClock
+from sidecar.errors import KeyFileError, RequestError
+from sidecar.jwks import ASYMMETRIC_ALGORITHMS, RemoteJwks, RemoteSettings
+from sidecar.mcp_proxy.auth import ResourceServer
 from sidecar.mcp_proxy.upstreams import UpstreamSpec
 from sidecar.tool_files import UPSTREAM_NAME
 
-__all__ = ["upstream_specs"]
+__all__ = ["upstream_specs", "resource_server"]
 
 _PREFIX = re.compile(r"^([a-z][a-z0-9_]{0,31})?\Z")  # a catalog name starts with it
 _KEYS = {"url", "command", "prefix", "mode"}
@@ -64,3 +68,49 @@ def _spec(name: Any, entry: Any) -> UpstreamSpec:
             raise RequestError(f"upstreams.{name}.command must be a command line (a list of words)")
         target = StdioServerParameters(command=words[0], args=words[1:], env=dict(os.environ))
     return UpstreamSpec(name, target, prefix=prefix, mode=mode)
+
+
+_OAUTH_KEYS = {"resource", "issuer", "jwks_uri", "discovery", "ca_file", "algorithms", "principal_claim",
+               "principal_type", "tenant_claim", "tenant", "leeway_seconds", "scopes_supported",
+               "refresh_interval_seconds", "max_age_seconds"}
+
+
+def resource_server(raw: Any) -> ResourceServer:
+    """The `oauth` section: the gateway as an OAuth resource server (see mcp_proxy/auth.py).
+
+        oauth:
+          resource: https://tools.example/mcp     # the tokens' audience
+          issuer: https://idp.example             # their `iss`
+          jwks_uri: https://idp.example/jwks      # or `discovery: true`
+          tenant: acme                            # or tenant_claim: org
+          principal_claim: sub                    # default; principal_type: User
+    """
+    if not isinstance(raw, Mapping):
+        raise RequestError("`oauth` must be a mapping (resource, issuer, jwks_uri, tenant...)")
+    unknown = sorted(set(raw) - _OAUTH_KEYS)
+    if unknown:
+        raise RequestError(f"oauth: unknown key `{unknown[0]}`")
+    issuer = raw.get("issuer")
+    if not isinstance(issuer, str) or not issuer.startswith("https://"):
+        raise RequestError("oauth.issuer must be the authorization server's https:// URL")
+    remote: dict[str, Any] = {"issuer": issuer} if raw.get("discovery") is True else {"jwks_uri": raw.get("jwks_uri")}
+    for key in ("refresh_interval_seconds", "max_age_seconds"):
+        if key in raw:
+            remote[key] = raw[key]
+    try:
+        ca_file = raw.get("ca_file")
+        keys = RemoteJwks(RemoteSettings(**remote, ca_file=pathlib.Path(ca_file) if ca_file else None),
+                          SystemClock())
+        algorithms = raw.get("algorithms", ["RS256", "ES256", "EdDSA"])
+        if not isinstance(algorithms, list) or not algorithms or not set(algorithms) <= set(ASYMMETRIC_ALGORITHMS):
+            raise ValueError(f"oauth.algorithms must list some of {', '.join(ASYMMETRIC_ALGORITHMS)}")
+        scopes = raw.get("scopes_supported", [])
+        if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+            raise ValueError("oauth.scopes_supported must list scope names")
+        return ResourceServer(resource=str(raw.get("resource") or ""), issuer=issuer, keys=keys,
+                              algorithms=tuple(algorithms), principal_claim=str(raw.get("principal_claim", "sub")),
+                              principal_type=str(raw.get("principal_type", "User")),
+                              tenant_claim=raw.get("tenant_claim"), tenant=raw.get("tenant"),
+                              leeway_seconds=int(raw.get("leeway_seconds", 30)), scopes_supported=tuple(scopes))
+    except (KeyFileError, ValueError, TypeError) as exc:
+        raise RequestError(str(exc)) from None

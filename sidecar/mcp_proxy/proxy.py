@@ -24,11 +24,15 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import Server
+from mcp.server.auth.settings import AuthSettings
+from mcp.shared.exceptions import MCPError
 from ulid import ULID
 
 from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from sidecar.display import display
+from sidecar.errors import RequestError
+from sidecar.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from sidecar.mcp_proxy.catalog import Catalog, Drift
 from sidecar.mcp_proxy.pins import PinnedTool
 from sidecar.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
@@ -47,12 +51,22 @@ _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
 @dataclass(frozen=True)
 class ProxySettings:
     bundle: pathlib.Path
-    tenant: str
-    principal: Principal
+    tenant: str | None  # the configured identity: stdio, and HTTP without `oauth`
+    principal: Principal | None
     approval_wait_seconds: float = 0.0  # 0: answer at once with an isError result naming the approval
     execution_timeout: float = 30.0
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
+    oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
+
+    def configured_caller(self) -> Caller | None:
+        if self.downstream == "http" and self.oauth is not None:
+            return None
+        if not self.tenant or self.principal is None:
+            raise RequestError("the proxy needs --tenant and --principal (every call acts for them), "
+                               "or `oauth` to take them from each caller's bearer token (HTTP)")
+        TrustedContext(self.tenant, self.principal, "check")  # fails fast on a bad identity
+        return Caller(self.tenant, self.principal)
 
 
 @dataclass
@@ -67,7 +81,7 @@ class McpProxy:
     """`async with proxy.connected(upstream):` then serve `proxy.server`."""
 
     def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient):
-        TrustedContext(settings.tenant, settings.principal, "check")  # fails fast on a bad identity
+        self._configured = settings.configured_caller()
         self.settings = settings
         self.authz = authz
         self.connection_id = str(ULID())  # the stdio connection's session
@@ -159,8 +173,27 @@ class McpProxy:
         return self._to_mcp(result, self.catalog.pins[name])
 
     def _caller(self, ctx: Any) -> Caller:
-        """Who the request acts for: the proxy's configured identity."""
-        return Caller(self.settings.tenant, self.settings.principal)
+        """Who the request acts for: the configured identity, or the one the request's
+        verified bearer token proved (fail closed: no caller, no call)."""
+        if self._configured is not None:
+            return self._configured
+        caller = caller_of(ctx)
+        if caller is None:
+            raise MCPError(types.INVALID_REQUEST, "The request is not authenticated.")
+        return caller
+
+    def http_app(self, host: str) -> Any:
+        """The Streamable HTTP app (both protocol eras), behind the OAuth resource server
+        when `oauth` is configured."""
+        oauth = self.settings.oauth
+        if oauth is None:
+            return self.server.streamable_http_app(host=host)
+        # Validated by AuthSettings itself, which keeps a path-less issuer without a trailing slash
+        # (RFC 8414 compares issuers as strings). The verifier checks the audience itself.
+        auth = AuthSettings.model_validate({"issuer_url": oauth.issuer, "resource_server_url": oauth.resource,
+                                            "required_scopes": list(oauth.scopes_supported) or None,
+                                            "validate_token_resource": False})
+        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth))
 
     async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or

@@ -17,10 +17,10 @@ The run of a request, first match wins:
 
 Every `tools/call` result carries its run in `_meta["io.toolauthz/run"]`, so a client
 may pass it back to continue the run (and resume an approval). The sidecar's
-`request_id` is `mcp-<run>`.
+`request_id` is `mcp-<caller>-<run>`, `<caller>` a digest of the tenant and principal:
+two users who pick the same run id never share a run, its limits or a call.
 
-A call's id is `mcp-<run>-<caller>-<request>`: `<caller>` is a digest of the tenant and
-principal (two users who pick the same run id never share a call), and `<request>`
+A call's id is `mcp-<caller>-<run>-<request>`, where `<request>`
 spells the JSON-RPC request id with its type, so `7` (`n7`) and `"7"` (`s7`) are two
 calls; ids that are not short plain strings are hashed (`h<sha256>`, typed too).
 """
@@ -73,8 +73,9 @@ class Run:
 
     @property
     def request_id(self) -> str:
-        """The sidecar's request_id."""
-        return f"mcp-{self.name}"
+        """The sidecar's request_id: the caller's tag first, so that two users who pick
+        the same run id have two runs (with their own run limits)."""
+        return f"mcp-{self.caller.tag}-{self.name}"
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -122,7 +123,7 @@ def call_id(run: Run, request_id: Any) -> str:
         part = kind + text
     else:
         part = "h" + hashlib.sha256(f"{kind}:{text}".encode()).hexdigest()[:32]
-    return f"{run.request_id}-{run.caller.tag}-{part}"
+    return f"{run.request_id}-{part}"
 
 
 class BoundedMap(Generic[K, V]):
