@@ -22,6 +22,7 @@ from mcp_support import EXAMPLE, Upstream, approve, example_bundle, serve_http, 
 from examples.mcp_gateway.upstream import TOOLS
 from sidecar.audit.store import AuditQuery
 from sidecar.client import AsyncAuthzClient, GuardEvent, Principal
+from sidecar.client.results import approval_pending
 from sidecar.mcp_proxy.pins import load_pins, schema_sha256
 from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
 from sidecar.mcp_proxy.runs import Caller, Run
@@ -125,9 +126,13 @@ def test_output_that_breaks_the_catalog_output_schema_is_withheld(harness):
 def test_approval_pending_answers_with_the_approval_id(harness):
     async def body(proxy, client):
         result = await client.call_tool("delete_note", {"note_id": "n2"})
-        assert result.is_error
         approval_id = [e for e in harness.events if e.kind == "authorize"][0].data["approval_id"]
-        assert approval_id and approval_id in text(result)
+        # One shape with the Guard's CallResult: an error result (its content is not the
+        # tool's output), the Guard's text, and which status and approval it is.
+        assert result.is_error and text(result) == approval_pending(approval_id)
+        assert result.meta is not None and (result.meta["io.toolauthz/status"],
+                                            result.meta["io.toolauthz/approval_id"]) == ("approval_pending",
+                                                                                        approval_id)
 
     harness.run(body)
     assert harness.upstream.calls == []

@@ -42,6 +42,9 @@ __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 TOOL_CHANGED = "tool_changed"
+STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when not completed
+CODE_META_KEY = "io.toolauthz/code"
+APPROVAL_META_KEY = "io.toolauthz/approval_id"
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
@@ -247,8 +250,14 @@ class McpProxy:
 
     @staticmethod
     def _to_mcp(result: CallResult, pinned: PinnedTool) -> types.CallToolResult:
+        """A completed call is the tool's output; anything else (a pending approval too) is
+        `isError: true` with the Guard's model-safe text, and `_meta` says which it is:
+        the same shape as CallResult.to_tool_result."""
         if result.status != COMPLETED:
-            return _error(result.content)
+            meta = {STATUS_META_KEY: result.status, CODE_META_KEY: result.code}
+            if result.approval_id:
+                meta[APPROVAL_META_KEY] = result.approval_id
+            return types.CallToolResult(content=[types.TextContent(text=result.content)], is_error=True, meta=meta)
         if pinned.output_schema is not None:
             text = json.dumps(result.output, ensure_ascii=False)
             return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result.output)
