@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,9 +16,8 @@ import pytest
 from mcp import Client
 from mcp.shared.memory import create_client_server_memory_streams
 from mcp.shared.message import SessionMessage
-from mcp_support import EXAMPLE, Upstream, approve, example_bundle, serve_http, text, wait_for
+from mcp_support import Upstream, approve, example_bundle, serve_http, text, wait_for
 
-from examples.mcp_gateway.upstream import TOOLS
 from sidecar.audit.store import AuditQuery
 from sidecar.client import AsyncAuthzClient, GuardEvent, Principal
 from sidecar.client.results import approval_pending
@@ -314,7 +312,6 @@ def test_the_example_drives_the_proxy_over_stdio(server, bundle_dir):
     """`toolauthz mcp-proxy` as a subprocess on stdio, with the example upstream as its own."""
     import os
     import subprocess
-    import sys
 
     _srv, port = server
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -329,52 +326,6 @@ def test_the_example_drives_the_proxy_over_stdio(server, bundle_dir):
     assert lines["read ../x"].startswith("error: ")
     assert lines["export"].startswith("error: ")
     assert lines["delete n2"].startswith("error: ") and "approval" in lines["delete n2"]
-
-
-def test_import_mcp_writes_drafts_that_check_loads(tmp_path, capsys):
-    from sidecar.bundle import load_bundle
-    from sidecar.cli.main import main
-    from sidecar.mcp_proxy.importer import draft_for, write_drafts
-
-    bundle = tmp_path / "bundle"
-    shutil.copytree(EXAMPLE, bundle)
-    shutil.rmtree(bundle / "tools")
-    kept = write_drafts(bundle, TOOLS, sys.stdout)
-    assert kept == 0
-    assert sorted(p.name for p in (bundle / "tools").iterdir()) == [
-        "delete_note.yaml", "export_all_notes.yaml", "read_note.yaml"]
-    read = (bundle / "tools" / "read_note.yaml").read_text()
-    assert "side_effect: read" in read and "# resource: choose" in read
-    assert "side_effect: delete" in (bundle / "tools" / "delete_note.yaml").read_text()
-    assert "idempotentHint: true" in (bundle / "tools" / "delete_note.yaml").read_text()
-    loaded = load_bundle(bundle)  # what `toolauthz check` loads
-    assert sorted(loaded.tools) == ["delete_note", "export_all_notes", "read_note"]
-    assert main(["check", str(bundle)]) == 0
-    # The proxy accepts what it imported: the pins match the upstream as advertised.
-    pins = load_pins(bundle)
-    assert all(pins[t.name].input_schema_sha256 == schema_sha256(t.input_schema) for t in TOOLS)
-
-    # Again, against a changed server: the existing file is kept and the diff printed.
-    changed = TOOLS[0].model_copy(update={"description": "Read a note."})
-    capsys.readouterr()
-    assert write_drafts(bundle, [changed], sys.stdout) == 1
-    out = capsys.readouterr().out
-    assert "-description: Read one note by its id." in out and "+description: Read a note." in out
-    assert "description: Read one note by its id." in (bundle / "tools" / "read_note.yaml").read_text()
-    assert write_drafts(bundle, [changed], sys.stdout, force=True) == 0
-    assert (bundle / "tools" / "read_note.yaml").read_text() == draft_for(changed).text
-
-
-def test_import_maps_names_and_annotations():
-    from sidecar.mcp_proxy.importer import catalog_name, draft_for
-
-    assert catalog_name("Get-Weather.v2") == "get_weather_v2"
-    assert catalog_name("2fa") == "t_2fa"
-    bare = types.Tool(name="send-mail", input_schema={"type": "object"})
-    assert "side_effect: update" in draft_for(bare).text and "name: send-mail" in draft_for(bare).text
-    open_world = types.Tool(name="post", input_schema={"type": "object"},
-                            annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=True))
-    assert "side_effect: communicate" in draft_for(open_world).text
 
 
 def test_streamable_http_on_both_sides(harness):

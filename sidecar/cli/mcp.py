@@ -24,6 +24,7 @@ import yaml
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV
 from sidecar.errors import RequestError
 from sidecar.service.loopback import is_loopback_host
+from sidecar.tool_files import UPSTREAM_NAME
 
 
 def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -45,7 +46,10 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     verbs = catalog.add_subparsers(dest="catalog_command", required=True)
     importer = verbs.add_parser("import-mcp", help="write tools/<name>.yaml drafts from an MCP server's tools/list")
     importer.add_argument("--bundle", default="policies")
-    importer.add_argument("--force", action="store_true", help="overwrite tool files that exist")
+    importer.add_argument("--force", action="store_true",
+                          help="overwrite tool files that exist (default: merge, keeping what a person wrote)")
+    importer.add_argument("--upstream", help="bind the tools to this upstream of the gateway (mcp.upstream)")
+    importer.add_argument("--prefix", help="the catalog names' prefix (default with --upstream: NAME__)")
     importer.add_argument("upstream", nargs=argparse.REMAINDER, help="a URL, or the command that starts the server")
     importer.set_defaults(func=run_import)
 
@@ -165,5 +169,10 @@ def run_import(args: argparse.Namespace) -> int:
 
     target = upstream_target(list(args.upstream))
     tools = anyio.run(list_upstream_tools, target)
-    kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force)
+    upstream = args.upstream
+    if upstream is not None and not UPSTREAM_NAME.fullmatch(upstream):
+        raise RequestError("--upstream: a-z 0-9 _ -, 1 to 32 characters, starting with a letter")
+    prefix = args.prefix if args.prefix is not None else (upstream.replace("-", "_") + "__" if upstream else "")
+    kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force, upstream=upstream,
+                        prefix=prefix)
     return 1 if kept else 0
