@@ -148,3 +148,36 @@ def test_the_upstreams_section_of_the_configuration():
 def test_a_bad_upstreams_section_is_refused(raw: Any):
     with pytest.raises(RequestError):
         upstream_specs(raw)
+
+
+def test_the_example_configuration_is_complete_and_valid():
+    import yaml
+
+    from sidecar.mcp_proxy.config import resource_server
+
+    config = yaml.safe_load((ROOT / "examples" / "mcp_gateway" / "gateway.yaml").read_text())
+    [notes] = upstream_specs(config["upstreams"])
+    assert (notes.name, notes.prefix, notes.mode) == ("notes", "", "auto")
+    oauth = resource_server(config["oauth"])
+    assert (oauth.resource, oauth.tenant, oauth.principal_claim) == ("https://tools.example/mcp", "acme", "sub")
+    assert config["sidecar"] != "127.0.0.1:50051"  # clear of the quickstart's sidecar
+    settings = ProxySettings(bundle=ROOT / config["bundle"], tenant=config["tenant"],
+                             principal=Principal("User", "alice"), downstream="http", oauth=oauth)
+    assert settings.configured_caller() is None  # over HTTP each caller is the token's
+    assert (ROOT / config["bundle"] / "tools").is_dir()
+
+
+@pytest.mark.parametrize("raw", [
+    "not a mapping", {"issuer": "http://idp.example", "jwks_uri": "https://idp/jwks", "resource": "https://g/mcp",
+                      "tenant": "acme"},
+    {"issuer": "https://idp.example", "jwks_uri": "http://idp/jwks", "resource": "https://g/mcp", "tenant": "acme"},
+    {"issuer": "https://idp.example", "jwks_uri": "https://idp/jwks", "resource": "https://g/mcp"},
+    {"issuer": "https://idp.example", "jwks_uri": "https://idp/jwks", "resource": "https://g/mcp", "tenant": "acme",
+     "algorithms": ["HS256"]},
+    {"issuer": "https://idp.example", "jwks_uri": "https://idp/jwks", "resource": "https://g/mcp", "tenant": "acme",
+     "client_secret": "x"}])
+def test_a_bad_oauth_section_is_refused(raw: Any):
+    from sidecar.mcp_proxy.config import resource_server
+
+    with pytest.raises(RequestError):
+        resource_server(raw)

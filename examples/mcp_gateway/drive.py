@@ -1,8 +1,8 @@
 """Drives the notes server through `toolauthz mcp-proxy` with the MCP SDK's client: the
 proxy runs as a stdio subprocess and starts the upstream as its own stdio subprocess.
 
-    toolauthz serve --bundle examples/mcp_gateway/bundle --data-dir .toolauthz-mcp   # terminal 1
-    .venv/bin/python -m examples.mcp_gateway.drive                                  # terminal 2
+    toolauthz serve --bundle examples/mcp_gateway/bundle --listen 127.0.0.1:50061 --data-dir .toolauthz-mcp
+    .venv/bin/python -m examples.mcp_gateway.drive    # in a second terminal
 """
 
 from __future__ import annotations
@@ -43,5 +43,5 @@ async def main(sidecar: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sidecar", default=os.environ.get("TOOLAUTHZ_SERVER", "127.0.0.1:50051"))
+    parser.add_argument("--sidecar", default=os.environ.get("TOOLAUTHZ_SERVER", "127.0.0.1:50061"))
     anyio.run(main, parser.parse_args().sidecar)
