@@ -15,6 +15,7 @@ import anyio
 import httpx2 as httpx
 import mcp_types as types
 import pytest
+from joserfc.jwk import ECKey
 from mcp.server import Server
 
 from examples.mcp_gateway.upstream import TOOLS
@@ -31,6 +32,20 @@ def example_bundle(tmp_path) -> pathlib.Path:
     target = tmp_path / "bundle"
     shutil.copytree(EXAMPLE, target)
     return target
+
+
+IDP_KEY = ECKey.generate_key("P-256", parameters={"kid": "k1"})
+
+
+@pytest.fixture
+def served_idp(tmp_path):
+    """An identity provider over HTTPS (tests/idp.py) whose JWKS holds IDP_KEY."""
+    from idp import TestIdp
+
+    served = TestIdp(tmp_path)
+    served.publish(IDP_KEY)
+    yield served
+    served.close()
 
 
 class Upstream:
@@ -87,8 +102,8 @@ async def stop_http(http: Any) -> None:
         await http.stopped.wait()
 
 
-def crm_server(description: str = "Look a customer up by id.") -> Server[Any]:
-    """A second upstream, for the gateway's tests: one read-only tool."""
+def crm_server(description: str = "Look a customer up by id.", calls: list[str] | None = None) -> Server[Any]:
+    """A second upstream, for the gateway's tests: one read-only tool (`calls` records them)."""
     schema = {"type": "object", "properties": {"customer_id": {"type": "string", "pattern": "^c[0-9]{1,6}$"}},
               "required": ["customer_id"], "additionalProperties": False}
     tool = types.Tool(name="lookup_customer", description=description, input_schema=schema,
@@ -99,6 +114,8 @@ def crm_server(description: str = "Look a customer up by id.") -> Server[Any]:
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         customer = (params.arguments or {}).get("customer_id")
+        if calls is not None:
+            calls.append(str(customer))
         return types.CallToolResult(content=[types.TextContent(text=f"customer {customer}: Ada")])
 
     return Server("crm", on_list_tools=list_tools, on_call_tool=call_tool)

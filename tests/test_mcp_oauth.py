@@ -19,7 +19,15 @@ from joserfc import jwt
 from joserfc.jwk import ECKey
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_support import Upstream, example_bundle, gateway_over_http, modern_post, text
+from mcp_support import (
+    IDP_KEY,
+    Upstream,
+    example_bundle,
+    gateway_over_http,
+    modern_post,
+    served_idp,
+    text,
+)
 
 from sidecar.audit.store import AuditQuery
 from sidecar.client import GuardEvent, Principal
@@ -30,11 +38,13 @@ from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
 
 RESOURCE = "https://gateway.test/mcp"
 METADATA = "https://gateway.test/.well-known/oauth-protected-resource/mcp"
-KEY_1 = ECKey.generate_key("P-256", parameters={"kid": "k1"})
+KEY_1 = IDP_KEY
 KEY_2 = ECKey.generate_key("P-256", parameters={"kid": "k2"})
 CAROL_READS_NOTHING = """@id("carol-reads-nothing")
 forbid (principal == User::"carol", action == Action::"tool:read_note", resource);
 """
+
+idp = served_idp  # the fixture
 
 
 @pytest.fixture
@@ -42,14 +52,6 @@ def bundle_dir(tmp_path) -> pathlib.Path:
     bundle = example_bundle.__wrapped__(tmp_path)  # type: ignore[attr-defined]
     (bundle / "carol.cedar").write_text(CAROL_READS_NOTHING)
     return bundle
-
-
-@pytest.fixture
-def idp(tmp_path):
-    served = TestIdp(tmp_path)
-    served.publish(KEY_1)
-    yield served
-    served.close()
 
 
 class OAuthGateway:
