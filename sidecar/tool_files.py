@@ -20,7 +20,8 @@ SUFFIXES = (".yaml", ".yml", ".json")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # The optional `mcp` block of a tool file: how `toolauthz mcp-proxy` pins the upstream tool
 # (see sidecar/mcp_proxy/pins.py). Checked here so that `check` and the proxy agree.
-_MCP_KEYS = {"name", "input_schema_sha256"}
+_MCP_KEYS = {"name", "input_schema_sha256", "upstream"}
+UPSTREAM_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # an upstream of the MCP gateway
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
@@ -66,6 +67,10 @@ def check_mcp_block(raw: Any) -> list[tuple[str, str]]:
     name = raw.get("name")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128):
         found.append(("/mcp/name", "`mcp.name` must be the upstream tool name (1 to 128 characters)"))
+    upstream = raw.get("upstream")
+    if upstream is not None and (not isinstance(upstream, str) or not UPSTREAM_NAME.fullmatch(upstream)):
+        found.append(("/mcp/upstream", "`mcp.upstream` must name an upstream of the gateway's configuration "
+                                       "(a-z 0-9 _ -, 1 to 32 characters, starting with a letter)"))
     digest = raw.get("input_schema_sha256")
     if digest is not None and (not isinstance(digest, str) or not _SHA256.fullmatch(digest)):
         found.append(("/mcp/input_schema_sha256", "`mcp.input_schema_sha256` must be 64 lowercase hex digits"))

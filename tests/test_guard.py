@@ -366,7 +366,8 @@ def test_a_failing_entities_provider_fails_closed_without_a_request(client, fake
 
 def test_approval_pending_by_default_then_resumed_once_bob_approved(client, guard, fakes, sidecar):
     pending = guard.run("toolu_1", "issue_refund", LARGE)
-    assert (pending.status, pending.is_error, pending.terminal) == ("approval_pending", False, False)
+    assert (pending.status, pending.is_error, pending.terminal) == ("approval_pending", True, False)
+    assert pending.to_tool_result()["is_error"] is True
     assert pending.approval_id in pending.content and "has not been executed" in pending.content
     assert guard.pending() == ["toolu_1"] and fakes.runs == Counter()
     assert guard.run("toolu_1", "issue_refund", LARGE).status == "approval_pending"  # still waiting

@@ -1,8 +1,8 @@
 """Drives the notes server through `toolauthz mcp-proxy` with the MCP SDK's client: the
 proxy runs as a stdio subprocess and starts the upstream as its own stdio subprocess.
 
-    toolauthz serve --bundle examples/mcp_gateway/bundle --data-dir .toolauthz-mcp   # terminal 1
-    .venv/bin/python -m examples.mcp_gateway.drive                                  # terminal 2
+    toolauthz serve --bundle examples/mcp_gateway/bundle --listen 127.0.0.1:50071 --data-dir .toolauthz-mcp
+    .venv/bin/python -m examples.mcp_gateway.drive    # in a second terminal
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def shown(result: types.CallToolResult) -> str:
 
 
 async def main(sidecar: str) -> None:
-    async with Client(proxy_command(sidecar), mode="legacy", cache=None) as client:
+    async with Client(proxy_command(sidecar), cache=None) as client:
         tools = await client.list_tools()
         print("tools:", ", ".join(sorted(t.name for t in tools.tools)))  # export_all_notes is not there
         print("read n1:", shown(await client.call_tool("read_note", {"note_id": "n1"})))
@@ -43,5 +43,5 @@ async def main(sidecar: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sidecar", default=os.environ.get("TOOLAUTHZ_SERVER", "127.0.0.1:50051"))
+    parser.add_argument("--sidecar", default=os.environ.get("TOOLAUTHZ_SERVER", "127.0.0.1:50071"))
     anyio.run(main, parser.parse_args().sidecar)

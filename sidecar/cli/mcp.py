@@ -24,13 +24,14 @@ import yaml
 from sidecar.cli.approvals import DEFAULT_SERVER, SERVER_ENV
 from sidecar.errors import RequestError
 from sidecar.service.loopback import is_loopback_host
+from sidecar.tool_files import UPSTREAM_NAME
 
 
 def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                      parse_principal: Callable[[str], Any]) -> None:
     proxy = sub.add_parser("mcp-proxy", help="an MCP server that guards one upstream MCP server's tools")
     proxy.add_argument("--config", help="YAML: bundle, sidecar, tenant, principal, listen, approval_wait_seconds, "
-                                        "upstream (flags win)")
+                                        "upstream or upstreams (flags win)")
     proxy.add_argument("--bundle", help="the bundle whose tools/ pins the upstream tools (default policies)")
     proxy.add_argument("--sidecar", help=f"the sidecar's address (default ${SERVER_ENV}, else {DEFAULT_SERVER})")
     proxy.add_argument("--tenant")
@@ -45,7 +46,10 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     verbs = catalog.add_subparsers(dest="catalog_command", required=True)
     importer = verbs.add_parser("import-mcp", help="write tools/<name>.yaml drafts from an MCP server's tools/list")
     importer.add_argument("--bundle", default="policies")
-    importer.add_argument("--force", action="store_true", help="overwrite tool files that exist")
+    importer.add_argument("--force", action="store_true",
+                          help="overwrite tool files that exist (default: merge, keeping what a person wrote)")
+    importer.add_argument("--upstream", help="bind the tools to this upstream of the gateway (mcp.upstream)")
+    importer.add_argument("--prefix", help="the catalog names' prefix (default with --upstream: NAME__)")
     importer.add_argument("upstream", nargs=argparse.REMAINDER, help="a URL, or the command that starts the server")
     importer.set_defaults(func=run_import)
 
@@ -78,6 +82,19 @@ def loopback_http(listen: str) -> tuple[str, int]:
     return host, port
 
 
+def any_http(listen: str) -> tuple[str, int]:
+    """(host, port) of `http://HOST:PORT`: with `oauth`, every caller proves who they are,
+    so the gateway may listen beyond loopback (put TLS in front of it)."""
+    url = urllib.parse.urlsplit(listen)
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if url.scheme != "http" or not url.hostname or port is None:
+        raise RequestError("--listen must be `stdio` or http://HOST:PORT")
+    return url.hostname, port
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if args.config:
@@ -98,26 +115,33 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_proxy(args: argparse.Namespace) -> int:
     from sidecar.client import Principal
+    from sidecar.mcp_proxy.config import resource_server, upstream_specs
     from sidecar.mcp_proxy.proxy import ProxySettings
+    from sidecar.mcp_proxy.upstreams import UpstreamSpec
 
     config = _settings(args)
     upstream = config.get("upstream")
-    target = upstream_target([upstream] if isinstance(upstream, str) else list(upstream or []))
+    if upstream or "upstreams" not in config:
+        targets = [UpstreamSpec("default", upstream_target([upstream] if isinstance(upstream, str)
+                                                          else list(upstream or [])))]
+    else:
+        targets = upstream_specs(config["upstreams"])
     principal = config.get("principal")
-    if not config.get("tenant") or principal is None:
-        raise RequestError("the proxy needs --tenant and --principal (every call acts for them)")
     listen = str(config.get("listen") or "stdio")
-    http = None if listen == "stdio" else loopback_http(listen)
-    settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"), tenant=str(config["tenant"]),
-                             principal=Principal(principal.type, principal.id),
+    oauth = resource_server(config["oauth"]) if config.get("oauth") is not None else None
+    http = None if listen == "stdio" else (any_http(listen) if oauth is not None else loopback_http(listen))
+    settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"),
+                             tenant=str(config["tenant"]) if config.get("tenant") else None,
+                             principal=Principal(principal.type, principal.id) if principal is not None else None,
                              approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
-                             downstream="stdio" if http is None else "http")
+                             downstream="stdio" if http is None else "http", oauth=oauth)
+    settings.configured_caller()  # RequestError when the identity is missing
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
-    anyio.run(_serve, settings, sidecar, target, http)
+    anyio.run(_serve, settings, sidecar, targets, http)
     return 0
 
 
-async def _serve(settings: Any, sidecar: str, target: Any, http: tuple[str, int] | None) -> None:
+async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[str, int] | None) -> None:
     from mcp.server.stdio import stdio_server
 
     from sidecar.client import AsyncAuthzClient
@@ -126,7 +150,7 @@ async def _serve(settings: Any, sidecar: str, target: Any, http: tuple[str, int]
     authz = AsyncAuthzClient(sidecar)
     proxy = McpProxy(settings, authz)
     try:
-        async with proxy.connected(target):
+        async with proxy.connected(*targets):
             if http is None:
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())
@@ -134,7 +158,7 @@ async def _serve(settings: Any, sidecar: str, target: Any, http: tuple[str, int]
                 import uvicorn
 
                 host, port = http
-                app = proxy.server.streamable_http_app(host=host)
+                app = proxy.http_app(host)
                 await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
     finally:
         await authz.close()
@@ -145,5 +169,10 @@ def run_import(args: argparse.Namespace) -> int:
 
     target = upstream_target(list(args.upstream))
     tools = anyio.run(list_upstream_tools, target)
-    kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force)
+    upstream = args.upstream
+    if upstream is not None and not UPSTREAM_NAME.fullmatch(upstream):
+        raise RequestError("--upstream: a-z 0-9 _ -, 1 to 32 characters, starting with a letter")
+    prefix = args.prefix if args.prefix is not None else (upstream.replace("-", "_") + "__" if upstream else "")
+    kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force, upstream=upstream,
+                        prefix=prefix)
     return 1 if kept else 0

@@ -11,7 +11,7 @@ A call ends in exactly one terminal outcome, the same four the sidecar records:
 Two more statuses are answers that are not outcomes:
 
     approval_pending the call waits for a person's approval; it has not run, and running
-                     the same call id again resumes it (not an error for the model)
+                     the same call id again resumes it
     rejected         this proposal was refused without touching the call it names (the
                      call id is running right now, or was used for a different call)
 
@@ -110,7 +110,11 @@ class CallResult:
 
     @property
     def is_error(self) -> bool:
-        return self.status not in (COMPLETED, APPROVAL_PENDING)
+        """Everything but `completed`: a pending approval too, because its content is not
+        the tool's output (and MCP must mark it so for a tool with an output schema). The
+        same shape through the Guard and the MCP gateway; `status` and `approval_id` tell
+        a pending call from a failed one."""
+        return self.status != COMPLETED
 
     def to_tool_result(self) -> dict:
         """The provider tool result (Messages API shape) for this call."""

@@ -2,6 +2,8 @@
 
 A tool file pins an upstream tool "as catalogued" by three things:
 
+* its upstream: `mcp.upstream`, one of the gateway's configured upstreams (optional
+  when the gateway has one);
 * its name upstream: `mcp.name`, or the tool's `name`;
 * its description: the upstream `description` must equal the tool's `description`;
 * its input schema: when `mcp.input_schema_sha256` is set, the SHA-256 of the upstream
@@ -41,6 +43,7 @@ class PinnedTool:
     output_schema: Mapping[str, Any] | None
     side_effect: str
     input_schema_sha256: str | None  # the pin of the upstream schema, when the catalog's may differ
+    upstream: str | None = None  # `mcp.upstream`: which of the gateway's upstreams serves it
 
     @property
     def pin(self) -> str:
@@ -94,16 +97,16 @@ def load_pins(bundle_dir: str | pathlib.Path) -> dict[str, PinnedTool]:
         raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
     problems: list[Problem] = []
     pins: dict[str, PinnedTool] = {}
-    upstream_names: dict[str, str] = {}
+    upstream_names: dict[tuple[str | None, str], str] = {}
     for rel, document in tool_documents(tools_dir, problems):
         tool = _pinned(rel, document, problems)
         if tool is None:
             continue
-        if tool.name in pins or tool.upstream_name in upstream_names:
+        if tool.name in pins or (tool.upstream, tool.upstream_name) in upstream_names:
             problems.append(Problem(rel, f"tool `{tool.name}` is pinned twice", pointer="/name"))
             continue
         pins[tool.name] = tool
-        upstream_names[tool.upstream_name] = tool.name
+        upstream_names[(tool.upstream, tool.upstream_name)] = tool.name
     if problems:
         raise BundleError(problems)
     return pins
@@ -130,4 +133,4 @@ def _pinned(rel: str, document: dict[str, Any], problems: list[Problem]) -> Pinn
     return PinnedTool(name=name, upstream_name=mcp.get("name", name), description=description,
                       input_schema=input_schema, output_schema=output_schema,
                       side_effect=str(document.get("side_effect", "")),
-                      input_schema_sha256=mcp.get("input_schema_sha256"))
+                      input_schema_sha256=mcp.get("input_schema_sha256"), upstream=mcp.get("upstream"))

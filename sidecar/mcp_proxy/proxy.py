@@ -1,11 +1,8 @@
-"""The MCP proxy: one downstream MCP server in front of one upstream MCP client.
+"""The MCP proxy: one downstream MCP server in front of the upstream MCP servers.
 
 Identity never comes from the MCP client: the tenant and principal are the proxy's
-configuration. The sidecar's `request_id` (one model run) is the MCP session: the HTTP
-session id the SDK issued, or a ULID drawn when a stdio connection starts. MCP has no
-tool-call id, so a call's id is the session's plus the JSON-RPC request id: a request id
-replayed within a session is the same call, which the Guard answers from its record (and
-the sidecar's single-use Verify backs that up), never running it twice.
+configuration. Runs and call ids (the sidecar's `request_id`, replay, approval
+resumption) in both protocol eras are defined in sidecar.mcp_proxy.runs.
 
 Each `tools/call`: re-list the upstream tools (drift check) → Authorize → (approval
 wait, with MCP progress notifications) → Verify → the upstream `tools/call` → output
@@ -16,11 +13,9 @@ but the drift check, with the upstream call as the tool's implementation.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import pathlib
-import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,23 +23,29 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp import Client
 from mcp.server import Server
+from mcp.server.auth.settings import AuthSettings
+from mcp.shared.exceptions import MCPError
 from ulid import ULID
 
-from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolError, ToolSet, TrustedContext
+from sidecar.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from sidecar.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from sidecar.display import display
-from sidecar.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
+from sidecar.errors import RequestError
+from sidecar.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
+from sidecar.mcp_proxy.catalog import Catalog, Drift
+from sidecar.mcp_proxy.pins import PinnedTool
+from sidecar.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
+from sidecar.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
 
 __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 TOOL_CHANGED = "tool_changed"
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
-_PLAIN_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
-_RELIST_PAGES = 100
-_MAX_SESSIONS = 1024  # Guards kept for replay answers; the sidecar's single use covers the rest
+STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when not completed
+CODE_META_KEY = "io.toolauthz/code"
+APPROVAL_META_KEY = "io.toolauthz/approval_id"
+_MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
                       "update": types.ToolAnnotations(read_only_hint=False, destructive_hint=True)}
@@ -53,26 +54,22 @@ _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
 @dataclass(frozen=True)
 class ProxySettings:
     bundle: pathlib.Path
-    tenant: str
-    principal: Principal
+    tenant: str | None  # the configured identity: stdio, and HTTP without `oauth`
+    principal: Principal | None
     approval_wait_seconds: float = 0.0  # 0: answer at once with an isError result naming the approval
     execution_timeout: float = 30.0
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
+    oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
 
-
-@dataclass(frozen=True)
-class _Drift:
-    """A catalogued tool whose upstream advertisement broke its pin: `pin` is the pin it
-    broke, `changed` what differs, `advertised` the digest of what the upstream showed."""
-
-    pin: str
-    changed: str
-    advertised: str
-
-    def detail(self) -> str:
-        """For the sidecar's audit record: digests and a field name, never upstream text."""
-        return f"changed={self.changed} pinned={self.pin} advertised={self.advertised or '-'}"
+    def configured_caller(self) -> Caller | None:
+        if self.downstream == "http" and self.oauth is not None:
+            return None
+        if not self.tenant or self.principal is None:
+            raise RequestError("the proxy needs --tenant and --principal (every call acts for them), "
+                               "or `oauth` to take them from each caller's bearer token (HTTP)")
+        TrustedContext(self.tenant, self.principal, "check")  # fails fast on a bad identity
+        return Caller(self.tenant, self.principal)
 
 
 @dataclass
@@ -87,122 +84,46 @@ class McpProxy:
     """`async with proxy.connected(upstream):` then serve `proxy.server`."""
 
     def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient):
-        TrustedContext(settings.tenant, settings.principal, "check")  # fails fast on a bad identity
+        self._configured = settings.configured_caller()
         self.settings = settings
         self.authz = authz
         self.connection_id = str(ULID())  # the stdio connection's session
         self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
                                           on_call_tool=self._call_tool)
         self.observers: list[Callable[[GuardEvent], None]] = []
-        self._upstream: Client | None = None
-        self._signature: tuple[tuple[str, int, int], ...] | None = None
-        self._pins: dict[str, PinnedTool] = {}
+        self.catalog: Catalog
         self._tools = ToolSet()
-        self._drifted: dict[str, _Drift] = {}  # catalog name -> the pin that the upstream broke
-        self._guards: dict[str, AsyncGuard] = {}
+        self._guards: BoundedMap[tuple[str, str, str], AsyncGuard] = BoundedMap(_MAX_RUNS)
         self._progress: dict[str, _Call] = {}
-        self._pending_approvals: dict[tuple[str, str, str], str] = {}  # (session, tool, args) -> call id
+        # (run, tool, arguments) -> the call id whose approval is pending: the same call resumes it
+        self._pending_approvals: BoundedMap[tuple[tuple[str, str, str], str, str], str] = BoundedMap(_MAX_RUNS)
         self._background: set[asyncio.Task[Any]] = set()
-        self._relist_lock = asyncio.Lock()
 
-    # -- the upstream ------------------------------------------------------------------
+    # -- the upstreams ----------------------------------------------------------------
 
     @asynccontextmanager
-    async def connected(self, upstream: Any) -> AsyncIterator[McpProxy]:
-        """Connects the upstream (a URL, StdioServerParameters, or an in-process server)."""
-        async with Client(upstream, mode="legacy", cache=None, message_handler=self._on_upstream_message) as client:
-            self._upstream = client
-            try:
-                await self.refresh()
-                yield self
-            finally:
-                self._upstream = None
+    async def connected(self, *upstreams: Any) -> AsyncIterator[McpProxy]:
+        """Keeps the upstreams connected: UpstreamSpecs, or one target (a URL,
+        StdioServerParameters, or an in-process server) without a prefix."""
+        specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
+        self.catalog = Catalog(self.settings.bundle, specs, self._use_tools,
+                               request_timeout=self.settings.rpc_timeout or 10.0)
+        async with self.catalog.connected():
+            yield self
 
-    async def _on_upstream_message(self, message: Any) -> None:
-        method = getattr(getattr(message, "root", message), "method", None)
-        if method == "notifications/tools/list_changed":
-            # Not awaited here: the upstream's answer arrives through this same receive loop.
-            task = asyncio.ensure_future(self._refresh_logged())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _refresh_logged(self) -> None:
-        try:
-            await self.refresh()
-        except Exception:  # logged; a failed eager re-list is retried by the next call
-            log.exception("re-listing the upstream tools failed")
-
-    async def refresh(self) -> dict[str, types.Tool]:
-        """Re-reads the catalog (when a tool file changed) and the upstream's tools; the
-        catalogued tools whose upstream advertisement matches its pin, by catalog name."""
-        async with self._relist_lock:
-            self._reload_catalog()
-            advertised = await self._upstream_tools()
-            exposed: dict[str, types.Tool] = {}
-            for name, pinned in self._pins.items():
-                tool = advertised.get(pinned.upstream_name)
-                if tool is None:
-                    continue
-                broken = self._drifted.get(name)
-                if broken is not None and broken.pin == pinned.pin:
-                    continue  # refused until the catalog is updated, even if the upstream reverted
-                why = drift(pinned, tool.description, tool.input_schema)
-                if why is not None:
-                    self._drifted[name] = _Drift(pinned.pin, why, advertised_sha256(
-                        tool.name, tool.description, tool.input_schema))
-                    log.warning("tool_changed: upstream tool %s changed its %s since the catalog pinned it; "
-                                "calls are refused until tools/%s is updated", display(pinned.upstream_name), why,
-                                display(name))
-                    continue
-                self._drifted.pop(name, None)
-                exposed[name] = tool
-            return exposed
-
-    async def _upstream_tools(self) -> dict[str, types.Tool]:
-        if self._upstream is None:
-            raise RuntimeError("the upstream is not connected")
-        tools: dict[str, types.Tool] = {}
-        cursor: str | None = None
-        for _ in range(_RELIST_PAGES):
-            page = await self._upstream.list_tools(cursor=cursor, cache_mode="refresh")
-            for tool in page.tools:
-                tools.setdefault(tool.name, tool)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        return tools
-
-    def _reload_catalog(self) -> None:
-        signature = catalog_signature(self.settings.bundle)
-        if signature == self._signature:
-            return
-        pins = load_pins(self.settings.bundle)
-        tools = ToolSet()
-        for pinned in pins.values():
-            tools.register(pinned.name, self._upstream_call(pinned), output_schema=pinned.output_schema)
-        self._pins, self._tools, self._signature = pins, tools, signature
+    def _use_tools(self, tools: ToolSet) -> None:
+        self._tools = tools
         for guard in self._guards.values():
             guard.tools = tools
 
-    def _upstream_call(self, pinned: PinnedTool) -> Callable[..., Any]:
-        async def call(args: Any, invocation: Any) -> Any:
-            if self._upstream is None:
-                raise ToolError("upstream_unavailable", "The tool's server is not connected.")
-            result = await self._upstream.call_tool(pinned.upstream_name, args)
-            if result.is_error:
-                text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
-                raise ToolError("upstream_error", text or "The tool failed.")
-            if pinned.output_schema is not None:
-                return result.structured_content
-            return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
-
-        return call
+    async def refresh(self) -> dict[str, types.Tool]:
+        return await self.catalog.refresh()
 
     # -- the downstream ----------------------------------------------------------------
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         exposed = await self.refresh()
-        return types.ListToolsResult(tools=[self._advertised(self._pins[name]) for name in sorted(exposed)])
+        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name]) for name in sorted(exposed)])
 
     @staticmethod
     def _advertised(pinned: PinnedTool) -> types.Tool:
@@ -211,43 +132,79 @@ class McpProxy:
                           annotations=_SIDE_EFFECT_HINTS.get(pinned.side_effect))
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        session = self._session_of(ctx)
-        if session is None:
-            return _error("This connection has no session; the call was not executed.")
+        caller = self._caller(ctx)
+        run = run_of(ctx, caller, self.connection_id if self.settings.downstream == "stdio" else None)
+        result = await self._call_in_run(ctx, run, params)
+        result.meta = {**(result.meta or {}), RUN_META_KEY: run.name}
+        return result
+
+    async def _call_in_run(self, ctx: Any, run: Run, params: types.CallToolRequestParams) -> types.CallToolResult:
         exposed = await self.refresh()
         name = params.name
-        broken = self._drifted.get(name)
-        if broken is not None and name in self._pins:
-            log.warning("tool_changed: refused a call of %s in session %s", display(name), session)
-            await self._audit_refusal(session, ctx.request_id, name, broken)
+        broken = self.catalog.drifted.get(name)
+        if broken is not None and name in self.catalog.pins:
+            log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
+            await self._audit_refusal(run, call_id(run, ctx.request_id), name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
+            upstream = self.catalog.upstream_of(name)
+            if upstream is not None and not upstream.connected:
+                return _error(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the call was "
+                              "not executed. Try again later.")
             return _error("The tool is not available here; the call was not executed.")
         try:
             input_json = json.dumps(params.arguments or {}, ensure_ascii=False, separators=(",", ":"),
                                     allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             return _error("The arguments are not valid JSON; the call was not executed.")
-        call_id = self._call_id(session, ctx.request_id, name, input_json)
-        guard = self._guard(session)
+        pending_key = (run.key, name, input_json)
+        pending = self._pending_approvals.get(pending_key)
+        this_call = pending if pending is not None else call_id(run, ctx.request_id)  # resume a pending approval
+        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
         token = (ctx.meta or {}).get("progress_token")
         if token is not None:
-            self._progress[call_id] = _Call(ctx, token)
+            self._progress[this_call] = _Call(ctx, token)
         try:
-            result = await self._run_guarded(guard, call_id, name, input_json)
+            result = await self._run_guarded(guard, this_call, name, input_json)
         finally:
-            self._progress.pop(call_id, None)
-        self._remember_pending(session, name, input_json, result)
-        return self._to_mcp(result, self._pins[name])
+            self._progress.pop(this_call, None)
+        if result.status == APPROVAL_PENDING:
+            self._pending_approvals.set(pending_key, result.call_id)
+        else:
+            self._pending_approvals.pop(pending_key)
+        return self._to_mcp(result, self.catalog.pins[name])
 
-    async def _audit_refusal(self, session: str, request_id: Any, name: str, broken: _Drift) -> None:
+    def _caller(self, ctx: Any) -> Caller:
+        """Who the request acts for: the configured identity, or the one the request's
+        verified bearer token proved (fail closed: no caller, no call)."""
+        if self._configured is not None:
+            return self._configured
+        caller = caller_of(ctx)
+        if caller is None:
+            raise MCPError(types.INVALID_REQUEST, "The request is not authenticated.")
+        return caller
+
+    def http_app(self, host: str) -> Any:
+        """The Streamable HTTP app (both protocol eras), behind the OAuth resource server
+        when `oauth` is configured."""
+        oauth = self.settings.oauth
+        if oauth is None:
+            return self.server.streamable_http_app(host=host)
+        # Validated by AuthSettings itself, which keeps a path-less issuer without a trailing slash
+        # (RFC 8414 compares issuers as strings). The verifier checks the audience itself.
+        auth = AuthSettings.model_validate({"issuer_url": oauth.issuer, "resource_server_url": oauth.resource,
+                                            "required_scopes": list(oauth.scopes_supported) or None,
+                                            "validate_token_resource": False})
+        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth))
+
+    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
         not that succeeds (fail closed); a failure is logged."""
-        context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
         try:
-            await self.authz.report_refusal(context, self._request_call_id(session, request_id), name, TOOL_CHANGED,
-                                            broken.detail(), timeout=self.settings.rpc_timeout)
+            await self.authz.report_refusal(context, refused_call, name, TOOL_CHANGED, broken.detail(),
+                                            timeout=self.settings.rpc_timeout)
         except Exception:  # logged; the call is refused either way
             log.exception("could not record the tool_changed refusal of %s in the sidecar's audit trail",
                           display(name))
@@ -266,43 +223,10 @@ class McpProxy:
                 await asyncio.wait([task])
             raise
 
-    def _session_of(self, ctx: Any) -> str | None:
-        if self.settings.downstream == "stdio":
-            return self.connection_id
-        request = getattr(ctx, "request", None)
-        headers = getattr(request, "headers", None)
-        session = headers.get("mcp-session-id") if headers is not None else None
-        return session if isinstance(session, str) and _SESSION.fullmatch(session) else None
-
-    def _call_id(self, session: str, request_id: Any, name: str, input_json: str) -> str:
-        pending = self._pending_approvals.get((session, name, input_json))
-        if pending is not None:
-            return pending  # the same call again while its approval is pending: resume it
-        return self._request_call_id(session, request_id)
-
-    @staticmethod
-    def _request_call_id(session: str, request_id: Any) -> str:
-        text = str(request_id)
-        part = "s" + text if _PLAIN_REQUEST_ID.fullmatch(text) else "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
-        return f"mcp-{session}-{part}"
-
-    def _remember_pending(self, session: str, name: str, input_json: str, result: CallResult) -> None:
-        key = (session, name, input_json)
-        if result.status == APPROVAL_PENDING:
-            self._pending_approvals[key] = result.call_id
-        else:
-            self._pending_approvals.pop(key, None)
-
-    def _guard(self, session: str) -> AsyncGuard:
-        guard = self._guards.get(session)
-        if guard is None:
-            if len(self._guards) >= _MAX_SESSIONS:
-                self._guards.pop(next(iter(self._guards)))
-            context = TrustedContext(self.settings.tenant, self.settings.principal, f"mcp-{session}")
-            guard = AsyncGuard(self.authz, context, self._tools, execution_timeout=self.settings.execution_timeout,
-                               rpc_timeout=self.settings.rpc_timeout, observer=self._observe)
-            self._guards[session] = guard
-        return guard
+    def _new_guard(self, run: Run) -> AsyncGuard:
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+        return AsyncGuard(self.authz, context, self._tools, execution_timeout=self.settings.execution_timeout,
+                          rpc_timeout=self.settings.rpc_timeout, observer=self._observe)
 
     def _observe(self, event: GuardEvent) -> None:
         for observer in self.observers:
@@ -326,8 +250,14 @@ class McpProxy:
 
     @staticmethod
     def _to_mcp(result: CallResult, pinned: PinnedTool) -> types.CallToolResult:
+        """A completed call is the tool's output; anything else (a pending approval too) is
+        `isError: true` with the Guard's model-safe text, and `_meta` says which it is:
+        the same shape as CallResult.to_tool_result."""
         if result.status != COMPLETED:
-            return _error(result.content)
+            meta = {STATUS_META_KEY: result.status, CODE_META_KEY: result.code}
+            if result.approval_id:
+                meta[APPROVAL_META_KEY] = result.approval_id
+            return types.CallToolResult(content=[types.TextContent(text=result.content)], is_error=True, meta=meta)
         if pinned.output_schema is not None:
             text = json.dumps(result.output, ensure_ascii=False)
             return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result.output)
