@@ -147,7 +147,7 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
     from sidecar.client import AsyncAuthzClient
     from sidecar.mcp_proxy.proxy import McpProxy
 
-    authz = AsyncAuthzClient(sidecar)
+    authz = AsyncAuthzClient(sidecar, transport_label="mcp")  # its decisions count as `transport="mcp"`
     proxy = McpProxy(settings, authz)
     try:
         async with proxy.connected(*targets):
