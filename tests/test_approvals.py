@@ -46,6 +46,7 @@ def test_approval_by_finance_yields_a_token_for_the_same_call(stub, approvals):
     request, response = pending(stub)
     shown = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id))
     assert shown.status == apb.PENDING and shown.group == "finance"
+    assert [(f.label, f.value) for f in shown.shown_fields] == [("Order", "ord_1"), ("Amount", "60.00 EUR")]
     assert shown.policy_id == "refund-own-order-large-needs-finance"
     assert (shown.tool, shown.resource, shown.requester.id) == ("issue_refund", 'Order::"ord_1"', "alice")
     assert json.loads(shown.arguments_json) == {"/order_id": "ord_1", "/amount_cents": 6000}
@@ -265,7 +266,8 @@ def test_cli_approve_and_refused_self_approval(stub, server, capsys):
     _, response = pending(stub)
     address = f"127.0.0.1:{server[1]}"
     assert main(["approvals", "--server", address, "list"]) == 0
-    assert response.approval_id in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert response.approval_id in listed and "Order: ord_1; Amount: 60.00 EUR" in listed  # the display hints
     assert main(["approvals", "--server", address, "approve", response.approval_id, "--as", 'User::"alice"',
                  "--tenant", "acme"]) == 1
     assert "permission_denied" in capsys.readouterr().err
@@ -274,7 +276,9 @@ def test_cli_approve_and_refused_self_approval(stub, server, capsys):
     out = capsys.readouterr().out
     assert "[approved]" in out and 'decided by User::"bob"' in out
     assert main(["approvals", "--server", address, "show", response.approval_id]) == 0
-    assert "issue_refund on Order::\"ord_1\"" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "issue_refund on Order::\"ord_1\"" in shown and "arguments  Order: ord_1; Amount: 60.00 EUR" in shown
+    assert "4111" not in shown  # the reason is not allow-listed
 
 
 def test_approvals_can_listen_on_their_own_address(sidecar):

@@ -90,7 +90,7 @@ def describe(a: apb.Approval) -> str:
         f"code       {display(a.short_code)}   (compare with the requester's screen)",
         f"tool       {display(a.tool)} on {display_uid(a.resource)}",
         f"requester  {_shown_principal(a.requester)} in tenant {display(a.tenant)}",
-        f"arguments  {_shown_json(a.arguments_json)}  (other fields: digest {display(a.digest[:16])}...)",
+        f"arguments  {_shown_arguments(a)}  (other fields: digest {display(a.digest[:16])}...)",
         f"group      {display(a.group)}  (policy {display(a.policy_id)})",
         f"expires    {a.expires_at.ToDatetime().isoformat()}Z",
     ]
@@ -105,7 +105,15 @@ LIST_HEADER = ("APPROVAL", "CODE", "STATUS", "EXPIRES", "TENANT", "TOOL", "RESOU
 def summary(a: apb.Approval) -> list[str]:
     """One row of `approvals list` (LIST_HEADER), every cell escaped."""
     return [display(a.approval_id), display(a.short_code), _status(a), _expires(a), display(a.tenant),
-            display(a.tool), display_uid(a.resource), _shown_principal(a.requester), _shown_json(a.arguments_json)]
+            display(a.tool), display_uid(a.resource), _shown_principal(a.requester), _shown_arguments(a)]
+
+
+def _shown_arguments(a: apb.Approval) -> str:
+    """The arguments as the tool's display hints render them (`Amount: 75.50 EUR`; the
+    server has already escaped the values), else the allow-listed JSON."""
+    if a.shown_fields:
+        return "; ".join(f"{display(f.label)}: {display(f.value, quotes=False)}" for f in a.shown_fields)
+    return _shown_json(a.arguments_json)
 
 
 def _expires(a: apb.Approval) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Mapping
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
+from sidecar.display_hints import DisplayHint, labelled
 from sidecar.errors import RequestError
 from sidecar.model import TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -28,13 +30,16 @@ _VERDICTS = {apb.APPROVE: APPROVE, apb.REJECT: REJECT}
 MAX_LIST = 1000
 
 
-def approval_message(r: ApprovalRecord) -> apb.Approval:
+def approval_message(r: ApprovalRecord, hints: Mapping[str, DisplayHint] | None = None) -> apb.Approval:
+    """The approval as the service shows it; `hints`: the tool's display hints."""
     msg = apb.Approval(
         approval_id=r.approval_id, status=_STATUS[r.status], tenant=r.tenant,
         requester=pb.Principal(type=r.requester_type, id=r.requester_id), tool=r.tool, resource=r.resource,
         group=r.group, policy_id=r.policy_id, call_id=r.call_id, request_id=r.request_id, digest=r.digest,
         short_code=r.short_code, arguments_json=json.dumps(r.fields, sort_keys=True),
-        created_at=timestamp(r.created_at), expires_at=timestamp(r.expires_at), reason=r.reason, token=r.token)
+        created_at=timestamp(r.created_at), expires_at=timestamp(r.expires_at), reason=r.reason, token=r.token,
+        shown_fields=[apb.ShownField(label=label, value=value)
+                      for label, value in labelled(r.fields, hints or {}).items()])
     if r.decided_at is not None:
         msg.decided_at.CopyFrom(timestamp(r.decided_at))
     if r.approver:
@@ -56,6 +61,10 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         self._gate = gate
         self._loop_notifier: LoopNotifier | None = None
 
+    def _hints(self, record: ApprovalRecord) -> Mapping[str, DisplayHint]:
+        sliced = self._desk.bundles.current.tools.get(record.tool)
+        return sliced.tool.display if sliced is not None else {}
+
     @status_mapped
     def ListApprovals(self, request: apb.ListApprovalsRequest, context) -> apb.ListApprovalsResponse:
         access = self._gate.admit(context, "ListApprovals", About(tenant=request.tenant))
@@ -66,11 +75,12 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         records = [r for tenant in tenants
                    for r in self._desk.list(tenant=tenant, status=status, group=request.group, limit=limit)]
         records.sort(key=lambda r: r.approval_id, reverse=True)
-        return apb.ListApprovalsResponse(approvals=[approval_message(r) for r in records[:limit]])
+        return apb.ListApprovalsResponse(approvals=[approval_message(r, self._hints(r)) for r in records[:limit]])
 
     @status_mapped
     def GetApproval(self, request: apb.GetApprovalRequest, context) -> apb.Approval:
-        return approval_message(self._get(request, context, "GetApproval"))
+        record = self._get(request, context, "GetApproval")
+        return approval_message(record, self._hints(record))
 
     def _get(self, request: apb.GetApprovalRequest, context, rpc: Rpc) -> ApprovalRecord:
         viewer = _viewer(request)
@@ -89,7 +99,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         record = self._desk.decide(request.approval_id, approver, verdict, request.reason,
                                    caller=access.caller.id, id_token=request.id_token)
         approval_decided(record.status, grpc_transport(context.invocation_metadata()))
-        return approval_message(self._desk.hide_token(record))
+        return approval_message(self._desk.hide_token(record), self._hints(record))
 
     async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> CallOwner | None:
         """WatchApproval's role, tenant and ownership checks (the approval is read, and a
@@ -119,7 +129,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         try:
             async with contextlib.aclosing(records):
                 async for record in records:
-                    yield approval_message(record)
+                    yield approval_message(record, self._hints(record))
         finally:
             slot.release()
 
