@@ -40,3 +40,32 @@ def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bun
     assert "shadow: would DENY because shadow-no-measure-b" in out
     assert main(["audit", "show", "c0", *store]) == 0
     assert "shadow:" not in capsys.readouterr().out
+
+
+def test_the_console_status_page_counts_from_the_trail_after_a_restart(settings, bundle_dir, clock):
+    from console_pages import browser, console_for, sign_in
+
+    from sidecar.server.build import build_sidecar
+
+    (bundle_dir / "shadow.cedar").write_text(SHADOW)
+    ctx = TrustedContext("acme", Principal("User", "alice"), "r")
+    car = build_sidecar(settings, clock=clock)
+    try:
+        for i, prototype in enumerate("ABB"):
+            car.authorizer.authorize(ctx, ProposedCall(f"c{i}", "measure_runtime",
+                                                       json.dumps({**MEASURE, "prototype": prototype}).encode()))
+    finally:
+        car.close()
+    restarted = build_sidecar(settings, clock=clock)
+    try:
+        assert restarted.authorizer.shadow_effects() == {}  # this process has counted nothing
+        client = browser(console_for(restarted))
+        sign_in(client, "carol", groups="auditors")
+        page = client.get("/status").text
+        assert '<tr data-testid="shadow-row"><td class="code">shadow-no-measure-b</td><td>2</td></tr>' in page
+        assert "the 3 decisions" in page
+        other = browser(console_for(restarted))
+        sign_in(other, "gus", "globex", groups="auditors")
+        assert 'id="no-shadow"' in other.get("/status").text  # another tenant's decisions are not counted
+    finally:
+        restarted.close()

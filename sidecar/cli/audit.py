@@ -22,11 +22,11 @@ from datetime import UTC, datetime
 
 from sidecar.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
 from sidecar.audit.merkle import heads_from_json, heads_json, heads_root, records_in
+from sidecar.audit.shadow import shadow_counts, shadow_line
 from sidecar.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
 from sidecar.audit.timeline import Summary, build_timeline
 from sidecar.cli.approvals import RPC_TIMEOUT, client_tls
 from sidecar.cli.audit_remote import RemoteAuditLog
-from sidecar.cli.audit_shadow import shadow_counts, shadow_line
 from sidecar.cli.options import add_anywhere, add_server_options, principal_filter, resource_filter
 from sidecar.client import AuthzClient
 from sidecar.display import bounded_message, display, display_uid, shown
@@ -253,7 +253,7 @@ def _show_resource(log, args) -> int:
 
 
 def _shadow(log, args) -> int:
-    """Counts per @shadow policy over the matching decisions (`audit_shadow.py`)."""
+    """Counts per @shadow policy over the matching decisions (sidecar/audit/shadow.py)."""
     total, counts = shadow_counts(_pages(log, replace(_filters(args), kind="authorize")))
     print(f"{sum(counts.values())} shadow disagreements in {total} decisions")
     for policy, count in sorted(counts.items()):

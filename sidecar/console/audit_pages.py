@@ -11,12 +11,15 @@ from starlette.responses import Response
 
 from sidecar.audit.merkle import heads_root, records_in
 from sidecar.audit.records import KINDS
+from sidecar.audit.shadow import shadow_counts
 from sidecar.audit.store import MAX_PAGE, RESULTS, AuditQuery
 from sidecar.audit.timeline import build_timeline
 from sidecar.audit.verify import verify_chain
 from sidecar.console.explorer import FILTER_GROUPS, query_of
 from sidecar.console.visit import PageHost, Visit, signed_in
 from sidecar.errors import NotFoundError, RequestError, ResourceExhaustedError
+
+SHADOW_SCAN = 10_000  # the decisions the status page reads for its shadow counts, at most
 
 
 class AuditPages(PageHost):
@@ -83,6 +86,14 @@ class AuditPages(PageHost):
         return self.render(visit, "verify.html", {"v": self._last_verify})
 
     async def status(self, visit: Visit) -> Response:
+        person = signed_in(visit)
         status = await run_in_threadpool(self.deps.status)
         dead = await run_in_threadpool(self.deps.dead_letters)
-        return self.render(visit, "status.html", {"st": status, "dead": dead})
+        # Shadow disagreements from the audit trail (they survive restarts): the loaded
+        # version's decisions in this tenant, the newest SHADOW_SCAN of them at most.
+        query = AuditQuery(tenant=person.tenant, kind="authorize", policy_version=status.policy.version,
+                           newest_first=True)
+        records = await run_in_threadpool(self.deps.audit_log.query, query, limit=SHADOW_SCAN)
+        read, shadow = shadow_counts(records)
+        return self.render(visit, "status.html", {"st": status, "dead": dead, "shadow": dict(shadow),
+                                                  "shadow_read": read, "shadow_capped": read >= SHADOW_SCAN})
