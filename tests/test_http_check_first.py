@@ -125,8 +125,9 @@ def test_the_refusal_before_the_body_is_audited_with_the_caller_alone(sidecar, n
 
     drive(Exchange(_api(sidecar, callers=True).app, "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND)))
     [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
+    # The caller is bound to no tenant: the system stream, never the tenant the body names.
     assert (record.event.result, record.event.caller, record.event.tenant, record.event.call_id) == \
-        ("refused", "unauthenticated", "", "")
+        ("refused", "unauthenticated", "_system", "")
 
 
 def test_over_the_wire_the_refused_connection_closes_without_reading_the_body(settings, clock):

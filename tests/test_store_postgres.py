@@ -188,17 +188,17 @@ def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrit
     assert "checkpoint_mismatch" in capsys.readouterr().out
 
 
-def test_a_version_1_database_gains_retained_inputs_and_bundle_records(postgres_url):
+def test_a_version_4_database_gains_retained_inputs_and_bundle_records(postgres_url):
     from sidecar.store.retained import RetainedInputs, RetainedRow
 
     migrate(postgres_url)
-    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 1 left it
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 4 left it
         conn.execute("DROP TABLE retained_inputs")
         conn.execute("ALTER TABLE audit_record DROP CONSTRAINT audit_record_kind_check")
         conn.execute("ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check "
                      "CHECK (kind IN ('authorize', 'verify', 'approval', 'outcome'))")
-        conn.execute("UPDATE toolauthz_schema SET version = 1")
-    assert migrate(postgres_url).before == 1
+        conn.execute("UPDATE toolauthz_schema SET version = 4")
+    assert migrate(postgres_url).before == 4
     store = open_store(postgres_url)
     try:
         store.audit_log.append([AuditEvent(kind="bundle", time=1.0, result="loaded")])

@@ -76,9 +76,9 @@ class Observation:
 
     def decided(self, tools: Collection[str], ctx: TrustedContext, call: ProposedCall,
                 result: AuthorizeResult, *, caller: str = "") -> tuple[str, str]:
-        """One Authorize answer (one per call of a batch): its metric, its line in the
-        decision log (sidecar/telemetry/decision_log.py, when on) and its debug log line;
-        returns its tool label and result."""
+        """One Authorize answer (one per call of a batch): its metric and its line in the
+        decision log (sidecar/telemetry/decision_log.py, when on); returns its tool label
+        and result."""
         tool = metrics.tool_label(call.name, tools)
         outcome = result.decision.value.lower()
         metrics.DECISIONS.labels(tool=tool, result=outcome, transport=self.transport).inc()
@@ -88,7 +88,6 @@ class Observation:
                          policy_version=result.policy_version, seconds=time.perf_counter() - self.started,
                          caller=caller, transport=self.transport, replayed=result.replayed,
                          input_json=call.input_json)
-        _log_answer("authorize", outcome, ctx, call, tool, result.decision_id)
         return tool, outcome
 
     def verified(self, tools: Collection[str], ctx: TrustedContext, call: ProposedCall,
