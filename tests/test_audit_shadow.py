@@ -14,18 +14,25 @@ SHADOW = ('@id("shadow-no-measure-b")\n@shadow\n'
           'when { context.input.prototype == "B" };\n')
 
 
-def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bundle_dir, clock, capsys):
+def decide_measures(settings, bundle_dir, clock, prototypes: str) -> None:
+    """A sidecar with the shadow policy decides one measurement per prototype, then stops."""
     from sidecar.server.build import build_sidecar
 
     (bundle_dir / "shadow.cedar").write_text(SHADOW)
     ctx = TrustedContext("acme", Principal("User", "alice"), "r")
     car = build_sidecar(settings, clock=clock)
     try:
-        for i, prototype in enumerate("ABBAB"):
+        for i, prototype in enumerate(prototypes):
             car.authorizer.authorize(ctx, ProposedCall(f"c{i}", "measure_runtime",
                                                        json.dumps({**MEASURE, "prototype": prototype}).encode()))
     finally:
         car.close()
+
+
+def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bundle_dir, clock, capsys):
+    from sidecar.server.build import build_sidecar
+
+    decide_measures(settings, bundle_dir, clock, "ABBAB")
     restarted = build_sidecar(settings, clock=clock)
     restarted.close()
     assert restarted.authorizer.shadow_effects() == {}  # a process's own count starts again...
@@ -47,15 +54,7 @@ def test_the_console_status_page_counts_from_the_trail_after_a_restart(settings,
 
     from sidecar.server.build import build_sidecar
 
-    (bundle_dir / "shadow.cedar").write_text(SHADOW)
-    ctx = TrustedContext("acme", Principal("User", "alice"), "r")
-    car = build_sidecar(settings, clock=clock)
-    try:
-        for i, prototype in enumerate("ABB"):
-            car.authorizer.authorize(ctx, ProposedCall(f"c{i}", "measure_runtime",
-                                                       json.dumps({**MEASURE, "prototype": prototype}).encode()))
-    finally:
-        car.close()
+    decide_measures(settings, bundle_dir, clock, "ABB")
     restarted = build_sidecar(settings, clock=clock)
     try:
         assert restarted.authorizer.shadow_effects() == {}  # this process has counted nothing
