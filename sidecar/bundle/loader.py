@@ -16,7 +16,7 @@ import json
 import pathlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from sidecar.bundle.policies import (
     split_policies,
 )
 from sidecar.bundle.suggest import Names, did_you_mean, names_of, with_excerpts
+from sidecar.display_hints import DisplayHint
 from sidecar.errors import BundleError, Problem
 
 SCHEMA_FILE = "schema.cedarschema"
@@ -93,6 +94,11 @@ class Bundle:
     runtime_groups: frozenset[UID] = field(repr=False, default=frozenset())
     # The revision its signature gives (bundle/signature.py), when it was verified.
     revision: int | None = None
+
+    def display_of(self, tool: str) -> Mapping[str, DisplayHint]:
+        """The tool's display hints (none for a tool this bundle does not have)."""
+        sliced = self.tools.get(tool)
+        return sliced.tool.display if sliced is not None else {}
 
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:

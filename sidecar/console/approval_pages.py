@@ -8,7 +8,7 @@ from starlette.responses import RedirectResponse, Response
 
 from sidecar.approvals import APPROVE, REJECT
 from sidecar.audit.store import AuditQuery
-from sidecar.console.approval_view import arguments, hints_of, thresholds
+from sidecar.console.approval_view import arguments, thresholds
 from sidecar.console.signin import Person
 from sidecar.console.visit import PageHost, Visit, signed_in
 from sidecar.display_hints import labelled
@@ -73,7 +73,7 @@ class ApprovalPages(PageHost):
         query = AuditQuery(tenant=record.tenant, principal=record.requester, tool=record.tool, kind="authorize",
                            newest_first=True)
         found = await run_in_threadpool(self.deps.audit_log.query, query, limit=RECENT_CALLS + 1)
-        hints = hints_of(bundle, record.tool)
+        hints = bundle.display_of(record.tool)
         history = [(r.event, labelled(r.event.fields, hints)) for r in found
                    if r.event.call_id != record.call_id][:RECENT_CALLS]
         return self.render(visit, "approval.html", {

@@ -11,12 +11,12 @@ decides".
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.bundle import Bundle
-from sidecar.display_hints import DisplayHint, labelled, shown_value
+from sidecar.display_hints import labelled, shown_value
 from sidecar.store.approvals import ApprovalRecord
 
 _OPS = {"<": "<", "<=": "≤", ">": ">", ">=": "≥", "==": "=", "!=": "≠"}
@@ -33,21 +33,16 @@ class Threshold:
     holds: bool  # whether this request's value satisfies the comparison
 
 
-def hints_of(bundle: Bundle, tool: str) -> Mapping[str, DisplayHint]:
-    sliced = bundle.tools.get(tool)
-    return sliced.tool.display if sliced is not None else {}
-
-
 def arguments(record: ApprovalRecord, bundle: Bundle) -> list[tuple[str, str]]:
     """The allow-listed arguments as (label, shown value)."""
-    return list(labelled(record.fields, hints_of(bundle, record.tool)).items())
+    return list(labelled(record.fields, bundle.display_of(record.tool)).items())
 
 
 def thresholds(record: ApprovalRecord, bundle: Bundle) -> list[Threshold]:
     info = bundle.policies.get(record.policy_id)
     if info is None:
         return []
-    hints = hints_of(bundle, record.tool)
+    hints = bundle.display_of(record.tool)
     out: list[Threshold] = []
     for condition in info.est.get("conditions", []) or []:
         for pointer, op, literal in _comparisons(condition.get("body")):

@@ -51,8 +51,7 @@ def notifier_of(settings: NotificationSettings | None, store: Store, bundles: Bu
         return None
 
     def fields_of(record: ApprovalRecord) -> dict[str, str]:
-        tool = bundles.current.tools.get(record.tool)
-        return labelled(record.fields, tool.tool.display if tool is not None else {})
+        return labelled(record.fields, bundles.current.display_of(record.tool))
 
     options = NotifierOptions(console_url=settings.console_url, warning_seconds=settings.expiry_warning_seconds,
                               poll_seconds=settings.poll_seconds, max_attempts=settings.max_attempts,

@@ -62,8 +62,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         self._loop_notifier: LoopNotifier | None = None
 
     def _hints(self, record: ApprovalRecord) -> Mapping[str, DisplayHint]:
-        sliced = self._desk.bundles.current.tools.get(record.tool)
-        return sliced.tool.display if sliced is not None else {}
+        return self._desk.bundles.current.display_of(record.tool)
 
     @status_mapped
     def ListApprovals(self, request: apb.ListApprovalsRequest, context) -> apb.ListApprovalsResponse:
