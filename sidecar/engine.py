@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,9 @@ from sidecar.bundle.loader import ToolSlice
 from sidecar.digest import InputLimits, digest_call
 from sidecar.display import shown
 from sidecar.errors import InputError, RequestError
+from sidecar.metering import charges_of, over_ceiling, usage_context
 from sidecar.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
+from sidecar.usage import Charge
 
 _ERRORED_POLICY = re.compile(r"policy `([^`]*)`")
 
@@ -35,6 +37,8 @@ class PreparedCall:
     digest: str
     resource_type: str
     resource_id: str
+    # What the call charges to its tool's usage meters (metering.py), in their order.
+    charges: tuple[Charge, ...] = ()
 
     @property
     def resource(self) -> str:
@@ -75,20 +79,26 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         rtype, rid = tool.resource_type, str(raw)
         if "\x00" in rid:  # every store keeps the resource as text, and PostgreSQL's holds no NUL
             raise InputError("invalid_input", f"input at `{tool.resource_pointer}` holds a NUL character")
-    return PreparedCall(tool_slice, value, digested.digest, rtype, rid)
+    resource = f'{rtype}::"{rid}"'
+    return PreparedCall(tool_slice, value, digested.digest, rtype, rid, charges_of(tool, ctx, value, resource))
 
 
 def evaluate(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall, run: RunCounts,
-             entities: cedarpy.Entities) -> Verdict:
-    """Steps 5-6: Cedar, then the interpretation of its answer."""
+             entities: cedarpy.Entities, usage: Mapping[str, int] | None = None) -> Verdict:
+    """Steps 5-6: Cedar, then the interpretation of its answer. `usage`: the value of
+    each of the call's meters before it, by meter name (absent: 0)."""
     tool = prepared.slice.tool
+    usage = usage or {}
     if tool.max_calls_per_run is not None and run.tool_calls >= tool.max_calls_per_run:
         return Verdict(Decision.DENY, errors=(ErrorDetail(
             "limit_exceeded", f"`{tool.name}` may be called at most {tool.max_calls_per_run} times in one run"),))
+    if (overflow := over_ceiling(prepared.charges, usage)) is not None:
+        return overflow
     if prepared.slice.enforcing is None:
         return Verdict(Decision.DENY, errors=(ErrorDetail("policy_denied", "no policy permits this call"),))
     context = {"input": prepared.input, "tenant": ctx.tenant, "side_effect": tool.side_effect,
-               "request_id": ctx.request_id, "run": {"calls": run.calls, "tool_calls": run.tool_calls}}
+               "request_id": ctx.request_id, "run": {"calls": run.calls, "tool_calls": run.tool_calls},
+               "usage": usage_context(prepared.charges, usage)}
     request = {
         "principal": {"type": ctx.principal.type, "id": ctx.principal.id},
         "action": {"type": "Action", "id": f"tool:{tool.name}"},
@@ -260,15 +270,17 @@ def supplied_entities(raw: bytes) -> list[dict[str, Any]]:
         raise RequestError(f"entities_json: {exc}") from None
 
 
-def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCounts = RunCounts()) -> Verdict:
-    """Steps 1-6 without any storage: for policy tests and local `toolauthz authorize`.
-    RequestError still raises (the request itself is unusable)."""
+def decide(bundle: Bundle, ctx: TrustedContext, call: ProposedCall, run: RunCounts = RunCounts(),
+           usage: Mapping[str, int] | None = None) -> Verdict:
+    """Steps 1-6 without any storage: for policy tests and local `toolauthz authorize`;
+    `usage`: the meters' values before the call, by name. RequestError still raises
+    (the request itself is unusable)."""
     try:
         prepared = prepare(bundle, ctx, call)
     except InputError as exc:
         return Verdict(Decision.DENY, errors=(ErrorDetail(exc.code, exc.message),))
     return evaluate(bundle, ctx, prepared, run,
-                    request_entities(bundle, ctx, prepared, supplied_entities(ctx.entities_json)))
+                    request_entities(bundle, ctx, prepared, supplied_entities(ctx.entities_json)), usage)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from conftest import make_request, order_entity
 
 from sidecar.audit.store import AuditQuery
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from sidecar.store.ledger import Standing
 
 
 def error_codes(response) -> list[str]:
@@ -362,9 +363,9 @@ def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, mon
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
 
     def counts(entries):  # outside the transaction: as if read before the five were recorded
-        return [(0, 0) for _ in entries]
+        return [Standing(0, 0) for _ in entries]
 
-    monkeypatch.setattr(sidecar.ledger, "run_counts", counts)
+    monkeypatch.setattr(sidecar.ledger, "standing", counts)
     sixth = stub.Authorize(make_request(call_id="c5"))
     assert sixth.decision == pb.DENY and error_codes(sixth) == ["limit_exceeded"] and sixth.token == ""
     [record] = sidecar.audit_log.query(AuditQuery(call_id="c5"), limit=5)

@@ -9,7 +9,7 @@ import pytest
 from sidecar.audit.store import AuditQuery
 from sidecar.errors import StoreUnavailable
 from sidecar.store.group_commit import GroupCommit, ItemFailed
-from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall
+from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall, Standing
 
 WAIT = 30  # seconds; only reached if the code under test hangs
 
@@ -139,19 +139,19 @@ def test_a_decision_is_recorded_only_on_the_counts_it_was_made_on(ledger):
     run's counts it was made on, and one whose counts moved writes nothing and says what
     they are now. Reservations of one batch see those ahead of them."""
     results = ledger.apply([
-        ReserveCall(entry("c0", tool="u"), allow("d0"), (0, 0)),
-        ReserveCall(entry("c1"), allow("d1"), (1, 0)),
-        ReserveCall(entry("c2"), allow("d2"), (1, 0)),  # made before c1 was recorded
-        ReserveCall(entry("c1"), allow("d1-again"), (2, 1)),  # a duplicate finds the first
-        ReserveCall(entry("c3", request_id="run-2"), RecordedDecision("DENY", "d3", "v1"), (0, 0)),
-        ReserveCall(entry("c4", request_id="run-2"), allow("d4"), (0, 0)),  # a denial takes no budget
+        ReserveCall(entry("c0", tool="u"), allow("d0"), Standing(0, 0)),
+        ReserveCall(entry("c1"), allow("d1"), Standing(1, 0)),
+        ReserveCall(entry("c2"), allow("d2"), Standing(1, 0)),  # made before c1 was recorded
+        ReserveCall(entry("c1"), allow("d1-again"), Standing(2, 1)),  # a duplicate finds the first
+        ReserveCall(entry("c3", request_id="run-2"), RecordedDecision("DENY", "d3", "v1"), Standing(0, 0)),
+        ReserveCall(entry("c4", request_id="run-2"), allow("d4"), Standing(0, 0)),  # a denial takes no budget
     ])
-    assert [r.moved for r in results] == [None, None, (2, 1), None, None, None]
+    assert [r.moved for r in results] == [None, None, Standing(2, 1), None, None, None]
     assert ledger.get("acme", "c2") is None
     assert results[3].existing.decision_id == "d1"
     assert [ledger.get("acme", c).decision_id for c in ("c0", "c1", "c3", "c4")] == ["d0", "d1", "d3", "d4"]
-    assert ledger.run_counts([entry("c9"), entry("c9", tool="u"), entry("c9", request_id="run-2")]) == \
-        [(2, 1), (2, 1), (1, 1)]
+    assert ledger.standing([entry("c9"), entry("c9", tool="u"), entry("c9", request_id="run-2")]) == \
+        [Standing(2, 1), Standing(2, 1), Standing(1, 1)]
 
 
 def test_reservations_batched_together_share_one_transaction(ledger):
@@ -164,7 +164,7 @@ def test_reservations_batched_together_share_one_transaction(ledger):
         return real(ops)
 
     ledger._writes._run_batch = held
-    threads, results = in_threads(4, lambda i: ledger.reserve(entry(f"c{i}"), allow(f"d{i}"), (0, 0)),
+    threads, results = in_threads(4, lambda i: ledger.reserve(entry(f"c{i}"), allow(f"d{i}"), Standing(0, 0)),
                                   first_gate=entered, group=ledger._writes)
     assert ledger._writes.wait_until_queued(3, WAIT)
     release.set()
@@ -172,7 +172,7 @@ def test_reservations_batched_together_share_one_transaction(ledger):
         t.join(WAIT)
     moved = sorted((r.moved for r in results.values()), key=str)
     # The first alone, then the other three in one batch, decided on counts the first moved.
-    assert moved == [(1, 1), (1, 1), (1, 1), None]
+    assert moved == [None, Standing(1, 1), Standing(1, 1), Standing(1, 1)]
 
 
 def test_concurrent_consumes_of_one_call_let_exactly_one_through(ledger):
@@ -198,7 +198,7 @@ def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(store):
 
     event = AuditEvent(kind="verify", time=1.0, call_id="c1", result="bad_signature")
     results = store.ledger.apply([
-        ReserveCall(entry("c1"), allow("d1"), (0, 0)),
+        ReserveCall(entry("c1"), allow("d1"), Standing(0, 0)),
         ConsumeToken("acme", "c1", "jti-1", 2.0),
         "not an operation",
         ConsumeToken("acme", "c1", "jti-2", 3.0),

@@ -23,7 +23,7 @@ PACKAGE = ROOT / "sidecar"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
                                "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.display_hints",
-                               "sidecar.tool_files", "sidecar.bounded_file"})),
+                               "sidecar.tool_files", "sidecar.bounded_file", "sidecar.usage"})),
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
     ("telemetry", frozenset({"sidecar.telemetry"})),
@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("jwks", frozenset({"sidecar.jwks"})),
     ("bundle", frozenset({"sidecar.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
-    ("engine", frozenset({"sidecar.engine", "sidecar.decided_by"})),
+    ("engine", frozenset({"sidecar.engine", "sidecar.decided_by", "sidecar.metering"})),
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
     ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit", "sidecar.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the

@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.audit import AuditEvent, chain_of, verify_chain
 from sidecar.audit.records import DEFAULT_CHAINS
-from sidecar.store.ledger import CallEntry, ConsumeToken, RecordedDecision, ReserveCall
+from sidecar.store.ledger import CallEntry, ConsumeToken, RecordedDecision, ReserveCall, Standing
 from sidecar.store.open import open_store
 from sidecar.store.rules import lock_keys
 
@@ -68,10 +68,10 @@ def test_a_run_limit_decided_on_two_replicas_at_once_admits_one_call(replicas):
     for round_ in range(20):
         run = f"run-{round_}"
         results = together(4, lambda i, run=run: replicas[i % 2].ledger.reserve(
-            entry(f"{run}-c{i}", run), allowed(f"{run}-c{i}"), counts=(0, 0)))
+            entry(f"{run}-c{i}", run), allowed(f"{run}-c{i}"), standing=Standing(0, 0)))
         assert sum(r.existing is None and r.moved is None for r in results) == 1
-        assert sorted(r.moved for r in results if r.moved is not None) == [(1, 1)] * 3
-        assert replicas[0].ledger.run_counts([entry("x", run)]) == [(1, 1)]
+        assert [r.moved for r in results if r.moved is not None] == [Standing(1, 1)] * 3
+        assert replicas[0].ledger.standing([entry("x", run)]) == [Standing(1, 1)]
 
 
 def test_a_token_presented_to_two_replicas_at_once_is_consumed_once(replicas):

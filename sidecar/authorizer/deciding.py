@@ -1,5 +1,6 @@
 """Authorize, planned: checks, validation and the decision's inputs, up to the ledger's
-write; the decision itself is made on the run's counts when the plan runs (`writes.py`)."""
+write; the decision itself is made on the run's counts and the call's meters when the
+plan runs (`writes.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sidecar.engine import PreparedCall, RunCounts, evaluate, prepare, request_e
 from sidecar.errors import InputError, RequestError
 from sidecar.model import Decision, ProposedCall, TrustedContext, Verdict, deny
 from sidecar.store.approvals import ApprovalRecord
-from sidecar.store.ledger import AppendAudit, CallEntry, RecordedDecision, Reservation
+from sidecar.store.ledger import AppendAudit, CallEntry, RecordedDecision, Reservation, Standing
 from sidecar.telemetry import tracing
 from sidecar.tokens import IssuedToken
 
@@ -53,9 +54,9 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
     tool = prepared.slice.tool.name
     decided = {"decided_by": decided_by(bundle, ctx, prepared, supplied)}
 
-    def draft(counts: tuple[int, int]) -> _Draft:
+    def draft(counts: Standing) -> _Draft:
         with tracing.step("evaluate", trace, {"toolauthz.tool": tool}):
-            verdict = evaluate(bundle, ctx, prepared, RunCounts(*counts), entities)
+            verdict = evaluate(bundle, ctx, prepared, _run_of(counts), entities, _usage_of(prepared, counts))
         wanted = verdict.decision is not Decision.ALLOW or still_wanted()
         token = None
         if verdict.decision is Decision.ALLOW and wanted:
@@ -65,9 +66,10 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
 
     state = _DecisionState()
 
-    def decide(counts: tuple[int, int]) -> RecordedDecision:
+    def decide(counts: Standing) -> RecordedDecision:
         # Called before each try at the ledger's transaction: Cedar, the signature and
-        # the audit event are made again only if the counts differ from the last try.
+        # the audit event are made again only if the counts or the meters differ from
+        # the last try.
         # The row, the token's jti, the approval a policy asks for and the audit
         # record commit together.
         previous = state.draft
@@ -92,23 +94,23 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
             token = None
         parts.count_shadow(bundle, verdict)
         if parts.retainer is not None:
-            parts.retainer.retain(ctx, call.call_id, prepared, RunCounts(*latest.counts), bundle.version)
+            parts.retainer.retain(ctx, call.call_id, prepared, _run_of(latest.counts), bundle.version)
         approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
         return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
                                verdict.errors, prepared.digest, token, approval.approval_id if approval else "",
                                approval_expires_at=approval.expires_at if approval else None)
 
     entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
-                      parts.clock.now(), caller=caller)
+                      parts.clock.now(), caller=caller, charges=prepared.charges)
     return Plan(None, finish, Deciding(entry, decide), trace=trace)
 
 
 @dataclass(frozen=True)
 class _Draft:
-    """A decision made on the run's counts `counts`, with its token if one is due;
-    `gone`: an ALLOW whose client no longer wants it (no token)."""
+    """A decision made on `counts` (the run's counts and the call's meters), with its
+    token if one is due; `gone`: an ALLOW whose client no longer wants it (no token)."""
 
-    counts: tuple[int, int]
+    counts: Standing
     verdict: Verdict
     token: IssuedToken | None
     gone: bool = False
@@ -137,11 +139,15 @@ def _recorded(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, draft: 
     approval = None
     if verdict.decision is Decision.APPROVAL_REQUIRED:
         if state.approval is None:
-            state.approval = _new_approval(parts, ctx, prepared, verdict, record, RunCounts(*draft.counts))
+            state.approval = _new_approval(parts, ctx, prepared, verdict, record, _run_of(draft.counts))
         approval = state.approval
+    detail = dict(decided)
+    if prepared.charges:  # what the meters stood at when this was decided
+        detail["usage"] = _usage_of(prepared, draft.counts)
+    if draft.gone:
+        detail["client_gone"] = True
     event = parts.event(replace(record, approval_id=approval.approval_id if approval else ""), verdict,
-                        jti=draft.token.jti if draft.token else "",
-                        detail={**decided, "client_gone": True} if draft.gone else decided)
+                        jti=draft.token.jti if draft.token else "", detail=detail)
     return RecordedDecision(verdict.decision.value, record.decision_id, record.policy_version,
                             verdict.reasons, _error_pairs(verdict), approval=approval, audit=event)
 
@@ -152,6 +158,15 @@ def _new_approval(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, ver
         raise RuntimeError("a policy asks for approval but no approval desk is configured")
     return parts.approvals.new_record(ctx, record.call_id, prepared, verdict, decision_id=record.decision_id,
                                       policy_version=record.policy_version, fields=dict(record.fields), run=run)
+
+
+def _run_of(standing: Standing) -> RunCounts:
+    return RunCounts(standing.calls, standing.tool_calls)
+
+
+def _usage_of(prepared: PreparedCall, standing: Standing) -> dict[str, int]:
+    """Each meter's value before the call, by name (what `context.usage` shows)."""
+    return {charge.meter: value for charge, value in zip(prepared.charges, standing.usage, strict=True)}
 
 
 def _fields(prepared: PreparedCall) -> dict[str, Any]:

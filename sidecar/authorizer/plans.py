@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
 from sidecar.model import Decision, ErrorDetail
-from sidecar.store.ledger import CallEntry, LedgerOp, RecordedDecision
+from sidecar.store.ledger import CallEntry, LedgerOp, RecordedDecision, Standing
 from sidecar.tokens import IssuedToken
 
 T = TypeVar("T")
@@ -48,18 +48,19 @@ class Plan(Generic[T]):
 
     op: LedgerOp | None
     finish: Callable[[Any], T]
-    # A new call's reservation, with its decision made on the run's counts (`writes.py`).
+    # A new call's reservation, with its decision made on the run's counts and the
+    # call's meters (`writes.py`).
     deciding: Deciding | None = None
     trace: Any = None  # the request's tracing context (sidecar/telemetry/tracing.py), None when off
 
 
 @dataclass(frozen=True)
 class Deciding:
-    """`decide(counts)`: the decision on the run's counts (calls, tool_calls), as a value
-    the ledger records with `entry` only if those counts still hold."""
+    """`decide(standing)`: the decision on the run's counts and the call's meters, as a
+    value the ledger records with `entry` only if they still stand so."""
 
     entry: CallEntry
-    decide: Callable[[tuple[int, int]], RecordedDecision]
+    decide: Callable[[Standing], RecordedDecision]
 
 
 def refuse(exc: Exception, _written: object) -> NoReturn:

@@ -1,5 +1,5 @@
 """Running plans: their ledger writes share commits, and each new call's decision is made
-on its run's counts as they hold in the transaction that records it."""
+on its run's counts and its meters as they stand in the transaction that records it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from sidecar.authorizer.plans import Plan
 from sidecar.errors import StoreUnavailable
-from sidecar.store.ledger import CallLedger, LedgerOp, Reservation, ReserveCall
+from sidecar.store.ledger import CallLedger, LedgerOp, Reservation, ReserveCall, Standing
 from sidecar.telemetry import metrics, tracing
 
-# Tries at recording a decision whose run's counts moved meanwhile (see `write_all`).
+# Tries at recording a decision whose run's counts or meters moved meanwhile (`write_all`).
 MAX_ROUNDS = 16
 
 
@@ -37,19 +37,20 @@ def write_all(ledger: CallLedger, plans: Sequence[Plan]) -> list[Any]:
     """Each plan's write result (None without a write), or the exception it failed with.
 
     A new call's decision is made here, before the ledger's transaction, on the run's
-    counts as read now plus the budget taken by the reservations ahead of it in this
-    batch; the ledger records it only if the counts it reads in the transaction are the
-    same, and otherwise answers with the counts that hold, to be decided on again in the
-    next round. So Cedar and the token's signature stay out of the write lock (every
-    replica's writes queue on it), storage never runs policy, and no decision commits on
-    counts that no longer hold. Each round that moves a call's counts means another
-    transaction reserved a call of its run: a round never fails without someone's
-    progress, and after `MAX_ROUNDS` the call is refused as unavailable (fail closed)."""
+    counts and the call's meters as read now plus what the reservations ahead of it in
+    this batch take; the ledger records it only if what it reads in the transaction is
+    the same, and otherwise answers with how things stand, to be decided on again in the
+    next round. So Cedar and the token's signature stay out of the locks (every
+    replica's writes to the run or meter queue on them), storage never runs policy, and
+    no decision commits on counts or meter values that no longer hold. Each round that
+    moves a call's standing means another transaction reserved a call of its run or
+    charged its meter: a round never fails without someone's progress, and after
+    `MAX_ROUNDS` the call is refused as unavailable (fail closed)."""
     results: list[Any] = [None] * len(plans)
     pending = [i for i, plan in enumerate(plans) if plan.op is not None or plan.deciding is not None]
-    counts = _first_counts(ledger, plans)
+    standing = _first_standing(ledger, plans)
     for _ in range(MAX_ROUNDS):
-        placed, ops = _round_ops(plans, pending, counts, results)
+        placed, ops = _round_ops(plans, pending, standing, results)
         try:
             with _store_spans(plans), metrics.timed(metrics.AUDIT_WRITE_SECONDS):
                 out = list(ledger.apply(ops)) if ops else []
@@ -59,7 +60,7 @@ def write_all(ledger: CallLedger, plans: Sequence[Plan]) -> list[Any]:
         pending = []
         for i, result in zip(placed, out, strict=True):
             if isinstance(result, Reservation) and result.moved is not None:
-                counts[i] = result.moved
+                standing[i] = result.moved
                 pending.append(i)
             else:
                 results[i] = result
@@ -70,21 +71,21 @@ def write_all(ledger: CallLedger, plans: Sequence[Plan]) -> list[Any]:
     return results
 
 
-def _first_counts(ledger: CallLedger, plans: Sequence[Plan]) -> dict[int, tuple[int, int]]:
+def _first_standing(ledger: CallLedger, plans: Sequence[Plan]) -> dict[int, Standing]:
     deciding = [(i, plan.deciding.entry) for i, plan in enumerate(plans) if plan.deciding is not None]
     if not deciding:
         return {}
     try:
-        read = ledger.run_counts([entry for _, entry in deciding])
-    except StoreUnavailable:
-        read = [(0, 0)] * len(deciding)  # a guess: the transaction reads them (or fails the batch)
-    return {i: counts for (i, _), counts in zip(deciding, read, strict=True)}
+        read = ledger.standing([entry for _, entry in deciding])
+    except StoreUnavailable:  # a guess: the transaction reads them (or fails the batch)
+        read = [Standing(0, 0, tuple(0 for _ in entry.charges)) for _, entry in deciding]
+    return {i: standing for (i, _), standing in zip(deciding, read, strict=True)}
 
 
-def _round_ops(plans: Sequence[Plan], pending: list[int], counts: dict[int, tuple[int, int]],
+def _round_ops(plans: Sequence[Plan], pending: list[int], standing: dict[int, Standing],
                results: list[Any]) -> tuple[list[int], list[LedgerOp]]:
     """The writes of one round: the plans' own, and each pending decision made on its
-    run's counts plus the reservations ahead of it in this round."""
+    run's counts and meters plus what the reservations ahead of it in this round take."""
     placed: list[int] = []
     ops: list[LedgerOp] = []
     ahead: Counter[tuple[str, ...]] = Counter()
@@ -97,10 +98,13 @@ def _round_ops(plans: Sequence[Plan], pending: list[int], counts: dict[int, tupl
             ops.append(plan.op)
             continue
         entry = plan.deciding.entry
-        run = (entry.tenant, entry.request_id)
-        run_counts = (counts[i][0] + ahead[run], counts[i][1] + ahead[(*run, entry.tool)])
+        run = ("run", entry.tenant, entry.request_id)
+        meters = [("meter", entry.tenant, charge.meter, charge.key) for charge in entry.charges]
+        read = standing[i]
+        stands = Standing(read.calls + ahead[run], read.tool_calls + ahead[(*run, entry.tool)],
+                          tuple(value + ahead[meter] for value, meter in zip(read.usage, meters, strict=True)))
         try:
-            decision = plan.deciding.decide(run_counts)
+            decision = plan.deciding.decide(stands)
         except Exception as exc:  # noqa: BLE001 - this call's failure alone: nothing of it is written
             results[i] = exc
             continue
@@ -109,8 +113,10 @@ def _round_ops(plans: Sequence[Plan], pending: list[int], counts: dict[int, tupl
         if first and decision.uses_run_budget:  # a second one of this call finds the first
             ahead[run] += 1
             ahead[(*run, entry.tool)] += 1
+            for meter, charge in zip(meters, entry.charges, strict=True):
+                ahead[meter] += charge.amount
         placed.append(i)
-        ops.append(ReserveCall(entry, decision, run_counts))
+        ops.append(ReserveCall(entry, decision, stands))
     return placed, ops
 
 

@@ -19,6 +19,8 @@ from jsonschema import Draft202012Validator, FormatChecker
 from sidecar.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_schema, is_ecma_regex
 from sidecar.bundle.entity_graph import ENTITY_TYPE_NAME
 from sidecar.bundle.fast_schema import fast_validator
+from sidecar.bundle.meters import Meter, parse_usage
+from sidecar.bundle.tool_fields import MAX_RETENTION_SECONDS, parse_duration, pinned_key_problem, schema_at
 from sidecar.display import shown
 from sidecar.display_hints import DisplayHint, parse_display
 from sidecar.errors import Problem
@@ -43,12 +45,9 @@ def _ecma_format_checker() -> FormatChecker:
 
 
 _FORMAT_CHECKER = _ecma_format_checker()
-# Keywords that pin a string resource id to a known shape (see `_parse_resource`).
-_PINNING_KEYWORDS = ("pattern", "enum", "const")
-_PINNING_FORMATS = ("uuid",)
 log = logging.getLogger(__name__)
 _KNOWN_KEYS = {"name", "description", "side_effect", "input_schema", "output_schema",
-               "resource", "limits", "audit", "mcp", "display"}
+               "resource", "limits", "audit", "mcp", "display", "usage"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,9 @@ class Tool:
     # `audit.retain_input`: keep each call's input (encrypted) this many seconds for
     # `toolauthz policy impact`; None: never kept.
     retain_input_seconds: int | None = None
+    # `usage`: the meters a call of this tool charges, read by policies in
+    # `context.usage` (bundle/meters.py).
+    meters: tuple[Meter, ...] = ()
 
     def accepts(self, value: Any) -> bool:
         """Whether the parsed input is valid against the input schema."""
@@ -153,6 +155,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
     hints = parse_display(raw.get("display"),
                           lambda ptr: schema_at(input_schema, ptr)[0] if input_schema is not None else None, bad)
     retain = _parse_retention(raw.get("audit"), bad)
+    meters = parse_usage(raw.get("usage"), input_schema, bad)
 
     if len(problems) > before or input_schema is None:
         return None
@@ -168,6 +171,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         fast_validator=fast, schema_engine="jsonschema-rs" if fast is not None else f"jsonschema: {unproven}",
         display=hints,
         retain_input_seconds=retain,
+        meters=meters,
     )
 
 
@@ -234,20 +238,6 @@ def _formats(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
             yield from _formats(value, f"{pointer}/{i}")
 
 
-def schema_at(schema: dict[str, Any], pointer: str) -> tuple[dict[str, Any] | None, bool]:
-    """The sub-schema a JSON pointer into an *instance* lands on, and whether every step
-    is a required property (so the pointer always resolves on a valid input)."""
-    node, always = schema, True
-    for token in pointer.split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        props = node.get("properties") if isinstance(node, dict) else None
-        if not isinstance(props, dict) or token not in props:
-            return None, False
-        always = always and token in node.get("required", [])
-        node = props[token]
-    return node, always
-
-
 def _parse_resource(raw: Any, input_schema: dict[str, Any] | None, bad: Complain) -> tuple[str, str | None]:
     if raw is None:
         return "Tool", None
@@ -260,23 +250,9 @@ def _parse_resource(raw: Any, input_schema: dict[str, Any] | None, bad: Complain
     if not isinstance(pointer, str) or not pointer.startswith("/"):
         bad("/resource/id", "resource id must be a JSON pointer into the input, such as `/order_id`")
         return "Tool", None
-    if input_schema is not None:
-        sub, always = schema_at(input_schema, pointer)
-        if sub is None:
-            bad("/resource/id", f"the input schema cannot produce `{pointer}`")
-        elif not always:
-            bad("/resource/id", f"`{pointer}` is not required at every level, so the resource could be missing")
-        elif sub.get("type") not in ("string", "integer"):
-            bad("/resource/id", f"`{pointer}` must be a string or integer property")
-        elif sub.get("type") == "string" and not _pins_its_shape(sub):
-            bad("/resource/id", f"`{pointer}` is a string without a `pattern`, `enum`, `const` or `format: uuid`: "
-                "the resource id comes from the model, and unpinned it can hold anything (newlines, quotes, "
-                "terminal escapes) that an approver or auditor is later shown")
+    if input_schema is not None and (problem := pinned_key_problem(input_schema, pointer, "resource")):
+        bad("/resource/id", problem)
     return rtype if isinstance(rtype, str) else "Tool", pointer
-
-
-def _pins_its_shape(schema: dict[str, Any]) -> bool:
-    return any(key in schema for key in _PINNING_KEYWORDS) or schema.get("format") in _PINNING_FORMATS
 
 
 def _parse_limits(raw: Any, bad: Complain) -> tuple[int, int | None]:
@@ -333,17 +309,6 @@ def _parse_audit_entities(raw: Any, bad: Complain) -> dict[str, tuple[str, ...]]
         else:
             out[kind] = tuple(pointers)
     return out
-
-
-DURATION = re.compile(r"^([1-9][0-9]{0,5})([smhd])\Z")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_RETENTION_SECONDS = 90 * 86400
-
-
-def parse_duration(text: str) -> int | None:
-    """`30m`, `12h`, `7d` as seconds, or None when it is not such a duration."""
-    found = DURATION.match(text) if isinstance(text, str) else None
-    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else None
 
 
 def _parse_retention(raw: Any, bad: Complain) -> int | None:

@@ -1,8 +1,10 @@
 """Cedar actions generated from the tool catalog, and the context each action sees.
 
 One action `tool:<name>` per tool. Its context is `{input, tenant, side_effect,
-request_id, run: {calls, tool_calls}}`, where `input` is typed from the tool's JSON
-Schema so that a policy reading a misspelt attribute fails validation at load time.
+request_id, run: {calls, tool_calls}, usage: {<meter>: Long, ...}}`, where `input` is
+typed from the tool's JSON Schema and `usage` has one attribute per meter of the tool
+(bundle/meters.py), so that a policy reading a misspelt attribute or another tool's
+meter fails validation at load time.
 
 JSON Schema -> Cedar mapping (anything else is left out of `context.input`, so a
 policy cannot read it and validation says so):
@@ -86,11 +88,18 @@ def input_type(tool: Tool) -> CedarType:
     return cedar_type(tool.input_schema) or ("Record", {})
 
 
-def context_type(tool_input: CedarType) -> CedarType:
-    """The context of a `tool:<name>` action, as declared and as sent to Cedar."""
+def context_type(tool_input: CedarType, meters: tuple[str, ...] = ()) -> CedarType:
+    """The context of a `tool:<name>` action, as declared and as sent to Cedar;
+    `meters`: the names of the tool's usage meters."""
     run = ("Record", {"calls": ("Long", True), "tool_calls": ("Long", True)})
+    usage = ("Record", {name: ("Long", True) for name in meters})
     return ("Record", {"input": (tool_input, True), "tenant": ("String", True), "side_effect": ("String", True),
-                       "request_id": ("String", True), "run": (run, True)})
+                       "request_id": ("String", True), "run": (run, True), "usage": (usage, True)})
+
+
+def tool_context_type(tool: Tool) -> CedarType:
+    """`context_type` of one tool."""
+    return context_type(input_type(tool), tuple(meter.name for meter in tool.meters))
 
 
 def action_declarations(tools: dict[str, Tool], principal_types: list[str]) -> str:
@@ -100,7 +109,7 @@ def action_declarations(tools: dict[str, Tool], principal_types: list[str]) -> s
             f"action {json.dumps('tool:' + tool.name)} appliesTo {{\n"
             f"  principal: [{', '.join(principal_types)}],\n"
             f"  resource: [{tool.resource_type}],\n"
-            f"  context: {render_type(context_type(input_type(tool)), '  ')}\n"
+            f"  context: {render_type(tool_context_type(tool), '  ')}\n"
             f"}};"
         )
     return "\n".join(out) + "\n"

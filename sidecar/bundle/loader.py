@@ -29,8 +29,7 @@ from sidecar.bundle.cedar_schema import (
     CedarType,
     action_declarations,
     approval_declarations,
-    context_type,
-    input_type,
+    tool_context_type,
 )
 from sidecar.bundle.context_reads import context_reads, narrowed
 from sidecar.bundle.entity_graph import UID, StaticGraph, references
@@ -346,7 +345,7 @@ def _slice(tool: Tool, by_action: dict[str | None, list[tuple[int, PolicyInfo]]]
     shadow = [i for i in applicable if i.shadow]
     return ToolSlice(
         tool=tool,
-        context_type=narrowed(context_type(input_type(tool)), context_reads(i.est for i in applicable)),
+        context_type=narrowed(tool_context_type(tool), context_reads(i.est for i in applicable)),
         enforcing=policy_set(enforcing) if enforcing else None,
         shadow=policy_set(applicable) if shadow else None,
         policy_reach=_reach(graph, applicable),

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sidecar.bundle.catalog import Tool
-from sidecar.bundle.cedar_schema import APPROVE_ACTION, CedarType, context_type, input_type
+from sidecar.bundle.cedar_schema import APPROVE_ACTION, CedarType, tool_context_type
 from sidecar.errors import Problem
 
 _ENTITY = re.compile(r"\bentity\s+([A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)"
@@ -51,7 +51,7 @@ class Names:
         if found := _CONTEXT_ATTRIBUTE.match(message):
             *path, name = found.group(1).split(".")
             tool = self.tools.get(found.group(2).removeprefix("tool:"))
-            record = _record_at(context_type(input_type(tool)), path) if tool is not None else None
+            record = _record_at(tool_context_type(tool), path) if tool is not None else None
             return did_you_mean(name, record or ())
         if found := _ENTITY_ATTRIBUTE.match(message):
             return did_you_mean(found.group(1).split(".")[-1], self.entity_attributes.get(found.group(2), ()))

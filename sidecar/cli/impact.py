@@ -26,7 +26,8 @@ from typing import Any
 
 from sidecar.audit.retention import RetentionError, unseal
 from sidecar.bundle import Bundle
-from sidecar.bundle.catalog import parse_duration, resolve_pointer
+from sidecar.bundle.catalog import resolve_pointer
+from sidecar.bundle.tool_fields import parse_duration
 from sidecar.display import SHOWN_PREFIX_CHARS, shown
 from sidecar.engine import RunCounts, decide
 from sidecar.errors import RequestError, ToolAuthzError

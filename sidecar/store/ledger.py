@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sidecar.usage import Charge
+
 if TYPE_CHECKING:
     from sidecar.audit.records import AuditEvent
     from sidecar.store.approvals import ApprovalRecord
@@ -47,6 +49,9 @@ class CallEntry:
     # Who asked for the call, as its listener proved them (AuditEvent.caller); "" on a
     # row recorded before callers were recorded, which no caller owns.
     caller: str = ""
+    # What the call charges to usage meters if it is allowed or waits for approval;
+    # stored beside the row, never read back into it.
+    charges: tuple[Charge, ...] = ()
 
     @property
     def decided(self) -> bool:
@@ -77,13 +82,25 @@ class CallOwner:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """What a new call's decision is made on from the ledger: its run's counts (calls
+    of the run and of its tool that hold a share of the run's budget) and the value of
+    each meter it charges (`CallEntry.charges`, in their order) before it."""
+
+    calls: int = 0
+    tool_calls: int = 0
+    usage: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Reservation:
     """Either the call was new (existing is None) and is now reserved, or it existed
-    already (existing set). `moved`: the run's counts changed since the decision was
-    made on them, and nothing was written; these are the counts as they are now."""
+    already (existing set). `moved`: the run's counts or the call's meters changed
+    since the decision was made on them, and nothing was written; this is how they
+    stand now."""
 
     existing: CallEntry | None
-    moved: tuple[int, int] | None = None
+    moved: Standing | None = None
 
 
 @dataclass(frozen=True)
@@ -110,15 +127,17 @@ class RecordedDecision:
 @dataclass(frozen=True)
 class ReserveCall:
     """Reserve `entry`'s call id, recording `decision` (None: undecided) if the call is
-    new. The decision is a value made by the caller before the transaction, on the run's
-    counts `counts` (calls, tool_calls; see `CallLedger.run_counts`): if the counts read
-    inside the transaction differ, nothing is written and the result says so
-    (`Reservation.moved`), for the caller to decide again. A decision therefore never
-    commits on counts that no longer hold, and storage never runs policy."""
+    new. The decision is a value made by the caller before the transaction, on the
+    ledger as it stood (`standing`: the run's counts and the call's meters; see
+    `CallLedger.standing`): if what is read inside the transaction differs, nothing is
+    written and the result says so (`Reservation.moved`), for the caller to decide
+    again. A decision therefore never commits on counts or meters that no longer hold,
+    and storage never runs policy. A decision that holds a share of the run's budget
+    also charges the entry's meters, in the same transaction."""
 
     entry: CallEntry
     decision: RecordedDecision | None = None
-    counts: tuple[int, int] | None = None
+    standing: Standing | None = None
 
 
 @dataclass(frozen=True)
@@ -187,15 +206,15 @@ class CallLedger(Protocol):
         gives each of its operations a StoreUnavailable of its own."""
 
     def reserve(self, entry: CallEntry, decision: RecordedDecision | None = None,
-                counts: tuple[int, int] | None = None) -> Reservation:
+                standing: Standing | None = None) -> Reservation:
         """Atomically: if (tenant, call_id) exists return it; else, if the run's counts
-        still equal `counts` (when given), insert the entry with `decision`, its approval
-        and its audit record, committed together or not at all. Reservations are
-        serialized (every write transaction appends to the one audit chain), so the
-        counts read in the transaction are those the commit leaves behind."""
+        and the entry's meters still stand as `standing` (when given), insert the entry
+        with `decision`, its charges, its approval and its audit record, committed
+        together or not at all. A reservation locks its call, its run and its meters, so
+        what it reads in the transaction is what the commit leaves behind."""
 
-    def run_counts(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
-        """Each entry's run's counts as they are now (one read, outside any write
+    def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        """How each entry's run and meters stand now (one read, outside any write
         transaction): what a decision is first made on."""
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...

@@ -17,7 +17,7 @@ from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery, check_page
 from sidecar.display import shown
 from sidecar.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
-from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.approvals import APPROVED, ApprovalRecord
 from sidecar.store.group_commit import GroupCommit, ItemFailed
 from sidecar.store.ledger import (
     AppendAudit,
@@ -29,9 +29,11 @@ from sidecar.store.ledger import (
     RecordOutcome,
     Reservation,
     ReserveCall,
+    Standing,
     only_result,
 )
 from sidecar.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit, iter_chains
+from sidecar.store.usage_rows import APPROVAL_HOLD_GRACE
 
 AUDIT_PAGE = 1000  # records per read while streaming: bounded memory, short reads
 
@@ -40,12 +42,17 @@ def reserve(tx: Transaction, op: ReserveCall) -> Reservation:
     existing = tx.get_call(op.entry.tenant, op.entry.call_id)
     if existing is not None:
         return Reservation(existing)
-    if op.counts is not None:
-        counts = tx.run_counts(op.entry)
-        if counts != op.counts:
-            return Reservation(None, moved=counts)
+    if op.standing is not None:
+        standing = Standing(*tx.run_counts(op.entry), tx.meter_values(op.entry))
+        if standing != op.standing:
+            return Reservation(None, moved=standing)
     decided = op.decision or RecordedDecision("", "", "")
     tx.insert_call(op.entry, decided)
+    if decided.uses_run_budget and op.entry.charges:
+        # An allowed call's charges hold for good; a pending approval's until it could
+        # no longer be granted (usage_rows.py).
+        hold = None if decided.approval is None else decided.approval.expires_at + APPROVAL_HOLD_GRACE
+        tx.insert_charges(op.entry, hold)
     if decided.approval is not None:
         tx.erase_expired_inputs(decided.approval.created_at)
         tx.create_approval(decided.approval)
@@ -99,6 +106,8 @@ def record_outcome(tx: Transaction, op: RecordOutcome) -> CallEntry | ItemFailed
     extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
     entry = replace(entry, outcome=op.status, outcome_at=op.now, extra=extra)
     tx.set_outcome(entry)
+    if op.status == "cancelled" and not entry.verified_jti:
+        tx.release_charges(entry)  # never ran, and now never can (`call_closed`)
     if op.audit is not None:
         tx.append_audit([op.audit(entry)])
     return entry
@@ -111,12 +120,14 @@ def call_key(tenant: str, call_id: str) -> str:
 
 def lock_keys(ops: Sequence[object]) -> list[str]:
     """What a batch of operations writes under (`Transaction.lock`): each call's key,
-    and for a reservation its run's, whose counts the reservation checks."""
+    and for a reservation its run's and its meters', whose values the reservation checks
+    and adds to."""
     keys = []
     for op in ops:
         if isinstance(op, ReserveCall):
             keys.append(call_key(op.entry.tenant, op.entry.call_id))
             keys.append(f"run\x00{op.entry.tenant}\x00{op.entry.request_id}")
+            keys.extend(f"meter\x00{op.entry.tenant}\x00{charge.lock_key}" for charge in op.entry.charges)
         elif isinstance(op, (ConsumeToken, RecordOutcome)):
             keys.append(call_key(op.tenant, op.call_id))
     return keys
@@ -156,20 +167,24 @@ class Ledger:
         with self._unit.transaction() as tx:
             tx.lock(lock_keys(ops))
             tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
-                          [op.entry for op in ops if isinstance(op, ReserveCall) and op.counts is not None])
+                          [op.entry for op in ops if isinstance(op, ReserveCall) and op.standing is not None])
             return [apply_op(tx, op) for op in ops]
 
     def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
         return self._writes.submit_many(list(ops))
 
     def reserve(self, entry: CallEntry, decision: RecordedDecision | None = None,
-                counts: tuple[int, int] | None = None) -> Reservation:
-        reservation: Reservation = only_result(self.apply([ReserveCall(entry, decision, counts)]))
+                standing: Standing | None = None) -> Reservation:
+        reservation: Reservation = only_result(self.apply([ReserveCall(entry, decision, standing)]))
         return reservation
 
-    def run_counts(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+    def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         with self._unit.reading() as reads:
-            return reads.run_counts_of(entries)
+            counts = reads.run_counts_of(entries)
+            metered = [entry for entry in entries if entry.charges]
+            values = iter(reads.meter_values_of(metered) if metered else [])
+        return [Standing(*run, next(values) if entry.charges else ())
+                for entry, run in zip(entries, counts, strict=True)]
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self._unit.reading() as reads:
@@ -224,6 +239,7 @@ class Approvals:
         with self._unit.transaction() as tx:
             won = tx.decide_approval(verdict)
             if won:
+                tx.settle_charges(approval_id, approved=status == APPROVED)
                 tx.notify_approval(approval_id)
             tx.erase_expired_inputs(now)
             if audit is not None:
@@ -311,6 +327,8 @@ class Store:
                 calls = tx.ended_calls(before, batch)
                 tx.lock([call_key(tenant, call_id) for tenant, call_id, _ in calls])
                 tx.delete_calls(calls)
+                if len(calls) < batch:
+                    tx.prune_charges(before)
             removed += len(calls)
             if len(calls) < batch:
                 return removed

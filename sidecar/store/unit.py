@@ -59,6 +59,13 @@ class Reads(Protocol):
     def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
         """`run_counts` of each entry, in one read."""
 
+    def meter_values(self, entry: CallEntry) -> tuple[int, ...]:
+        """The value of each meter entry charges (`CallEntry.charges`, in order) at
+        entry.created_at: the sum of the charges that count then (usage_rows.py)."""
+
+    def meter_values_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, ...]]:
+        """`meter_values` of each entry, in one read."""
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def list_approvals(self, *, tenant: str, status: str, group: str, now: float,
@@ -99,11 +106,24 @@ class Transaction(Reads, Protocol):
         cycle."""
 
     def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
-        """Reads at once the calls (tenant, call_id) and the run counts (of these
-        entries) the operations ahead will ask for, after `lock`: they are then answered
-        without a round trip each. A backend whose reads are cheap does nothing."""
+        """Reads at once the calls (tenant, call_id), and the run counts and meter
+        values (of these entries), the operations ahead will ask for, after `lock`:
+        they are then answered without a round trip each. A backend whose reads are
+        cheap does nothing."""
 
     def insert_call(self, entry: CallEntry, decided: RecordedDecision) -> None: ...
+
+    def insert_charges(self, entry: CallEntry, hold_until: float | None) -> None:
+        """entry's charges, counted until `hold_until` (None: for their whole window)."""
+
+    def settle_charges(self, approval_id: str, approved: bool) -> None:
+        """The held charges of an approval's call: kept for good, or given back."""
+
+    def release_charges(self, entry: CallEntry) -> None:
+        """Gives back the charges of entry's call (it will never run)."""
+
+    def prune_charges(self, before: float) -> None:
+        """Removes the charges whose window ended before `before`."""
 
     def consume_token(self, tenant: str, call_id: str, jti: str, now: float) -> bool:
         """Marks the token and the call as used; True when neither had been."""

@@ -12,6 +12,8 @@ from sidecar.audit.records import KINDS
 from sidecar.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUMNS
 from sidecar.store.deliveries import DELIVERY_TABLE
 from sidecar.store.deliveries import SCHEMA as DELIVERY_SCHEMA
+from sidecar.store.usage_rows import SCHEMA as USAGE_SCHEMA
+from sidecar.store.usage_rows import USAGE_TABLE
 
 # Taken by a migration (`pg_advisory_xact_lock`), so that two at once apply each step once.
 # Serving takes no lock over the whole database (`unit.py`).
@@ -20,7 +22,7 @@ MIGRATION_LOCK = 0x746F6F6C617574  # "toolaut"
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
 # The chains' heads: rows the serving role updates (under a row lock) as it appends.
 HEAD_TABLE = "audit_head"
-LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE, "retained_inputs")
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE, "retained_inputs", USAGE_TABLE)
 
 _V1_LEDGER = """
 CREATE TABLE calls (
@@ -178,6 +180,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (3, DELIVERY_SCHEMA),
     (4, _V4_CHAINS),
     (5, _V5_RETAINED),
+    # Usage meters: each call's charges (store/usage_rows.py).
+    (6, USAGE_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -56,7 +56,15 @@ from sidecar.store.audit_rows import (
 from sidecar.store.chains import ChainedAppends
 from sidecar.store.deliveries import DeliveryRows, DeliverySql
 from sidecar.store.ledger import CallEntry, RecordedDecision
-from sidecar.store.postgres.read_ahead import RUN_COUNTS_OF, ReadAhead, count_key, run_counts_params
+from sidecar.store.postgres.read_ahead import (
+    METER_VALUES_OF,
+    RUN_COUNTS_OF,
+    ReadAhead,
+    count_key,
+    meter_values_params,
+    run_counts_params,
+    usage_keys,
+)
 from sidecar.store.rows import (
     APPROVAL_COLUMNS,
     CALL_COLUMNS,
@@ -67,6 +75,7 @@ from sidecar.store.rows import (
     insert_call_sql,
 )
 from sidecar.store.unit import ApprovalVerdict
+from sidecar.store.usage_rows import UsageRows, UsageSql
 
 _INSERT_CALL = insert_call_sql("%s")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("%s")
@@ -95,11 +104,12 @@ CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when len
 log = logging.getLogger("toolauthz.store")
 
 
-class PgTransaction(ChainedAppends, DeliveryRows):
+class PgTransaction(ChainedAppends, DeliveryRows, UsageRows):
     """The backend's reads and writes on one connection (inside a transaction, or in
     autocommit for reads)."""
 
     _delivery_sql = DeliverySql.with_mark("%s")
+    _usage_sql = UsageSql.with_mark("%s")
 
     def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS,
                  pipeline: psycopg.Pipeline | None = None):
@@ -123,6 +133,9 @@ class PgTransaction(ChainedAppends, DeliveryRows):
         written = self._conn.execute(sql, params)
         self._sync()  # in pipeline mode, the count is known once the result came back
         return int(written.rowcount)
+
+    def _send(self, sql: str, params: Sequence[Any]) -> None:
+        self._conn.execute(sql, params)  # in pipeline mode: queued, its result checked at the commit
 
     def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._conn.execute(sql, params).fetchone()
@@ -151,12 +164,30 @@ class PgTransaction(ChainedAppends, DeliveryRows):
             return []
         return [(int(a), int(b)) for a, b in self._all(RUN_COUNTS_OF, run_counts_params(entries))]
 
+    def meter_values(self, entry: CallEntry) -> tuple[int, ...]:
+        keys = usage_keys([entry])
+        if all(key in self._known.usage for key in keys):
+            return tuple(self._known.usage[key] for key in keys)
+        return super().meter_values(entry)
+
+    def meter_values_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, ...]]:
+        keys = usage_keys(entries)
+        values = iter([int(v) for (v,) in self._all(METER_VALUES_OF, meter_values_params(keys))] if keys else [])
+        return [tuple(next(values) for _ in entry.charges) for entry in entries]
+
+    def insert_charges(self, entry: CallEntry, hold_until: float | None) -> None:
+        super().insert_charges(entry, hold_until)
+        self._known.charged(entry)
+
     def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
         calls = [key for key in dict.fromkeys(calls) if key not in self._known.calls]
         if calls:
             found = self._conn.execute(
                 f"SELECT {CALL_COLUMNS} FROM calls WHERE (tenant, call_id) IN "
                 "(SELECT * FROM unnest(%s::text[], %s::text[]))", ([t for t, _ in calls], [c for _, c in calls]))
+        metered = [key for key in dict.fromkeys(usage_keys(runs)) if key not in self._known.usage]
+        if metered:
+            values = self._conn.execute(METER_VALUES_OF, meter_values_params(metered))
         if runs:
             counts = self._conn.execute(RUN_COUNTS_OF, run_counts_params(runs))
         if calls:
@@ -167,6 +198,9 @@ class PgTransaction(ChainedAppends, DeliveryRows):
         if runs:
             for entry, (a, b) in zip(runs, counts.fetchall(), strict=True):
                 self._known.counts[count_key(entry)] = (int(a), int(b))
+        if metered:
+            for key, (value,) in zip(metered, values.fetchall(), strict=True):
+                self._known.usage[key] = int(value)
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._one(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = %s", (approval_id,))

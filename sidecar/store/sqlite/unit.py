@@ -59,6 +59,8 @@ from sidecar.store.sqlite.audit_sql import (
 from sidecar.store.sqlite.base import WriteLock, sync_log
 from sidecar.store.sqlite.ledger_sql import ADDED_COLUMNS, LEDGER_SCHEMA
 from sidecar.store.unit import ApprovalVerdict
+from sidecar.store.usage_rows import SCHEMA as USAGE_SCHEMA
+from sidecar.store.usage_rows import UsageRows, UsageSql
 
 SCHEMA_VERSION = 2  # 2: several audit chains (audit_sql.chains_migration)
 
@@ -76,11 +78,12 @@ _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' A
           "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
-class SqliteTransaction(ChainedAppends, DeliveryRows):
+class SqliteTransaction(ChainedAppends, DeliveryRows, UsageRows):
     """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
     transaction, in autocommit for reads)."""
 
     _delivery_sql = DeliverySql.with_mark("?")
+    _usage_sql = UsageSql.with_mark("?")
 
     def __init__(self, db: sqlite3.Connection, chains: int = DEFAULT_CHAINS):
         super().__init__(chains)
@@ -91,6 +94,9 @@ class SqliteTransaction(ChainedAppends, DeliveryRows):
 
     def _write(self, sql: str, params: Sequence[Any]) -> int:
         return int(self._db.execute(sql, params).rowcount)
+
+    def _send(self, sql: str, params: Sequence[Any]) -> None:
+        self._db.execute(sql, params)
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None:
         row = self._db.execute(f"SELECT {CALL_COLUMNS} FROM calls WHERE tenant = ? AND call_id = ?",
@@ -252,7 +258,7 @@ class SqliteUnit:
                 logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
                 for statement in chains_migration(logged):
                     conn.execute(statement)
-                for statement in _statements(LEDGER_SCHEMA + DELIVERY_SCHEMA + audit_schema()):
+                for statement in _statements(LEDGER_SCHEMA + DELIVERY_SCHEMA + USAGE_SCHEMA + audit_schema()):
                     conn.execute(statement)
                 for table, added in ADDED_COLUMNS.items():
                     present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
