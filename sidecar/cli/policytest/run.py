@@ -30,10 +30,16 @@ def run_case(bundle: Bundle, case: Case, index: int = 1) -> Result:
     entities = json.dumps(list(case.entities)).encode() if case.entities else b""
     ctx = TrustedContext(case.tenant, case.principal, "policytest", entities)
     call = ProposedCall(f"policytest-{index}", case.tool, case.input_json)
+    slice_ = bundle.tools.get(case.tool)
+    meters = {meter.name for meter in slice_.tool.meters} if slice_ is not None else set()
+    unknown = sorted(name for name, _ in case.usage if name not in meters)
+    if unknown:
+        return Result(case, None, f"`usage.{unknown[0]}`: tool `{case.tool}` has no meter `{unknown[0]}`",
+                      time.perf_counter() - start)
     try:
         ctx.check()
         call.check()
-        verdict = decide(bundle, ctx, call, run=case.run)
+        verdict = decide(bundle, ctx, call, run=case.run, usage=dict(case.usage))
     except RequestError as exc:
         return Result(case, None, str(exc), time.perf_counter() - start)
     approvals: tuple[ApprovalCheck, ...] = ()

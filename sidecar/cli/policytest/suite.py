@@ -20,11 +20,12 @@ from sidecar.cli.policytest.expect import Approver, Expect, parse_expect
 from sidecar.cli.policytest.yamlfile import SuiteFile, YamlMap, YamlSeq
 from sidecar.engine import RunCounts
 from sidecar.model import Decision, Principal, Verdict
+from sidecar.usage import CEILING
 
 # (required, optional) keys of each mapping
 SUITE_KEYS = ({"cases"}, {"description", "principals", "entities"})
 CASE_KEYS = ({"name", "tenant", "principal", "tool", "expect"},
-             {"input", "input_json", "entities", "run", "description"})
+             {"input", "input_json", "entities", "run", "usage", "description"})
 RUN_KEYS: tuple[set[str], set[str]] = (set(), {"calls", "tool_calls"})
 
 
@@ -40,6 +41,8 @@ class Case:
     entities: tuple[dict, ...]
     run: RunCounts
     expect: Expect
+    # The tool's usage meters' values before the call, by name (absent: 0).
+    usage: tuple[tuple[str, int], ...] = ()
 
     @property
     def title(self) -> str:
@@ -122,12 +125,21 @@ def _case(f: SuiteFile, suite: str, raw, line: int, principals: dict, entity_set
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 f.error(run.at(key), f"`run.{key}` of {what} must be a non-negative integer")
 
+    usage = raw.get("usage", YamlMap())
+    if not isinstance(usage, YamlMap):
+        f.error(raw.at("usage"), f"`usage` of {what} must map meter names to values")
+    else:
+        for key, value in usage.items():
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= CEILING:
+                f.error(usage.at(key), f"`usage.{key}` of {what} must be an integer from 0 to {CEILING}")
+
     expect = parse_expect(f, raw.get("expect"), raw.at("expect"), what, principals, entity_sets)
     if len(f.problems) > before or name is None or tenant is None or tool is None or principal is None \
             or expect is None:
         return None
     return Case(suite, name, line, tenant, principal, tool, input_json, tuple(entities),
-                RunCounts(run.get("calls", 0), run.get("tool_calls", 0)), expect)
+                RunCounts(run.get("calls", 0), run.get("tool_calls", 0)), expect,
+                tuple((str(k), v) for k, v in usage.items()) if isinstance(usage, YamlMap) else ())
 
 
 def _not_json(value):
