@@ -2,7 +2,8 @@
 replicas on one PostgreSQL database, reached through a TCP proxy on loopback that
 delays every chunk by a fixed time each way (`bench/delay_proxy.py`): a database on
 another host as far as round trips go. Authorize at `--concurrency` calls in flight
-spread over the replicas (one port, SO_REUSEPORT), their runs spread over `--tenants`
+spread over the replicas (one port, SO_REUSEPORT), or that many per replica with
+`--per-replica`, their runs spread over `--tenants`
 tenants. Reports decisions per second per replica count and delay, the scaling over one
 replica, and the lock wait: the mean number of the database's sessions waiting for a
 lock (pg_stat_activity sampled every 20 ms), and the share of server time they are.
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delays", default="0,0.5,1.5", help="one-way delays in ms, comma-separated")
     parser.add_argument("--replicas", default="1,2,4")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--per-replica", action="store_true",
+                        help="--concurrency calls in flight per replica (a fleet's load grows with it), "
+                             "not in all")
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--chains", type=int, default=16, help="audit_chains of the replicas")
     parser.add_argument("--duration", type=float, default=10.0)
@@ -93,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 base = None
                 for replicas in (int(r) for r in args.replicas.split(",")):
-                    row = _point(root, bundle, args.store, proxy.port, replicas, concurrency=args.concurrency,
+                    in_flight = args.concurrency * (replicas if args.per_replica else 1)
+                    row = _point(root, bundle, args.store, proxy.port, replicas, concurrency=in_flight,
                                  tenants=args.tenants, duration=args.duration, chains=args.chains)
                     row["delay_ms_each_way"] = delay_ms
+                    row["in_flight"] = in_flight
                     base = base or row["decisions_per_s"]
                     row["scaling"] = row["decisions_per_s"] / base if base else float("nan")
                     row["loadavg"] = os.getloadavg()[0]
                     rows.append(row)
-                    print(f"delay {delay_ms} ms each way, {replicas} replica(s): {row['decisions_per_s']:.0f}/s "
+                    print(f"delay {delay_ms} ms each way, {replicas} replica(s), {in_flight} in flight: "
+                          f"{row['decisions_per_s']:.0f}/s "
                           f"({row['scaling']:.2f}x), p50 {row.get('p50_ms', float('nan')):.1f} ms, lock-waiting "
                           f"sessions {row['lock_waiting_sessions']:.2f}, errors {row['errors']}, audit "
                           f"{'ok' if row['audit_ok'] else 'MISMATCH'}, load {row['loadavg']:.1f}", flush=True)
