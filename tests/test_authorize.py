@@ -363,7 +363,7 @@ def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, mon
         assert stub.Authorize(make_request(call_id=f"c{i}")).decision == pb.ALLOW
 
     def counts(entries):  # outside the transaction: as if read before the five were recorded
-        return [Standing(0, 0) for _ in entries]
+        return [Standing(0, 0, tuple(0 for _ in entry.charges)) for entry in entries]
 
     monkeypatch.setattr(sidecar.ledger, "standing", counts)
     sixth = stub.Authorize(make_request(call_id="c5"))

@@ -180,11 +180,7 @@ class Ledger:
 
     def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         with self._unit.reading() as reads:
-            counts = reads.run_counts_of(entries)
-            metered = [entry for entry in entries if entry.charges]
-            values = iter(reads.meter_values_of(metered) if metered else [])
-        return [Standing(*run, next(values) if entry.charges else ())
-                for entry, run in zip(entries, counts, strict=True)]
+            return reads.standing_of(entries)
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self._unit.reading() as reads:

@@ -22,7 +22,7 @@ from sidecar.audit.records import AuditEvent, AuditRecord
 from sidecar.audit.store import AuditQuery
 from sidecar.store.approvals import ApprovalRecord
 from sidecar.store.deliveries import Delivery
-from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.ledger import CallEntry, RecordedDecision, Standing
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class Reads(Protocol):
 
     def meter_values_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, ...]]:
         """`meter_values` of each entry, in one read."""
+
+    def standing_of(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        """Each entry's run counts and meter values together, in one round trip."""
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.store.ledger import CallEntry
+from sidecar.store.ledger import CallEntry, Standing
 from sidecar.usage import Charge
 
 USAGE_TABLE = "usage_charges"
@@ -96,6 +96,17 @@ class UsageRows:
 
     def meter_values_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, ...]]:
         return [self.meter_values(entry) for entry in entries]
+
+    def run_counts_of(self, entries: Sequence[CallEntry]) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def standing_of(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        """How each entry's run and meters stand (`Standing`): its run counts and meters."""
+        counts = self.run_counts_of(entries)
+        metered = [entry for entry in entries if entry.charges]
+        values = iter(self.meter_values_of(metered) if metered else [])
+        return [Standing(*run, next(values) if entry.charges else ())
+                for entry, run in zip(entries, counts, strict=True)]
 
     def insert_charges(self, entry: CallEntry, hold_until: float | None) -> None:
         for charge in entry.charges:

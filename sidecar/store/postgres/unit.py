@@ -55,7 +55,7 @@ from sidecar.store.audit_rows import (
 )
 from sidecar.store.chains import ChainedAppends
 from sidecar.store.deliveries import DeliveryRows, DeliverySql
-from sidecar.store.ledger import CallEntry, RecordedDecision
+from sidecar.store.ledger import CallEntry, RecordedDecision, Standing
 from sidecar.store.postgres.read_ahead import (
     METER_VALUES_OF,
     RUN_COUNTS_OF,
@@ -174,6 +174,17 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows):
         keys = usage_keys(entries)
         values = iter([int(v) for (v,) in self._all(METER_VALUES_OF, meter_values_params(keys))] if keys else [])
         return [tuple(next(values) for _ in entry.charges) for entry in entries]
+
+    def standing_of(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        if self._pipeline is not None or not any(entry.charges for entry in entries):
+            return super().standing_of(entries)
+        keys = usage_keys(entries)
+        with self._conn.pipeline():  # both reads sent together: one round trip
+            counts = self._conn.execute(RUN_COUNTS_OF, run_counts_params(entries))
+            found = self._conn.execute(METER_VALUES_OF, meter_values_params(keys))
+            runs, values = counts.fetchall(), iter([int(v) for (v,) in found.fetchall()])
+        return [Standing(int(a), int(b), tuple(next(values) for _ in entry.charges))
+                for entry, (a, b) in zip(entries, runs, strict=True)]
 
     def insert_charges(self, entry: CallEntry, hold_until: float | None) -> None:
         super().insert_charges(entry, hold_until)
