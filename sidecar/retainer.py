@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sidecar.audit.retention import RetainedCall, seal
@@ -33,13 +34,14 @@ class Retainer:
     _purge_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def retain(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, run: RunCounts,
-               policy_version: str) -> None:
+               policy_version: str, usage: Mapping[str, int] | None = None) -> None:
         tool: Tool = prepared.slice.tool
         if tool.retain_input_seconds is None:
             return
         now = self.clock.now()
         call = RetainedCall(ctx.tenant, call_id, tool.name, ctx.principal.type, ctx.principal.id, ctx.request_id,
-                            canonical_json(prepared.input), ctx.entities_json, run.calls, run.tool_calls)
+                            canonical_json(prepared.input), ctx.entities_json, run.calls, run.tool_calls,
+                            dict(usage or {}))
         sealed = seal(self.key, call)
         if sealed is None:
             metrics.RETAINED_INPUTS.labels("too_large").inc()

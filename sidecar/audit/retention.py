@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -48,6 +49,8 @@ class RetainedCall:
     entities_json: bytes  # the runtime's entities, as sent
     run_calls: int
     run_tool_calls: int
+    # The usage meters' values the decision saw, by name (a call kept before meters: {}).
+    usage: Mapping[str, int] = field(default_factory=dict)
 
 
 def _aad(tenant: str, call_id: str, tool: str) -> bytes:
@@ -60,7 +63,7 @@ def seal(key: bytes, call: RetainedCall) -> bytes | None:
     body = json.dumps({"principal": [call.principal_type, call.principal_id], "request_id": call.request_id,
                        "input": call.input_json.decode("utf-8", "surrogatepass"),
                        "entities": call.entities_json.decode("utf-8", "surrogatepass"),
-                       "run": [call.run_calls, call.run_tool_calls]}).encode()
+                       "run": [call.run_calls, call.run_tool_calls], "usage": dict(call.usage)}).encode()
     if len(body) + NONCE_BYTES + 16 > MAX_RETAINED_BYTES:
         return None
     nonce = os.urandom(NONCE_BYTES)
@@ -78,7 +81,8 @@ def unseal(key: bytes, tenant: str, call_id: str, tool: str, sealed: bytes) -> R
     (ptype, pid), (calls, tool_calls) = data["principal"], data["run"]
     return RetainedCall(tenant, call_id, tool, ptype, pid, data["request_id"],
                         data["input"].encode("utf-8", "surrogatepass"),
-                        data["entities"].encode("utf-8", "surrogatepass"), calls, tool_calls)
+                        data["entities"].encode("utf-8", "surrogatepass"), calls, tool_calls,
+                        {str(k): int(v) for k, v in data.get("usage", {}).items()})
 
 
 def load_retention_key(path: str | os.PathLike[str], *, create: bool = False) -> bytes:

@@ -94,7 +94,8 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
             token = None
         parts.count_shadow(bundle, verdict)
         if parts.retainer is not None:
-            parts.retainer.retain(ctx, call.call_id, prepared, _run_of(latest.counts), bundle.version)
+            parts.retainer.retain(ctx, call.call_id, prepared, _run_of(latest.counts), bundle.version,
+                                  _usage_of(prepared, latest.counts))
         approval = state.approval if verdict.decision is Decision.APPROVAL_REQUIRED else None
         return AuthorizeResult(verdict.decision, record.decision_id, bundle.version, verdict.reasons,
                                verdict.errors, prepared.digest, token, approval.approval_id if approval else "",

@@ -2,7 +2,8 @@
 served, before it is deployed.
 
 Every retained call (`audit.retain_input`, store/retained.py) is decided again, as the
-sidecar decides (engine.decide: the same input, entities, principal and run counts),
+sidecar decides (engine.decide: the same input, entities, principal, run counts and
+usage meter values),
 under the current bundle and under NEW. "Current" is the bundle the sidecar would load:
 `--base DIR`, by default the configured one (`bundle` of `--config`), verified as
 `serve` verifies it when `bundle_verification` is configured. A call changes when its
@@ -78,7 +79,7 @@ def redecide(bundle: Bundle, tenant: str, call_id: str, tool: str, body: Any) ->
                          body.entities_json)
     try:
         verdict = decide(bundle, ctx, ProposedCall(call_id, tool, body.input_json),
-                         RunCounts(body.run_calls, body.run_tool_calls))
+                         RunCounts(body.run_calls, body.run_tool_calls), body.usage)
     except RequestError:
         return Outcome(REFUSED, (), "")
     return Outcome(verdict.decision.value, verdict.reasons, verdict.approval_group)
