@@ -38,7 +38,7 @@ def test_authorize_rejects_a_malformed_principal(capsys):
 
 def test_check_ok_on_the_example_bundle(capsys):
     code, out, _ = run(capsys, "check", "policies")
-    assert code == 0 and out.startswith("ok: 3 tools, 6 policies")
+    assert code == 0 and out.startswith("ok: 3 tools, 7 policies")
 
 
 def test_keys_generate_list_activate(capsys, tmp_path):
