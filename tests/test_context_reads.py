@@ -12,7 +12,7 @@ import pytest
 
 import sidecar.engine as engine
 from sidecar.bundle import load_bundle
-from sidecar.bundle.cedar_schema import context_type, input_type
+from sidecar.bundle.cedar_schema import context_type, tool_context_type
 from sidecar.bundle.context_reads import context_reads, narrowed
 from sidecar.engine import RunCounts
 from sidecar.model import Principal, ProposedCall, TrustedContext
@@ -94,7 +94,8 @@ def test_a_slice_sends_what_its_policies_read_and_no_more(bundle):
     assert refund == ("Record", {
         "input": (("Record", {"amount_cents": ("Long", True), "reason": ("String", False)}), True),
         "tenant": ("String", True), "side_effect": ("String", True), "request_id": ("String", True),
-        "run": (("Record", {"tool_calls": ("Long", True)}), True)})
+        "run": (("Record", {"tool_calls": ("Long", True)}), True),
+        "usage": (("Record", {"refund_cents_24h": ("Long", True)}), True)})
     # lookup_order's own policy reads no context; the unscoped `blocked-run` does.
     assert bundle.tools["lookup_order"].context_type == ("Record", {"request_id": ("String", True)})
     # Only asked whether they are there: the record `run` is sent empty, a string whole.
@@ -107,7 +108,7 @@ MEASURE = b'{"prototype": "A", "metric": "runtime", "unit": "hours"}'
 
 
 def with_full_context(prepared: engine.PreparedCall) -> engine.PreparedCall:
-    whole = context_type(input_type(prepared.slice.tool))
+    whole = tool_context_type(prepared.slice.tool)
     return dataclasses.replace(prepared, slice=dataclasses.replace(prepared.slice, context_type=whole))
 
 
@@ -115,8 +116,8 @@ def test_a_narrowed_context_decides_as_the_whole_one(bundle):
     seen = set()
     cases = itertools.product(
         ["acme", "globex"], ["run-1", "run-blocked"], [1, 4000, 9000, 200000],
-        [None, "damaged", "fraud suspected"], [0, 1, 2, 3], ["alice", "bob"])
-    for tenant, request_id, amount, reason, tool_calls, principal in cases:
+        [None, "damaged", "fraud suspected"], [0, 1, 2, 3], ["alice", "bob"], [0, 499_999])
+    for tenant, request_id, amount, reason, tool_calls, principal, spent in cases:
         args = {"order_id": "ord_1", "amount_cents": amount, **({"reason": reason} if reason else {})}
         entities = [{"uid": {"type": "Order", "id": "ord_1"},
                      "attrs": {"owner": {"__entity": {"type": "User", "id": "alice"}}, "refundable_cents": 10_000},
@@ -125,14 +126,16 @@ def test_a_narrowed_context_decides_as_the_whole_one(bundle):
         prepared = engine.prepare(bundle, ctx, ProposedCall("c1", "issue_refund", json.dumps(args).encode()))
         ents = engine.request_entities(bundle, ctx, prepared, engine.supplied_entities(ctx.entities_json))
         run = RunCounts(tool_calls, tool_calls)
-        narrow = engine.evaluate(bundle, ctx, prepared, run, ents)
-        assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents)
+        usage = {"refund_cents_24h": spent}
+        narrow = engine.evaluate(bundle, ctx, prepared, run, ents, usage)
+        assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents, usage)
         seen.add((narrow.decision, narrow.reasons, "shadow" in narrow.detail))
         ctx = TrustedContext(tenant, Principal("User", principal), request_id)
         prepared = engine.prepare(bundle, ctx, ProposedCall("c2", "measure_runtime", MEASURE))
         ents = engine.request_entities(bundle, ctx, prepared, engine.supplied_entities(ctx.entities_json))
-        narrow = engine.evaluate(bundle, ctx, prepared, run, ents)
-        assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents)
+        usage = {"refund_cents_24h": spent}
+        narrow = engine.evaluate(bundle, ctx, prepared, run, ents, usage)
+        assert narrow == engine.evaluate(bundle, ctx, with_full_context(prepared), run, ents, usage)
         seen.add((narrow.decision, narrow.reasons, "shadow" in narrow.detail))
     # The cases reach every kind of answer, the shadow policy's disagreement included.
     decisions = {d for d, _, _ in seen}

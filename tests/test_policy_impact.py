@@ -271,20 +271,20 @@ def test_the_impact_bench_runs_and_counts_the_tightened_calls():
 
 
 def test_impact_decides_again_on_the_meter_values_the_call_saw(bundle_dir, tmp_path):
-    """A call allowed when 48,500 of the 50,000 daily budget were spent: a new bundle that
-    lowers the budget to 49,000 denies it on replay, which it could only know from the
+    """A call allowed when 498,500 of the 500,000 daily budget were spent: a new bundle
+    that lowers the budget to 499,000 denies it on replay, which it could only know from the
     meter value the call was decided on."""
     import shutil
 
     c = call(1)
     near = RetainedCall(c.tenant, c.call_id, c.tool, c.principal_type, c.principal_id, c.request_id,
                         json.dumps({"order_id": "ord_1", "amount_cents": 1500}).encode(), c.entities_json, 0, 0,
-                        {"refund_cents_24h": 48_500})
-    assert unseal(KEY, c.tenant, c.call_id, c.tool, seal(KEY, near)).usage == {"refund_cents_24h": 48_500}
+                        {"refund_cents_24h": 498_500})
+    assert unseal(KEY, c.tenant, c.call_id, c.tool, seal(KEY, near)).usage == {"refund_cents_24h": 498_500}
     new_dir = tmp_path / "lower-budget"
     shutil.copytree(bundle_dir, new_dir)
     refunds = new_dir / "refunds.cedar"
-    refunds.write_text(refunds.read_text().replace("> 50000 }", "> 49000 }"))
+    refunds.write_text(refunds.read_text().replace("> 500000 }", "> 499000 }"))
     base, new = load_bundle(bundle_dir), load_bundle(new_dir)
     before = redecide(base, near.tenant, near.call_id, near.tool, near)
     after = redecide(new, near.tenant, near.call_id, near.tool, near)
