@@ -13,7 +13,7 @@ import json
 
 import grpc
 import pytest
-from conftest import make_request
+from conftest import make_request, order_entity
 
 from sidecar.approvals import ApprovalDesk
 from sidecar.errors import ResourceExhaustedError, ToolAuthzError
@@ -44,7 +44,11 @@ def settings(settings):
 
 
 def pending_request(i: int) -> pb.AuthorizeRequest:
-    return make_request(args=LARGE, call_id=f"toolu_{i}", request_id=f"run-{i}")
+    """60.00 waiting for approval, by one of 20 customers (each refunding their own order):
+    a pending approval holds its share of the customer's daily refund budget."""
+    customer = f"customer{i % 20}"
+    return make_request(args=LARGE, call_id=f"toolu_{i}", request_id=f"run-{i}", principal=customer,
+                        entities=[order_entity("ord_1", customer)])
 
 
 async def open_pending(channel: grpc.aio.Channel, count: int) -> list[str]:
