@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NoReturn, Protocol
 
@@ -103,7 +104,8 @@ class ApprovalDesk:
         self._listeners: tuple[ChangeListener, ...] = ()
 
     def new_record(self, ctx: TrustedContext, call_id: str, prepared: PreparedCall, verdict: Verdict, *,
-                   decision_id: str, policy_version: str, fields: dict, run: RunCounts) -> ApprovalRecord:
+                   decision_id: str, policy_version: str, fields: dict, run: RunCounts,
+                   usage: Mapping[str, int] | None = None) -> ApprovalRecord:
         """The pending approval of a call, not yet stored: the call ledger stores it in the
         transaction that records the decision asking for it (and its audit record). It
         keeps what re-deciding the call needs (arguments, trusted entities, run counts)
@@ -122,7 +124,8 @@ class ApprovalDesk:
             policy_id=verdict.approval_policy, digest=prepared.digest, short_code=short_code(prepared.digest),
             decision_id=decision_id, policy_version=policy_version, created_at=now,
             expires_at=now + self.ttl_seconds, fields=fields, call_input=canonical_json(prepared.input),
-            call_entities=ctx.entities_json, run_calls=run.calls, run_tool_calls=run.tool_calls)
+            call_entities=ctx.entities_json, run_calls=run.calls, run_tool_calls=run.tool_calls,
+            usage=dict(usage or {}))
         return record
 
     def get(self, approval_id: str, owner: CallOwner | None = None) -> ApprovalRecord:
@@ -177,8 +180,7 @@ class ApprovalDesk:
         bundle = self.bundles.current
         if bundle.version != record.approved_version:
             call = ProposedCall(record.call_id, record.tool, canonical_json(prepared.input))
-            refusal = _refusal(_redecide(bundle, ctx, call, RunCounts(record.run_calls, record.run_tool_calls),
-                                         record.digest), record.group)
+            refusal = _refusal(_redecide(bundle, ctx, call, record), record.group)
             if refusal is not None:
                 return replace(replayed, refusal=refusal)
         return replace(replayed, token=self._issue(record, record.approver, bundle.version))
@@ -303,7 +305,7 @@ class ApprovalDesk:
         requester = TrustedContext(record.tenant, Principal(record.requester_type, record.requester_id),
                                    record.request_id, record.call_entities)
         call = ProposedCall(record.call_id, record.tool, record.call_input)
-        fresh = _redecide(bundle, requester, call, RunCounts(record.run_calls, record.run_tool_calls), record.digest)
+        fresh = _redecide(bundle, requester, call, record)
         return _refusal(fresh, record.group)
 
     def _end_as_changed(self, record: ApprovalRecord, refusal: ErrorDetail, now: float,
@@ -340,16 +342,19 @@ class ApprovalDesk:
             listener.changed(approval_id)
 
 
-def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, run: RunCounts, digest: str) -> Verdict:
-    """The call decided afresh by the engine under `bundle`: a DENY for anything that no
-    longer prepares (a tool gone, a schema narrowed, entities now refused) or no longer
-    has the digest the approval is bound to."""
+def _redecide(bundle: Bundle, requester: TrustedContext, call: ProposedCall, record: ApprovalRecord) -> Verdict:
+    """The call decided afresh by the engine under `bundle`, on the run counts and meter
+    values it was first decided on (its share of both is held while it waits): a DENY
+    for anything that no longer prepares (a tool gone, a schema narrowed, entities now
+    refused) or no longer has the digest the approval is bound to."""
+    run = RunCounts(record.run_calls, record.run_tool_calls)
     try:
         prepared = prepare(bundle, requester, call)
-        if prepared.digest != digest:
+        if prepared.digest != record.digest:
             return Verdict(Decision.DENY, errors=(ErrorDetail("digest_mismatch", "the call is not the one approved"),))
         supplied = supplied_entities(requester.entities_json)
-        return evaluate(bundle, requester, prepared, run, request_entities(bundle, requester, prepared, supplied))
+        return evaluate(bundle, requester, prepared, run, request_entities(bundle, requester, prepared, supplied),
+                        record.usage)
     except (InputError, RequestError) as exc:
         code = exc.code if isinstance(exc, InputError) else "invalid_request"
         return Verdict(Decision.DENY, errors=(ErrorDetail(code, "the call can no longer be prepared"),))

@@ -108,3 +108,9 @@ def labelled(fields: Mapping[str, Any], hints: Mapping[str, DisplayHint]) -> dic
         hint = hints.get(pointer)
         out[(hint.label if hint and hint.label else pointer)] = shown_value(fields[pointer], hint)
     return out
+
+
+def shown_usage(usage: Mapping[str, int], hints: Mapping[str, DisplayHint | None]) -> dict[str, str]:
+    """Usage meters' values as `{meter: shown value}`, in name order; `hints`: by meter, the
+    hint of the argument a sum meter adds (its amounts are shown alike)."""
+    return {name: shown_value(usage[name], hints.get(name)) for name in sorted(usage)}

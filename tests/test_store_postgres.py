@@ -188,11 +188,48 @@ def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrit
     assert "checkpoint_mismatch" in capsys.readouterr().out
 
 
+def undo_version_6(conn) -> None:
+    conn.execute("DROP TABLE usage_charges")
+    conn.execute("ALTER TABLE approvals DROP COLUMN usage_seen")
+
+
+def test_a_version_5_database_gains_usage_meters_and_keeps_its_approvals(postgres_url):
+    from sidecar.store.approvals import ApprovalRecord
+    from sidecar.store.ledger import CallEntry, RecordedDecision
+    from sidecar.usage import Charge
+
+    migrate(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 5 left it
+        undo_version_6(conn)
+        conn.execute("INSERT INTO approvals (approval_id, tenant, call_id, request_id, requester_type, requester_id, "
+                     "tool, resource, group_name, policy_id, digest, short_code, decision_id, policy_version, "
+                     "created_at, expires_at, fields, status) VALUES ('a-old', 'acme', 'c-old', 'r', 'User', "
+                     "'alice', 't', 'Tool::\"t\"', 'finance', 'p', 'd', 'code', 'dec', 'v', 1, 9e9, '{}', "
+                     "'pending')")
+        conn.execute("UPDATE toolauthz_schema SET version = 5")
+    assert migrate(postgres_url).before == 5
+    store = open_store(postgres_url)
+    try:
+        assert store.approvals.get("a-old").usage == {}
+        charge = Charge("spent", '["User::\\"alice\\""]', 700, 3600)
+        entry = CallEntry("acme", "c-new", "r", "t", "d", 'User::"alice"', 100.0, charges=(charge,))
+        store.ledger.reserve(entry, RecordedDecision("ALLOW", "dec-new", "v"))
+        record = ApprovalRecord("a-new", "acme", "c2", "r", "User", "alice", "t", 'Tool::"t"', "finance", "p", "d",
+                                "code", "dec2", "v", 100.0, 9e9, usage={"spent": 700})
+        store.approvals.create(record)
+        assert store.approvals.get("a-new").usage == {"spent": 700}
+        [standing] = store.ledger.standing([entry])
+        assert standing.usage == (700,)
+    finally:
+        store.close()
+
+
 def test_a_version_4_database_gains_retained_inputs_and_bundle_records(postgres_url):
     from sidecar.store.retained import RetainedInputs, RetainedRow
 
     migrate(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 4 left it
+        undo_version_6(conn)
         conn.execute("DROP TABLE retained_inputs")
         conn.execute("ALTER TABLE audit_record DROP CONSTRAINT audit_record_kind_check")
         conn.execute("ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check "

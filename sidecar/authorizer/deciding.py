@@ -140,7 +140,10 @@ def _recorded(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, draft: 
     approval = None
     if verdict.decision is Decision.APPROVAL_REQUIRED:
         if state.approval is None:
-            state.approval = _new_approval(parts, ctx, prepared, verdict, record, _run_of(draft.counts))
+            state.approval = _new_approval(parts, ctx, prepared, verdict, record, draft.counts)
+        else:  # decided again on counts or meters that moved: the same approval, on them
+            state.approval = replace(state.approval, run_calls=draft.counts.calls,
+                                     run_tool_calls=draft.counts.tool_calls, usage=_usage_of(prepared, draft.counts))
         approval = state.approval
     detail = dict(decided)
     if prepared.charges:  # what the meters stood at when this was decided
@@ -154,11 +157,12 @@ def _recorded(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, draft: 
 
 
 def _new_approval(parts: Parts, ctx: TrustedContext, prepared: PreparedCall, verdict: Verdict,
-                  record: CallRecord, run: RunCounts) -> ApprovalRecord:
+                  record: CallRecord, standing: Standing) -> ApprovalRecord:
     if parts.approvals is None:
         raise RuntimeError("a policy asks for approval but no approval desk is configured")
     return parts.approvals.new_record(ctx, record.call_id, prepared, verdict, decision_id=record.decision_id,
-                                      policy_version=record.policy_version, fields=dict(record.fields), run=run)
+                                      policy_version=record.policy_version, fields=dict(record.fields),
+                                      run=_run_of(standing), usage=_usage_of(prepared, standing))
 
 
 def _run_of(standing: Standing) -> RunCounts:

@@ -99,6 +99,15 @@ class Bundle:
         sliced = self.tools.get(tool)
         return sliced.tool.display if sliced is not None else {}
 
+    def usage_hints_of(self, tool: str) -> dict[str, DisplayHint | None]:
+        """By meter of the tool, the display hint of the argument it sums (None: a count,
+        or an argument without one), so that a meter of amounts reads like the amount."""
+        sliced = self.tools.get(tool)
+        if sliced is None:
+            return {}
+        display = sliced.tool.display
+        return {m.name: display.get(m.sum) if m.sum is not None else None for m in sliced.tool.meters}
+
 
 def load_bundle(directory: str | pathlib.Path) -> Bundle:
     """The bundle in `directory`, or BundleError naming every problem. If the files change

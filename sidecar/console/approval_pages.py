@@ -8,7 +8,7 @@ from starlette.responses import RedirectResponse, Response
 
 from sidecar.approvals import APPROVE, REJECT
 from sidecar.audit.store import AuditQuery
-from sidecar.console.approval_view import arguments, thresholds
+from sidecar.console.approval_view import arguments, thresholds, usage
 from sidecar.console.signin import Person
 from sidecar.console.visit import PageHost, Visit, signed_in
 from sidecar.display_hints import labelled
@@ -80,6 +80,7 @@ class ApprovalPages(PageHost):
             "a": record, "error": error, "now": self.deps.desk.clock.now(),
             "can_decide": record.status == PENDING and self.may_decide(person, record),
             "arguments": arguments(record, bundle), "thresholds": thresholds(record, bundle),
+            "usage": usage(record, bundle),
             "history": history}, status)
 
     async def decide(self, visit: Visit) -> Response:

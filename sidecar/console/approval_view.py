@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.bundle import Bundle
-from sidecar.display_hints import labelled, shown_value
+from sidecar.display_hints import labelled, shown_usage, shown_value
 from sidecar.store.approvals import ApprovalRecord
 
 _OPS = {"<": "<", "<=": "≤", ">": ">", ">=": "≥", "==": "=", "!=": "≠"}
@@ -36,6 +36,11 @@ class Threshold:
 def arguments(record: ApprovalRecord, bundle: Bundle) -> list[tuple[str, str]]:
     """The allow-listed arguments as (label, shown value)."""
     return list(labelled(record.fields, bundle.display_of(record.tool)).items())
+
+
+def usage(record: ApprovalRecord, bundle: Bundle) -> list[tuple[str, str]]:
+    """The usage meters the call was decided on, as (meter, shown value)."""
+    return list(shown_usage(record.usage, bundle.usage_hints_of(record.tool)).items())
 
 
 def thresholds(record: ApprovalRecord, bundle: Bundle) -> list[Threshold]:

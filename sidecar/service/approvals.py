@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 
 from sidecar.approvals import APPROVE, REJECT, ApprovalDesk
-from sidecar.display_hints import DisplayHint, labelled
+from sidecar.display_hints import DisplayHint, labelled, shown_usage
 from sidecar.errors import RequestError
 from sidecar.model import TrustedContext
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -30,8 +30,10 @@ _VERDICTS = {apb.APPROVE: APPROVE, apb.REJECT: REJECT}
 MAX_LIST = 1000
 
 
-def approval_message(r: ApprovalRecord, hints: Mapping[str, DisplayHint] | None = None) -> apb.Approval:
-    """The approval as the service shows it; `hints`: the tool's display hints."""
+def approval_message(r: ApprovalRecord, hints: Mapping[str, DisplayHint] | None = None,
+                     usage_hints: Mapping[str, DisplayHint | None] | None = None) -> apb.Approval:
+    """The approval as the service shows it; `hints`: the tool's display hints,
+    `usage_hints`: its meters' (`Bundle.usage_hints_of`)."""
     msg = apb.Approval(
         approval_id=r.approval_id, status=_STATUS[r.status], tenant=r.tenant,
         requester=pb.Principal(type=r.requester_type, id=r.requester_id), tool=r.tool, resource=r.resource,
@@ -39,7 +41,9 @@ def approval_message(r: ApprovalRecord, hints: Mapping[str, DisplayHint] | None 
         short_code=r.short_code, arguments_json=json.dumps(r.fields, sort_keys=True),
         created_at=timestamp(r.created_at), expires_at=timestamp(r.expires_at), reason=r.reason, token=r.token,
         shown_fields=[apb.ShownField(label=label, value=value)
-                      for label, value in labelled(r.fields, hints or {}).items()])
+                      for label, value in labelled(r.fields, hints or {}).items()],
+        usage=[apb.ShownField(label=name, value=value)
+               for name, value in shown_usage(r.usage, usage_hints or {}).items()])
     if r.decided_at is not None:
         msg.decided_at.CopyFrom(timestamp(r.decided_at))
     if r.approver:
@@ -61,8 +65,9 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         self._gate = gate
         self._loop_notifier: LoopNotifier | None = None
 
-    def _hints(self, record: ApprovalRecord) -> Mapping[str, DisplayHint]:
-        return self._desk.bundles.current.display_of(record.tool)
+    def _hints(self, record: ApprovalRecord) -> tuple[Mapping[str, DisplayHint], dict[str, DisplayHint | None]]:
+        bundle = self._desk.bundles.current
+        return bundle.display_of(record.tool), bundle.usage_hints_of(record.tool)
 
     @status_mapped
     def ListApprovals(self, request: apb.ListApprovalsRequest, context) -> apb.ListApprovalsResponse:
@@ -74,12 +79,12 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         records = [r for tenant in tenants
                    for r in self._desk.list(tenant=tenant, status=status, group=request.group, limit=limit)]
         records.sort(key=lambda r: r.approval_id, reverse=True)
-        return apb.ListApprovalsResponse(approvals=[approval_message(r, self._hints(r)) for r in records[:limit]])
+        return apb.ListApprovalsResponse(approvals=[approval_message(r, *self._hints(r)) for r in records[:limit]])
 
     @status_mapped
     def GetApproval(self, request: apb.GetApprovalRequest, context) -> apb.Approval:
         record = self._get(request, context, "GetApproval")
-        return approval_message(record, self._hints(record))
+        return approval_message(record, *self._hints(record))
 
     def _get(self, request: apb.GetApprovalRequest, context, rpc: Rpc) -> ApprovalRecord:
         viewer = _viewer(request)
@@ -98,7 +103,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         record = self._desk.decide(request.approval_id, approver, verdict, request.reason,
                                    caller=access.caller.id, id_token=request.id_token)
         approval_decided(record.status, grpc_transport(context.invocation_metadata()))
-        return approval_message(self._desk.hide_token(record), self._hints(record))
+        return approval_message(self._desk.hide_token(record), *self._hints(record))
 
     async def _admit_watch(self, request: apb.GetApprovalRequest, context) -> CallOwner | None:
         """WatchApproval's role, tenant and ownership checks (the approval is read, and a
@@ -128,7 +133,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
         try:
             async with contextlib.aclosing(records):
                 async for record in records:
-                    yield approval_message(record, self._hints(record))
+                    yield approval_message(record, *self._hints(record))
         finally:
             slot.release()
 

@@ -48,6 +48,9 @@ class ApprovalRecord:
     run_calls: int = 0
     run_tool_calls: int = 0
     approved_version: str = ""
+    # The usage meters' values the call was decided on, by name: shown to approvers, and
+    # what re-deciding it reads in `context.usage` (its share is held meanwhile).
+    usage: dict[str, int] = field(default_factory=dict)
 
     @property
     def requester(self) -> str:

@@ -19,7 +19,7 @@ APPROVAL_COLUMNS = (
     "approval_id, tenant, call_id, request_id, requester_type, requester_id, tool, resource, group_name, "
     "policy_id, digest, short_code, decision_id, policy_version, created_at, expires_at, fields, status, "
     "decided_at, approver, reason, token, token_jti, token_expires_at, call_input, call_entities, run_calls, "
-    "run_tool_calls, approved_version")
+    "run_tool_calls, approved_version, usage_seen")
 # The columns a new call's row is inserted with, in the order of `call_values`.
 CALL_INSERT_COLUMNS = ("tenant", "call_id", "request_id", "tool", "digest", "principal", "created_at", "decision",
                        "decision_id", "policy_version", "reasons", "errors", "approval_id", "caller")
@@ -58,8 +58,23 @@ def call_of(row: Sequence[Any]) -> CallEntry:
                      approval_id, verified_jti, verified_at, outcome, outcome_at, json.loads(extra), caller)
 
 
+def insert_approval_sql(mark: str) -> str:
+    """The INSERT of a new approval's row, with the backend's placeholder `mark`."""
+    return f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join([mark] * 30)})"
+
+
+def approval_values(r: ApprovalRecord) -> tuple[Any, ...]:
+    """A new approval's row, as `approval_of` reads it back."""
+    return (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
+            r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
+            r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
+            r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
+            r.run_calls, r.run_tool_calls, r.approved_version, json.dumps(r.usage, sort_keys=True))
+
+
 def approval_of(row: Sequence[Any]) -> ApprovalRecord:
     values = list(row)
     values[16] = json.loads(values[16])
     values[24], values[25] = bytes(values[24]), bytes(values[25])
+    values[29] = {str(k): int(v) for k, v in json.loads(values[29]).items()}
     return ApprovalRecord(*values)

@@ -180,8 +180,9 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (3, DELIVERY_SCHEMA),
     (4, _V4_CHAINS),
     (5, _V5_RETAINED),
-    # Usage meters: each call's charges (store/usage_rows.py).
-    (6, USAGE_SCHEMA),
+    # Usage meters: each call's charges (store/usage_rows.py), and the values an
+    # approval's call was decided on.
+    (6, USAGE_SCHEMA + "ALTER TABLE approvals ADD COLUMN usage_seen TEXT NOT NULL DEFAULT '{}';\n"),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

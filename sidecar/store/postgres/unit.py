@@ -69,15 +69,18 @@ from sidecar.store.rows import (
     APPROVAL_COLUMNS,
     CALL_COLUMNS,
     approval_of,
+    approval_values,
     call_of,
     call_values,
     consume_token_sql,
+    insert_approval_sql,
     insert_call_sql,
 )
 from sidecar.store.unit import ApprovalVerdict
 from sidecar.store.usage_rows import UsageRows, UsageSql
 
 _INSERT_CALL = insert_call_sql("%s")
+_INSERT_APPROVAL = insert_approval_sql("%s")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("%s")
 _AUDIT_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit_record"
 _AUDIT_INSERT = (f"INSERT INTO audit_record ({', '.join(COLUMNS)}) "
@@ -285,13 +288,7 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows):
             (entry.outcome, entry.outcome_at, json.dumps(entry.extra), entry.tenant, entry.call_id))
 
     def create_approval(self, r: ApprovalRecord) -> None:
-        self._conn.execute(
-            f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 29)})",
-            (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
-             r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
-             r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
-             r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
-             r.run_calls, r.run_tool_calls, r.approved_version))
+        self._conn.execute(_INSERT_APPROVAL, approval_values(r))
 
     def decide_approval(self, v: ApprovalVerdict) -> bool:
         decided = self._conn.execute(

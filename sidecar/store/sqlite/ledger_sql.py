@@ -59,7 +59,8 @@ CREATE TABLE IF NOT EXISTS approvals (
     call_entities BLOB NOT NULL DEFAULT x'',
     run_calls INTEGER NOT NULL DEFAULT 0,
     run_tool_calls INTEGER NOT NULL DEFAULT 0,
-    approved_version TEXT NOT NULL DEFAULT ''
+    approved_version TEXT NOT NULL DEFAULT '',
+    usage_seen TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, group_name);
 """
@@ -69,7 +70,7 @@ CREATE INDEX IF NOT EXISTS approvals_by_tenant ON approvals (tenant, status, gro
 ADDED_COLUMNS = {
     "approvals": {"call_input": "BLOB NOT NULL DEFAULT x''", "call_entities": "BLOB NOT NULL DEFAULT x''",
                   "run_calls": "INTEGER NOT NULL DEFAULT 0", "run_tool_calls": "INTEGER NOT NULL DEFAULT 0",
-                  "approved_version": "TEXT NOT NULL DEFAULT ''"},
+                  "approved_version": "TEXT NOT NULL DEFAULT ''", "usage_seen": "TEXT NOT NULL DEFAULT '{}'"},
     # A call recorded before its caller was has caller '': no caller owns it
     # (sidecar/store/ledger.py CallOwner), so it is proposed again under a new call id.
     "calls": {"caller": "TEXT NOT NULL DEFAULT ''"},

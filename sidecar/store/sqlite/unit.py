@@ -42,9 +42,11 @@ from sidecar.store.rows import (
     APPROVAL_COLUMNS,
     CALL_COLUMNS,
     approval_of,
+    approval_values,
     call_of,
     call_values,
     consume_token_sql,
+    insert_approval_sql,
     insert_call_sql,
 )
 from sidecar.store.rules import Store
@@ -65,6 +67,7 @@ from sidecar.store.usage_rows import UsageRows, UsageSql
 SCHEMA_VERSION = 2  # 2: several audit chains (audit_sql.chains_migration)
 
 _INSERT_CALL = insert_call_sql("?")
+_INSERT_APPROVAL = insert_approval_sql("?")
 _CONSUME_TOKEN, _MARK_VERIFIED = consume_token_sql("?")
 # A call's budget share is held while it is allowed, or its approval is pending (not yet
 # expired at the new call's time) or approved.
@@ -174,13 +177,7 @@ class SqliteTransaction(ChainedAppends, DeliveryRows, UsageRows):
                          (entry.outcome, entry.outcome_at, json.dumps(entry.extra), entry.tenant, entry.call_id))
 
     def create_approval(self, r: ApprovalRecord) -> None:
-        self._db.execute(
-            f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join('?' * 29)})",
-            (r.approval_id, r.tenant, r.call_id, r.request_id, r.requester_type, r.requester_id, r.tool,
-             r.resource, r.group, r.policy_id, r.digest, r.short_code, r.decision_id, r.policy_version,
-             r.created_at, r.expires_at, json.dumps(r.fields), r.status, r.decided_at, r.approver,
-             r.reason, r.token, r.token_jti, r.token_expires_at, r.call_input, r.call_entities,
-             r.run_calls, r.run_tool_calls, r.approved_version))
+        self._db.execute(_INSERT_APPROVAL, approval_values(r))
 
     def decide_approval(self, v: ApprovalVerdict) -> bool:
         return bool(self._db.execute(

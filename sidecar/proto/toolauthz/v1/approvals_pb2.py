@@ -26,29 +26,29 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sidecar.proto.toolauthz.v1 import authorizer_pb2 as toolauthz_dot_v1_dot_authorizer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolauthz/v1/approvals.proto\x12\x0ctoolauthz.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtoolauthz/v1/authorizer.proto\"\xec\x04\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolauthz.v1.ApprovalStatus\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12*\n\trequester\x18\x04 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x10\n\x08resource\x18\x06 \x01(\t\x12\r\n\x05group\x18\x07 \x01(\t\x12\x11\n\tpolicy_id\x18\x08 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0e\n\x06\x64igest\x18\x0b \x01(\t\x12\x12\n\nshort_code\x18\x0c \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\r \x01(\t\x12.\n\ncreated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ndecided_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08\x61pprover\x18\x11 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x0e\n\x06reason\x18\x12 \x01(\t\x12\r\n\x05token\x18\x13 \x01(\t\x12\x34\n\x10token_expires_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cshown_fields\x18\x15 \x03(\x0b\x32\x18.toolauthz.v1.ShownField\"*\n\nShownField\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"r\n\x14ListApprovalsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolauthz.v1.ApprovalStatus\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"B\n\x15ListApprovalsResponse\x12)\n\tapprovals\x18\x01 \x03(\x0b\x32\x16.toolauthz.v1.Approval\"X\n\x12GetApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12-\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\"\xa6\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12.\n\x08\x61pprover\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12&\n\x07verdict\x18\x03 \x01(\x0e\x32\x15.toolauthz.v1.Verdict\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08id_token\x18\x05 \x01(\t*g\n\x0e\x41pprovalStatus\x12\x1f\n\x1b\x41PPROVAL_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x0c\n\x08\x41PPROVED\x10\x02\x12\x0c\n\x08REJECTED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04*;\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41PPROVE\x10\x01\x12\n\n\x06REJECT\x10\x02\x32\xca\x02\n\tApprovals\x12X\n\rListApprovals\x12\".toolauthz.v1.ListApprovalsRequest\x1a#.toolauthz.v1.ListApprovalsResponse\x12G\n\x0bGetApproval\x12 .toolauthz.v1.GetApprovalRequest\x1a\x16.toolauthz.v1.Approval\x12M\n\x0e\x44\x65\x63ideApproval\x12#.toolauthz.v1.DecideApprovalRequest\x1a\x16.toolauthz.v1.Approval\x12K\n\rWatchApproval\x12 .toolauthz.v1.GetApprovalRequest\x1a\x16.toolauthz.v1.Approval0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolauthz/v1/approvals.proto\x12\x0ctoolauthz.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtoolauthz/v1/authorizer.proto\"\x95\x05\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolauthz.v1.ApprovalStatus\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12*\n\trequester\x18\x04 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x10\n\x08resource\x18\x06 \x01(\t\x12\r\n\x05group\x18\x07 \x01(\t\x12\x11\n\tpolicy_id\x18\x08 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0e\n\x06\x64igest\x18\x0b \x01(\t\x12\x12\n\nshort_code\x18\x0c \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\r \x01(\t\x12.\n\ncreated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ndecided_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08\x61pprover\x18\x11 \x01(\x0b\x32\x17.toolauthz.v1.Principal\x12\x0e\n\x06reason\x18\x12 \x01(\t\x12\r\n\x05token\x18\x13 \x01(\t\x12\x34\n\x10token_expires_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cshown_fields\x18\x15 \x03(\x0b\x32\x18.toolauthz.v1.ShownField\x12\'\n\x05usage\x18\x16 \x03(\x0b\x32\x18.toolauthz.v1.ShownField\"*\n\nShownField\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"r\n\x14ListApprovalsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolauthz.v1.ApprovalStatus\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\r\"B\n\x15ListApprovalsResponse\x12)\n\tapprovals\x18\x01 \x03(\x0b\x32\x16.toolauthz.v1.Approval\"X\n\x12GetApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12-\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\"\xa6\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12.\n\x08\x61pprover\x18\x02 \x01(\x0b\x32\x1c.toolauthz.v1.TrustedContext\x12&\n\x07verdict\x18\x03 \x01(\x0e\x32\x15.toolauthz.v1.Verdict\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08id_token\x18\x05 \x01(\t*g\n\x0e\x41pprovalStatus\x12\x1f\n\x1b\x41PPROVAL_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x0c\n\x08\x41PPROVED\x10\x02\x12\x0c\n\x08REJECTED\x10\x03\x12\x0b\n\x07\x45XPIRED\x10\x04*;\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x41PPROVE\x10\x01\x12\n\n\x06REJECT\x10\x02\x32\xca\x02\n\tApprovals\x12X\n\rListApprovals\x12\".toolauthz.v1.ListApprovalsRequest\x1a#.toolauthz.v1.ListApprovalsResponse\x12G\n\x0bGetApproval\x12 .toolauthz.v1.GetApprovalRequest\x1a\x16.toolauthz.v1.Approval\x12M\n\x0e\x44\x65\x63ideApproval\x12#.toolauthz.v1.DecideApprovalRequest\x1a\x16.toolauthz.v1.Approval\x12K\n\rWatchApproval\x12 .toolauthz.v1.GetApprovalRequest\x1a\x16.toolauthz.v1.Approval0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolauthz.v1.approvals_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPROVALSTATUS']._serialized_start=1220
-  _globals['_APPROVALSTATUS']._serialized_end=1323
-  _globals['_VERDICT']._serialized_start=1325
-  _globals['_VERDICT']._serialized_end=1384
+  _globals['_APPROVALSTATUS']._serialized_start=1261
+  _globals['_APPROVALSTATUS']._serialized_end=1364
+  _globals['_VERDICT']._serialized_start=1366
+  _globals['_VERDICT']._serialized_end=1425
   _globals['_APPROVAL']._serialized_start=111
-  _globals['_APPROVAL']._serialized_end=731
-  _globals['_SHOWNFIELD']._serialized_start=733
-  _globals['_SHOWNFIELD']._serialized_end=775
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=777
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=891
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=893
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=959
-  _globals['_GETAPPROVALREQUEST']._serialized_start=961
-  _globals['_GETAPPROVALREQUEST']._serialized_end=1049
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=1052
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=1218
-  _globals['_APPROVALS']._serialized_start=1387
-  _globals['_APPROVALS']._serialized_end=1717
+  _globals['_APPROVAL']._serialized_end=772
+  _globals['_SHOWNFIELD']._serialized_start=774
+  _globals['_SHOWNFIELD']._serialized_end=816
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=818
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=932
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=934
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=1000
+  _globals['_GETAPPROVALREQUEST']._serialized_start=1002
+  _globals['_GETAPPROVALREQUEST']._serialized_end=1090
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=1093
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=1259
+  _globals['_APPROVALS']._serialized_start=1428
+  _globals['_APPROVALS']._serialized_end=1758
 # @@protoc_insertion_point(module_scope)

@@ -34,7 +34,7 @@ APPROVE: Verdict
 REJECT: Verdict
 
 class Approval(_message.Message):
-    __slots__ = ("approval_id", "status", "tenant", "requester", "tool", "resource", "group", "policy_id", "call_id", "request_id", "digest", "short_code", "arguments_json", "created_at", "expires_at", "decided_at", "approver", "reason", "token", "token_expires_at", "shown_fields")
+    __slots__ = ("approval_id", "status", "tenant", "requester", "tool", "resource", "group", "policy_id", "call_id", "request_id", "digest", "short_code", "arguments_json", "created_at", "expires_at", "decided_at", "approver", "reason", "token", "token_expires_at", "shown_fields", "usage")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class Approval(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     SHOWN_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     status: ApprovalStatus
     tenant: str
@@ -77,7 +78,8 @@ class Approval(_message.Message):
     token: str
     token_expires_at: _timestamp_pb2.Timestamp
     shown_fields: _containers.RepeatedCompositeFieldContainer[ShownField]
-    def __init__(self, approval_id: _Optional[str] = ..., status: _Optional[_Union[ApprovalStatus, str]] = ..., tenant: _Optional[str] = ..., requester: _Optional[_Union[_authorizer_pb2.Principal, _Mapping]] = ..., tool: _Optional[str] = ..., resource: _Optional[str] = ..., group: _Optional[str] = ..., policy_id: _Optional[str] = ..., call_id: _Optional[str] = ..., request_id: _Optional[str] = ..., digest: _Optional[str] = ..., short_code: _Optional[str] = ..., arguments_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., approver: _Optional[_Union[_authorizer_pb2.Principal, _Mapping]] = ..., reason: _Optional[str] = ..., token: _Optional[str] = ..., token_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., shown_fields: _Optional[_Iterable[_Union[ShownField, _Mapping]]] = ...) -> None: ...
+    usage: _containers.RepeatedCompositeFieldContainer[ShownField]
+    def __init__(self, approval_id: _Optional[str] = ..., status: _Optional[_Union[ApprovalStatus, str]] = ..., tenant: _Optional[str] = ..., requester: _Optional[_Union[_authorizer_pb2.Principal, _Mapping]] = ..., tool: _Optional[str] = ..., resource: _Optional[str] = ..., group: _Optional[str] = ..., policy_id: _Optional[str] = ..., call_id: _Optional[str] = ..., request_id: _Optional[str] = ..., digest: _Optional[str] = ..., short_code: _Optional[str] = ..., arguments_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., approver: _Optional[_Union[_authorizer_pb2.Principal, _Mapping]] = ..., reason: _Optional[str] = ..., token: _Optional[str] = ..., token_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., shown_fields: _Optional[_Iterable[_Union[ShownField, _Mapping]]] = ..., usage: _Optional[_Iterable[_Union[ShownField, _Mapping]]] = ...) -> None: ...
 
 class ShownField(_message.Message):
     __slots__ = ("label", "value")
