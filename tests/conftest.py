@@ -147,6 +147,20 @@ def sidecar(settings, clock):
     car.close()
 
 
+def replicas_of(settings, clock, postgres_url: str, count: int):
+    """`count` sidecars in this process on one migrated PostgreSQL database (a fleet),
+    closed when the generator ends: a fixture's body."""
+    from sidecar.server.build import build_sidecar
+    from sidecar.store.postgres import migrate
+
+    migrate(postgres_url)
+    shared = settings.model_copy(update={"store": postgres_url})
+    cars = [build_sidecar(shared, clock=clock) for _ in range(count)]
+    yield cars
+    for car in cars:
+        car.close()
+
+
 @pytest.fixture
 def server(sidecar):
     from sidecar.server.build import create_server

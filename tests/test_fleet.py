@@ -8,13 +8,11 @@ import json
 import threading
 
 import pytest
-from conftest import order_entity
+from conftest import order_entity, replicas_of
 
 from sidecar.audit import verify_chain
 from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.server.build import build_sidecar
 from sidecar.store.ledger import CallOwner
-from sidecar.store.postgres import migrate
 
 SMALL = b'{"order_id": "ord_1", "amount_cents": 1500}'
 LARGE = b'{"order_id": "ord_1", "amount_cents": 6000}'
@@ -23,12 +21,7 @@ WAIT = 20.0
 
 @pytest.fixture
 def fleet(settings, clock, postgres_url):
-    migrate(postgres_url)
-    shared = settings.model_copy(update={"store": postgres_url})
-    cars = [build_sidecar(shared, clock=clock) for _ in range(2)]
-    yield cars
-    for car in cars:
-        car.close()
+    yield from replicas_of(settings, clock, postgres_url, 2)
 
 
 def context(principal: str = "alice", run: str = "run-1") -> TrustedContext:

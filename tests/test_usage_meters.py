@@ -8,14 +8,13 @@ import json
 import threading
 
 import pytest
+from conftest import replicas_of
 
 from sidecar.audit.store import AuditQuery
 from sidecar.bundle import load_bundle
 from sidecar.errors import BundleError
 from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.server.build import build_sidecar
 from sidecar.store.ledger import Standing
-from sidecar.store.postgres import migrate
 from sidecar.store.usage_rows import APPROVAL_HOLD_GRACE
 from sidecar.usage import CEILING
 
@@ -257,12 +256,7 @@ def test_a_meter_at_its_ceiling_saturates_and_denies(bundle_dir):
 
 @pytest.fixture
 def fleet(settings, clock, postgres_url):
-    migrate(postgres_url)
-    shared = settings.model_copy(update={"store": postgres_url})
-    cars = [build_sidecar(shared, clock=clock) for _ in range(3)]
-    yield cars
-    for car in cars:
-        car.close()
+    yield from replicas_of(settings, clock, postgres_url, 3)
 
 
 def all_at_once(fleet, principal: str, amounts: list[int], wave: int) -> list:

@@ -14,11 +14,11 @@ takes it over (`retake`), with the same event id, so a receiver can drop the dup
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.store.approvals import ApprovalRecord
+from sidecar.store.backend_rows import BackendRows
 from sidecar.store.rows import APPROVAL_COLUMNS, approval_of
 
 SENDING, RETRY, DELIVERED, SKIPPED, DEAD = "sending", "retry", "delivered", "skipped", "dead"
@@ -97,17 +97,11 @@ class DeliverySql:
         )
 
 
-class DeliveryRows:
+class DeliveryRows(BackendRows):
     """The deliveries' reads and writes over a backend's `_rows` and `_write` (a mixin of
     each backend's transaction, which sets `_delivery_sql`)."""
 
     _delivery_sql: DeliverySql
-
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def _write(self, sql: str, params: Sequence[Any]) -> int:
-        raise NotImplementedError
 
     def recent_approvals(self, since: float, limit: int) -> list[ApprovalRecord]:
         """Approvals created, decided or expiring at or after `since`, oldest first."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.store.backend_rows import BackendRows
 from sidecar.store.ledger import CallEntry, Standing
 from sidecar.usage import Charge
 
@@ -75,18 +76,11 @@ def value_params(tenant: str, charge: Charge, now: float) -> tuple[Any, ...]:
     return tenant, charge.meter, charge.key, now - charge.window, now
 
 
-class UsageRows:
+class UsageRows(BackendRows):
     """The charges' reads and writes over a backend's `_rows` and `_send` (a mixin of
     each backend's transaction, which sets `_usage_sql`)."""
 
     _usage_sql: UsageSql
-
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def _send(self, sql: str, params: Sequence[Any]) -> None:
-        """Runs a statement whose result is not needed (a backend may queue it)."""
-        raise NotImplementedError
 
     def meter_values(self, entry: CallEntry) -> tuple[int, ...]:
         """The value of each of entry's meters (`CallEntry.charges`) at entry.created_at:
