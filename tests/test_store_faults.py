@@ -145,7 +145,7 @@ def test_unreachable_database_means_unavailable_not_serving_then_recovery(settin
 
 def test_a_backend_terminated_mid_transaction_loses_and_duplicates_nothing(settings, clock, postgres_url,
                                                                           monkeypatch):
-    from sidecar.store.postgres.unit import PgTransaction
+    from sidecar.store.postgres.transaction import PgTransaction
 
     migrate(postgres_url)
     car = build_sidecar(settings.model_copy(update={"store": postgres_url}), clock=clock)
