@@ -31,7 +31,8 @@ def _forged_approval() -> apb.Approval:
         requester=pb.Principal(type="User", id='mallory"\nrequester User::"ceo"'),
         expires_at=Timestamp(seconds=1_800_000_000),
         arguments_json='{"note": "fine\\u202e\\u001b[8m", "ticket_id": "tkt_9\\"\\ncode ZZZZ-ZZZZ"}',
-        approver=pb.Principal(type="User", id="bob\u200b"), reason="ok\r\nreason: approved by ceo")
+        approver=pb.Principal(type="User", id="bob\u200b"), reason="ok\r\nreason: approved by ceo",
+        usage=[apb.ShownField(label="refund_cents_24h", value="15.00 EUR\ndecided by User::\"ceo\"")])
 
 
 class ScriptedApprovals(apb_grpc.ApprovalsServicer):
@@ -74,9 +75,10 @@ def test_no_field_can_forge_a_line_or_hide_the_screen(approvals_server: tuple[st
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out
     lines = out.splitlines()  # splits at every line boundary Python knows, U+2028 and \x1c too
-    # show: its 8 labelled lines; list: the header and one row
-    assert len(lines) == (8 if verb[0] == "show" else 2)
-    assert not any(line.startswith(("code ZZZZ", "requester User::\"ceo\"")) for line in lines)
+    # show: its 9 labelled lines; list: the header and one row
+    assert len(lines) == (9 if verb[0] == "show" else 2)
+    assert not any(line.startswith(("code ZZZZ", "requester User::\"ceo\"", "decided by User::\"ceo\""))
+                   for line in lines)
     assert 'Ticket::"tkt_9\\"\\ncode ZZZZ-ZZZZ\\nrequester User::\\"ceo\\"\\x1b[8m"' in out
     assert 'User::"mallory\\"\\nrequester User::\\"ceo\\""' in out
     assert "\\u202e" in out  # the arguments' reordering character, as its code
@@ -90,7 +92,8 @@ def test_a_decided_approval_shows_its_approver_and_reason_escaped(approvals_serv
     assert servicer.requests == ['DecideApproval ap_1 APPROVE acme User::"bob" fine']
     out = capsys.readouterr().out
     assert 'decided by User::"bob\\u200b"  ok\\r\\nreason: approved by ceo' in out
-    assert len(out.splitlines()) == 8
+    assert 'usage      refund_cents_24h: 15.00 EUR\\ndecided by User::"ceo"' in out  # one line
+    assert len(out.splitlines()) == 9
 
 
 def test_the_server_address_after_the_verb_and_from_the_environment(approvals_server: tuple[str, ScriptedApprovals],

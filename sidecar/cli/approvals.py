@@ -94,6 +94,9 @@ def describe(a: apb.Approval) -> str:
         f"group      {display(a.group)}  (policy {display(a.policy_id)})",
         f"expires    {a.expires_at.ToDatetime().isoformat()}Z",
     ]
+    if a.usage:  # the meters the call was decided on, before it
+        lines.append("usage      " + "; ".join(f"{display(f.label)}: {display(f.value, quotes=False)}"
+                                               for f in a.usage))
     if a.approver.id:
         lines.append(f"decided by {_shown_principal(a.approver)}  {display(a.reason)}")
     return "\n".join(lines)
