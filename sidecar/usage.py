@@ -16,6 +16,7 @@ from dataclasses import dataclass
 # overflows Cedar's 64-bit Long in `context.usage.m + context.input.amount`, nor any
 # store's integer sum; a decision that would take a meter past it is denied.
 CEILING = (1 << 53) - 1
+MAX_WINDOW_SECONDS = 90 * 86400  # the longest window a meter may have
 
 
 @dataclass(frozen=True)

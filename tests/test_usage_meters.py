@@ -324,3 +324,32 @@ def _entry_of(car, principal: str, now: float):
     prepared = prepare(car.bundles.current, ctx(principal), spend("probe", 0))
     return CallEntry("acme", "probe", "probe", "spend", prepared.digest, f'User::"{principal}"',
                      now, charges=prepared.charges[:1])
+
+
+@pytest.mark.both_stores
+def test_pruning_the_ledger_never_refunds_a_budget(sidecar, clock):
+    """`store prune` removes ended calls' rows; their charges stay until no window (at
+    most 90 days) could count them, and a pruned call id used again charges beside them."""
+    auth = sidecar.authorizer
+    first = auth.authorize(ctx(), spend("c1", 30_000))
+    assert auth.verify(first.token.token, ctx(), spend("c1", 30_000)).code == "ok"
+    auth.report_outcome(ctx(), "c1", "completed")
+    clock.advance(60)
+    assert sidecar.store.prune(clock.now()) == 1 and sidecar.ledger.get("acme", "c1") is None
+    again = auth.authorize(ctx(), spend("c1", 20_000))  # the id is new again: a new call
+    assert again.decision.value == "ALLOW" and not again.replayed
+    assert auth.authorize(ctx(), spend("c2", 1, "bcme")).decision.value == "DENY"  # 50,000 spent
+    clock.advance(86_400)  # both left the 24 h window; their rows are still there
+    assert auth.authorize(ctx(), spend("c3", BUDGET, "ccme")).decision.value == "ALLOW"
+    assert charge_rows(sidecar) == 3
+    sidecar.store.prune(clock.now() + 30 * 86_400)  # c1's charges could still be in a 90-day window
+    assert charge_rows(sidecar) == 3
+    sidecar.store.prune(clock.now() + 91 * 86_400)  # now every charge is older than any window
+    assert charge_rows(sidecar) == 0
+    clock.advance(91 * 86_400)
+    assert auth.authorize(ctx(), spend("c4", BUDGET, "dcme")).decision.value == "ALLOW"
+
+
+def charge_rows(car) -> int:
+    with car.store.unit.reading() as reads:
+        return int(reads._rows("SELECT count(*) FROM usage_charges WHERE meter = 'spent_24h'", ())[0][0])

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.bundle.tool_fields import parse_duration, pinned_key_problem, schema_at
-from sidecar.usage import CEILING
+from sidecar.usage import CEILING, MAX_WINDOW_SECONDS
 
 METER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 MAX_METERS = 8  # per tool: each is read and locked on every decision of the tool
-MAX_WINDOW_SECONDS = 90 * 86400
 # What a meter may be kept per, besides a pinned argument (a JSON pointer).
 SCOPES = ("principal", "resource", "tenant")
 _KEYS = {"sum", "count", "per", "window"}

@@ -7,8 +7,8 @@ a call waiting for approval's until its approval could no longer be granted
 (`APPROVAL_HOLD_GRACE` past its expiry: replicas' clocks differ, and an approval granted
 by a clock a little behind must not meet a budget already given back). An approval
 granted makes the hold permanent, one rejected or a call cancelled before it ran gives
-it back. Rows outlive the calls' own (`store prune`): only a charge whose window has
-passed is removed, so pruning never refunds a budget; and a call id pruned and used
+it back. Rows outlive the calls' own (`store prune`): only a charge older than any
+window can be is removed, so pruning never refunds a budget; and a call id pruned and used
 again charges beside its old charges (the key holds the time), never over them. Only
 a charge still on hold (a pending approval's) is ever settled by an approval.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.store.backend_rows import BackendRows
 from sidecar.store.ledger import CallEntry, Standing
-from sidecar.usage import Charge
+from sidecar.usage import MAX_WINDOW_SECONDS, Charge
 
 USAGE_TABLE = "usage_charges"
 APPROVAL_HOLD_GRACE = 60.0  # seconds a pending approval's charges outlast its expiry
@@ -68,7 +68,7 @@ class UsageSql:
             released_by_approval=(f"DELETE FROM {USAGE_TABLE} WHERE hold_until IS NOT NULL AND (tenant, call_id) IN "
                                   f"(SELECT tenant, call_id FROM approvals WHERE approval_id = {m})"),
             released=f"DELETE FROM {USAGE_TABLE} WHERE tenant = {m} AND call_id = {m} AND charged_at = {m}",
-            prune=f"DELETE FROM {USAGE_TABLE} WHERE charged_at + window_seconds < {m}",
+            prune=f"DELETE FROM {USAGE_TABLE} WHERE charged_at < {m}",
         )
 
 
@@ -117,5 +117,7 @@ class UsageRows(BackendRows):
         self._send(self._usage_sql.released, (entry.tenant, entry.call_id, entry.created_at))
 
     def prune_charges(self, before: float) -> None:
-        """The charges whose window ended before `before`: they count for nothing."""
-        self._send(self._usage_sql.prune, (before,))
+        """The charges no window could count after `before`: made more than the longest
+        window a meter may have before it. Not their own window: a reload may lengthen it,
+        and a charge pruned that the new window counts would refund the budget."""
+        self._send(self._usage_sql.prune, (before - MAX_WINDOW_SECONDS,))
