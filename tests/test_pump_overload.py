@@ -144,3 +144,32 @@ def test_a_short_queue_is_never_refused_however_slow_the_plans(sidecar, ticks):
         assert pump.shed == 1
     finally:
         pump.close()
+
+
+def test_a_request_whose_caller_has_gone_is_dropped_unplanned(sidecar, pump, ticks):
+    """A client whose deadline passed (or that went away) while its request waited in the
+    queue cancels the request: the batch that takes it spends no work on it."""
+    planned = []
+
+    def never_planned():
+        planned.append(True)
+        raise AssertionError("an abandoned request must not be planned")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, entered, release = held(ticks, 0.0)
+        task = asyncio.ensure_future(pump.answer(first))
+        await loop.run_in_executor(None, entered.wait, 30)
+        gone = asyncio.ensure_future(pump.answer(never_planned))
+        kept = asyncio.ensure_future(pump.answer(plan_for(sidecar, "kept")))
+        await asyncio.sleep(0)
+        gone.cancel()  # as grpc does when the call's deadline passes
+        await asyncio.sleep(0)
+        release.set()
+        await _settled(task)
+        [cancelled] = await asyncio.gather(gone, return_exceptions=True)
+        return await kept, cancelled
+
+    kept, gone = asyncio.run(main())
+    assert kept.decision == Decision.ALLOW and isinstance(gone, asyncio.CancelledError) and not planned
+    assert pump.abandoned == 1 and pump.shed == 1

@@ -30,8 +30,10 @@ took in the last batches) is refused at once with ResourceExhaustedError, before
 work is spent on it; one that has waited longer than twice that by the time a batch
 takes it (the estimate was wrong) is refused then, still undecided. Under overload the
 pump so keeps deciding what it accepts at near-quiet latency instead of queueing every
-call until its client has given up. Each refusal is counted (`metrics.SHED`) and handed
-to `on_shed`, where the refusals are audited in aggregate.
+call until its client has given up. Under load, a request whose caller went away (its
+deadline passed) while it waited is dropped when a batch takes it, unplanned.
+Each refusal is counted (`metrics.SHED`) and handed to `on_shed`, where the refusals
+are audited in aggregate.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
@@ -119,6 +121,7 @@ class DecisionPump:
         self._inlined = 0
         self._batches = 0
         self._answered = 0
+        self._gone = 0
         self._stages: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Stage] = weakref.WeakKeyDictionary()
         self.after_batch: Callable[[], None] | None = None  # the worker's status board (worker_status.py)
         self._thread = threading.Thread(target=self._run, name="decision-pump", daemon=True)
@@ -173,6 +176,11 @@ class DecisionPump:
     def answered(self) -> int:
         """Requests answered so far (a failed one included)."""
         return self._answered
+
+    @property
+    def abandoned(self) -> int:
+        """Requests dropped unplanned because their caller had gone when a batch took them."""
+        return self._gone
 
     @property
     def shed(self) -> int:
@@ -274,6 +282,7 @@ class DecisionPump:
                     batch.append(self._jobs.popleft())
                 self._busy = True
             began = self._clock()
+            batch, gone = self._abandoned(batch, plans)
             batch, late = self._late(batch, began)
             answers = self._safe_answers(batch) if batch else []
             ended = self._clock()
@@ -281,8 +290,9 @@ class DecisionPump:
                 self._busy = False
                 self._batches += 1
                 self._answered += len(batch) + len(late)
+                self._gone += len(gone)
                 self._queued_plans -= plans
-                decided = plans - sum(job.plans for job in late)
+                decided = plans - sum(job.plans for job in late) - sum(job.plans for job in gone)
                 if decided:
                     took = (ended - began) / decided
                     self._plan_seconds = took if not self._plan_seconds else \
@@ -290,6 +300,25 @@ class DecisionPump:
             self._deliver(late + batch, [_overloaded() for _ in late] + answers)
             if self.after_batch is not None:
                 self.after_batch()
+
+    def _abandoned(self, batch: list[_Job], plans: int) -> tuple[list[_Job], list[_Job]]:
+        """Under load (the queue bounded and over `min_queue` plans): the jobs whose caller
+        still waits, and those whose caller has gone since they were queued (its future
+        cancelled: the client's deadline passed or it went away), on which no work is
+        spent, counted as shed. Not under load: all of them, decided as any other (a call
+        abandoned then is still recorded, `client_gone`, and replayed on a retry). Read
+        from the pump's thread, `done()` may be a moment stale: a job cancelled meanwhile
+        is decided as before."""
+        if self._max_queue_seconds is None or plans <= self._min_queue:
+            return batch, []
+        waiting: list[_Job] = []
+        gone: list[_Job] = []
+        for job in batch:  # one read of each future: a job lands in exactly one list
+            (gone if job.future.done() else waiting).append(job)
+        if gone:
+            with self._cond:
+                self._refused(sum(job.plans for job in gone))
+        return waiting, gone
 
     def _late(self, batch: list[_Job], now: float) -> tuple[list[_Job], list[_Job]]:
         """The jobs to decide, and those that waited over twice the bound: refused."""
