@@ -42,7 +42,12 @@ class PreparedCall:
 
     @property
     def resource(self) -> str:
-        return f'{self.resource_type}::"{self.resource_id}"'
+        return resource_uid(self.resource_type, self.resource_id)
+
+
+def resource_uid(resource_type: str, resource_id: str) -> str:
+    """The resource's Cedar uid as the audit, approvals and meters name it."""
+    return f'{resource_type}::"{resource_id}"'
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,8 @@ def prepare(bundle: Bundle, ctx: TrustedContext, call: ProposedCall) -> Prepared
         rtype, rid = tool.resource_type, str(raw)
         if "\x00" in rid:  # every store keeps the resource as text, and PostgreSQL's holds no NUL
             raise InputError("invalid_input", f"input at `{tool.resource_pointer}` holds a NUL character")
-    resource = f'{rtype}::"{rid}"'
-    return PreparedCall(tool_slice, value, digested.digest, rtype, rid, charges_of(tool, ctx, value, resource))
+    return PreparedCall(tool_slice, value, digested.digest, rtype, rid,
+                        charges_of(tool, ctx, value, resource_uid(rtype, rid)))
 
 
 def evaluate(bundle: Bundle, ctx: TrustedContext, prepared: PreparedCall, run: RunCounts,

@@ -27,9 +27,7 @@ def charges_of(tool: Tool, ctx: TrustedContext, value: Any, resource: str) -> tu
     for meter in tool.meters:
         amount = 1
         if meter.sum is not None:
-            _found, raw = resolve_pointer(value, meter.sum)
-            if isinstance(raw, float) and raw.is_integer():  # `integer` accepts 7.0
-                raw = int(raw)
+            raw = _integral(resolve_pointer(value, meter.sum)[1])
             if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= CEILING:
                 raise InputError("invalid_input", f"input at `{meter.sum}` must be an integer from 0 to {CEILING}")
             amount = raw
@@ -45,14 +43,18 @@ def _key_part(part: str, ctx: TrustedContext, value: Any, resource: str) -> str 
         return resource
     if part == "tenant":
         return ctx.tenant
-    _found, raw = resolve_pointer(value, part)
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
+    raw = _integral(resolve_pointer(value, part)[1])
     if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) <= CEILING:
         return raw
     if isinstance(raw, str):
         return raw
     raise InputError("invalid_input", f"input at `{part}` cannot key a usage meter")
+
+
+def _integral(raw: Any) -> Any:
+    """A whole float as the int it stands for (`integer` accepts 7.0, which must charge
+    and key as 7 does); anything else as it is."""
+    return int(raw) if isinstance(raw, float) and raw.is_integer() else raw
 
 
 def usage_context(charges: tuple[Charge, ...], usage: Mapping[str, int]) -> dict[str, int]:
