@@ -135,7 +135,8 @@ def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    from sidecar.server.build import build_sidecar, create_listener_server, create_server, start_http
+    from sidecar.server import web
+    from sidecar.server.build import build_sidecar, create_listener_server, create_server
     from sidecar.server.config import Settings
     from sidecar.server.heap import keep_bundles_frozen
     from sidecar.server.listeners import planned_http_listeners, port_of
@@ -148,7 +149,7 @@ def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int
             server, port = create_server(car, f"{HOST}:{shared_port}", reuse_port=True)
         elif car.settings.listeners:  # the mTLS run: its one listener, as `toolauthz serve` serves it
             server, bound = create_listener_server(car, car.settings.listeners[0])
-            start_http(car, server, planned_http_listeners(car.settings), False)  # bench/hostile.py's target
+            web.start_http(car, server, planned_http_listeners(car.settings), False)  # bench/hostile.py's target
             port = port_of(bound)
         else:
             server, port = create_server(car, f"{HOST}:0")

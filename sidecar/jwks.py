@@ -35,24 +35,26 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from joserfc import jws, jwt
-from joserfc.errors import JoseError
-from joserfc.jwk import ECKey, Key, OKPKey, RSAKey, import_key
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.clock import Clock
 from sidecar.display import display, shown
 from sidecar.errors import ForbiddenError, KeyFileError
 
+if TYPE_CHECKING:
+    from joserfc.jwk import Key
+
+# joserfc is imported where a token or a key is read, not here: a sidecar with no
+# identity provider, no bundle signature and no MCP OAuth never loads it.
+
 log = logging.getLogger("toolauthz.jwks")
 
-# Each accepted algorithm and the key type (and EC curve) it must be verified with.
-KEY_FOR_ALGORITHM: Mapping[str, tuple[type[Key], str]] = {
-    "RS256": (RSAKey, ""), "RS384": (RSAKey, ""), "RS512": (RSAKey, ""),
-    "PS256": (RSAKey, ""), "PS384": (RSAKey, ""), "PS512": (RSAKey, ""),
-    "ES256": (ECKey, "P-256"), "ES384": (ECKey, "P-384"), "ES512": (ECKey, "P-521"),
-    "EdDSA": (OKPKey, ""),
+# Each accepted algorithm and the key type (`kty`, and EC curve) it must be verified with.
+KEY_FOR_ALGORITHM: Mapping[str, tuple[str, str]] = {
+    "RS256": ("RSA", ""), "RS384": ("RSA", ""), "RS512": ("RSA", ""),
+    "PS256": ("RSA", ""), "PS384": ("RSA", ""), "PS512": ("RSA", ""),
+    "ES256": ("EC", "P-256"), "ES384": ("EC", "P-384"), "ES512": ("EC", "P-521"),
+    "EdDSA": ("OKP", ""),
 }
 ASYMMETRIC_ALGORITHMS = tuple(KEY_FOR_ALGORITHM)
 MAX_JWT_BYTES = 16 * 1024
@@ -83,6 +85,9 @@ def public_keys(document: object, where: str) -> dict[str, Key]:
     `kid` and a repeated `kid` are refused (ValueError naming the problem): an HMAC secret
     must never verify a token, and a public key never be mistaken for one. Keys marked
     `"use": "enc"` are skipped: they sign nothing."""
+    from joserfc.errors import JoseError
+    from joserfc.jwk import import_key
+
     raw = document.get("keys") if isinstance(document, dict) else None
     if not isinstance(raw, list) or not raw:
         raise ValueError(f"{where} must hold a non-empty `keys` list")
@@ -300,6 +305,9 @@ class VerifiedJwt:
 def _header(token: str, algorithms: tuple[str, ...]) -> tuple[dict[str, Any], str, str]:
     if not token or len(token) > MAX_JWT_BYTES or not token.isascii() or token.count(".") != 2:
         raise JwtRefused("malformed")
+    from joserfc import jws
+    from joserfc.errors import JoseError
+
     try:
         header = dict(jws.extract_compact(token.encode("ascii")).headers())
     except (JoseError, ValueError, TypeError):
@@ -313,8 +321,11 @@ def _header(token: str, algorithms: tuple[str, ...]) -> tuple[dict[str, Any], st
 
 
 def _checked(token: str, header: dict[str, Any], alg: str, key: Key) -> VerifiedJwt:
+    from joserfc import jwt
+    from joserfc.errors import JoseError
+
     kind, curve = KEY_FOR_ALGORITHM[alg]
-    if not isinstance(key, kind) or (curve and key.get("crv") != curve) or key.get("alg", alg) != alg:
+    if key.key_type != kind or (curve and key.get("crv") != curve) or key.get("alg", alg) != alg:
         raise JwtRefused("the key of this `kid` does not fit the algorithm")
     try:
         claims = jwt.decode(token, key, algorithms=[alg]).claims

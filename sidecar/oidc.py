@@ -26,15 +26,15 @@ echoes the token, and whose `code` is what the audit trail records.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from joserfc.errors import ExpiredTokenError, InvalidClaimError, JoseError, MissingClaimError
-from joserfc.jwt import JWTClaimsRegistry
+from typing import TYPE_CHECKING, Any
 
 from sidecar.clock import Clock
 from sidecar.errors import ForbiddenError, KeyFileError
 from sidecar.jwks import ASYMMETRIC_ALGORITHMS, MAX_JWT_BYTES, JwtRefused, KeySource, verify_jwt
 from sidecar.model import PRINCIPAL_ID, Principal
+
+if TYPE_CHECKING:
+    from joserfc.errors import InvalidClaimError
 
 MAX_ID_TOKEN_BYTES = MAX_JWT_BYTES
 MAX_GROUPS = 256
@@ -127,6 +127,9 @@ class IdTokenVerifier:
         return ProvenPerson(Principal(s.principal_type, principal_id), _groups(claims.get(s.groups_claim, [])))
 
     def _check_claims(self, claims: dict[str, Any]) -> None:
+        from joserfc.errors import ExpiredTokenError, InvalidClaimError, JoseError, MissingClaimError
+        from joserfc.jwt import JWTClaimsRegistry
+
         s = self._settings
         registry = JWTClaimsRegistry(
             now=lambda: int(self._clock.now()), leeway=s.leeway_seconds,

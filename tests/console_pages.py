@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 from sidecar.authorizer import AuthorizeResult
 from sidecar.console import Console
 from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
-from sidecar.server.build import Sidecar, console_of
 from sidecar.server.config import ConsoleSettings
+from sidecar.server.sidecar import Sidecar
+from sidecar.server.web import console_of
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 LARGE = {"order_id": "ord_1", "amount_cents": 6000}

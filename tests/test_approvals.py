@@ -321,7 +321,7 @@ def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sideca
     would leave, when the record fails, a pending approval the audit trail never mentions."""
     import sqlite3
 
-    from sidecar.store.sqlite.unit import SqliteTransaction
+    from sidecar.store.sqlite.transaction import SqliteTransaction
 
     def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")

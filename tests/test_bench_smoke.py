@@ -157,3 +157,13 @@ def test_the_hostile_bench_reports_each_figure(tmp_path):
     assert [row["phase"] for row in results["under_fire"]] == ["quiet", "1 hostile senders"]
     assert all(row["samples"] > 0 and not row["errors"] for row in results["under_fire"])
     assert results["under_fire"][1]["hostile_refused_403"] > 0
+
+
+def test_the_memory_bench_reports_each_worker_ready_and_after_load(tmp_path):
+    from bench.memory import measure
+
+    out = measure(tmp_path, policies=10, workers=1, seconds=0.5)
+    assert out["calls"] > 0 and not out["errors"], out
+    assert len(out["ready"]) == len(out["after_load"]) == 1
+    for figures in (*out["ready"], *out["after_load"]):
+        assert 0 < figures["pss_mib"] <= figures["rss_mib"] <= figures["peak_rss_mib"], figures

@@ -238,3 +238,25 @@ def test_prune_removes_the_rows_of_ended_calls_in_batches_and_keeps_the_trail(st
     ledger.reserve(entry("done0"), allow("again"))
     assert ledger.consume("acme", "done0", "jti-0", 2.0) == "ok"
     assert store.prune(50.0) == 0
+
+
+
+def test_a_sqlite_transaction_reads_the_chains_heads_and_the_last_seq_in_one_statement(tmp_path):
+    """The audit append's read under the write lock is one statement, however many
+    records and chains a batch appends to; the records still chain and verify."""
+    from sidecar.audit.records import AuditEvent
+    from sidecar.audit.verify import verify_chain
+    from sidecar.store.ledger import AppendAudit
+    from sidecar.store.sqlite import SqliteStore
+
+    with SqliteStore(str(tmp_path / "heads.db"), chains=4) as store:
+        statements: list[str] = []
+        store.unit._conn().set_trace_callback(statements.append)  # the batch runs on this thread
+        events = [AuditEvent(kind="authorize", time=1.0, tenant=f"t{i}", call_id=f"c{i}", result="ALLOW")
+                  for i in range(12)]
+        store.ledger.apply([AppendAudit(event) for event in events])
+        reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "audit_" in s]
+        assert len(reads) == 1, reads
+        records = list(store.audit_log.iter_chains())
+        assert sorted(r.seq for r in records) == list(range(1, 13)) and len({r.chain for r in records}) > 1
+        assert verify_chain(records, [], [], heads=store.audit_log.heads()) == []

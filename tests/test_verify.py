@@ -160,7 +160,7 @@ def _code_of(stub, request):
 def _break_audit_inserts(monkeypatch, sidecar):
     """Every append to the audit trail fails as a full disk would, inside whatever
     transaction makes it."""
-    from sidecar.store.sqlite.unit import SqliteTransaction
+    from sidecar.store.sqlite.transaction import SqliteTransaction
 
     def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")

@@ -30,9 +30,6 @@ from typing import Any
 import rfc8785
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from joserfc import jws
-from joserfc.errors import JoseError
-from joserfc.jwk import OKPKey
 
 from sidecar.bounded_file import FileRefused, read_bounded
 from sidecar.errors import ToolAuthzError
@@ -98,6 +95,8 @@ def _hash(base: pathlib.Path, path: pathlib.Path, rel: str) -> str:
 
 def key_id(key: Ed25519PublicKey) -> str:
     """The default key id of a key: its RFC 7638 JWK thumbprint."""
+    from joserfc.jwk import OKPKey
+
     return OKPKey.import_key(key).thumbprint()
 
 
@@ -110,6 +109,9 @@ def sign_bundle(root: str | os.PathLike[str], key: Ed25519PrivateKey, kid: str, 
     payload: dict[str, Any] = {"files": [{"name": name, "algorithm": "SHA-256", "hash": digest}
                          for name, digest in bundle_files(root).items()],
                "revision": revision, "keyid": kid}
+    from joserfc import jws
+    from joserfc.jwk import OKPKey
+
     token = jws.serialize_compact({"alg": ALGORITHM, "kid": kid}, rfc8785.dumps(payload), OKPKey.import_key(key),
                                   algorithms=[ALGORITHM])
     return json.dumps({"signatures": [token]}, indent=2).encode() + b"\n"
@@ -139,6 +141,11 @@ def verify_signature(data: bytes, keys: Mapping[str, Ed25519PublicKey]) -> Signe
     signatures = document.get("signatures") if isinstance(document, dict) else None
     if not isinstance(signatures, list) or len(signatures) != 1 or not isinstance(signatures[0], str):
         raise SignatureError(f"`{SIGNATURE_FILE}` must hold `signatures`: a list of one JWS")
+    # Here, not at the top: a sidecar whose bundles are not signed never loads joserfc.
+    from joserfc import jws
+    from joserfc.errors import JoseError
+    from joserfc.jwk import OKPKey
+
     try:
         header = jws.extract_compact(signatures[0].encode("ascii")).headers()
     except (JoseError, ValueError, UnicodeError):

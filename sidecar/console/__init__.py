@@ -17,7 +17,7 @@ PostgreSQL notifies at once). Only the last on-demand chain verification shown i
 explorer is the answering worker's own.
 
 Layers: above the service layer (it uses its error table and loopback rules), below the
-server, which builds it from the settings (sidecar/server/build.py `console_of`).
+server, which builds it from the settings (sidecar/server/web.py `console_of`).
 """
 
 from sidecar.console.app import Console

@@ -1,2 +1,3 @@
-"""Serving: settings, the wiring of one sidecar (`build.py`), its decision pump, the
-bundle reloader, and the worker processes that share one port."""
+"""Serving: settings, the wiring of one sidecar (`build.py`, into `sidecar.py`), its web
+side when configured (`web.py`), its decision pump, the bundle reloader, and the worker
+processes that share one port."""

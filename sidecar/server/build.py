@@ -8,10 +8,7 @@ import logging
 import os
 import pathlib
 import shlex
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import _async as aio_health
@@ -23,11 +20,7 @@ from sidecar.audit.retention import load_retention_key
 from sidecar.authorizer import Authorizer
 from sidecar.bundle import Bundle, BundleHolder
 from sidecar.clock import Clock, SystemClock
-from sidecar.console import Console, ConsoleDeps
-from sidecar.console.session import Sessions, load_or_create_secret
-from sidecar.console.signin import Authenticator, DevSignIn, OidcSignIn, ProxySignIn
-from sidecar.errors import KeyFileError, StoreUnavailable, ToolAuthzError
-from sidecar.notify import Notifier
+from sidecar.errors import KeyFileError, StoreUnavailable
 from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
 from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -37,128 +30,34 @@ from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from sidecar.retainer import Retainer
 from sidecar.server.config import SERVICES, ListenerSettings, Settings
 from sidecar.server.listeners import (
-    TcpAddress,
-    bind_http_socket,
     check_listener,
-    http_ssl_context,
     open_listener,
-    parse_address,
     planned_http_listeners,
     port_of,
-    split_listen,
     transport_of,
 )
-from sidecar.server.notifications import dead_letters_of, notifier_of
+from sidecar.server.notifications import notifier_of
 from sidecar.server.pump import DecisionPump
 from sidecar.server.reload import BundleReloader, load_bundle_snapshot
 from sidecar.server.roles import id_token_verifier, role_policy
-from sidecar.server.worker_status import StatusBoard
+from sidecar.server.sidecar import Sidecar
 from sidecar.service.access import CallerResolver, Gate
 from sidecar.service.approvals import ApprovalsService
 from sidecar.service.audit import AuditService
 from sidecar.service.authorizer import ToolAuthorizerService
 from sidecar.service.callers import TransportRegistration, caller_of
 from sidecar.service.common import TolerantRegistration
-from sidecar.service.http_api import HttpApi, HttpListener, any_host, host_rule
-from sidecar.service.loopback import is_loopback_host
 from sidecar.service.running import AioServer
-from sidecar.service.status import PolicyStatus, PumpStatus, SidecarStatus, WorkerStatus, aggregate
 from sidecar.service.watching import WatchLimits
-from sidecar.store import Store
 from sidecar.store.audit_writer import AuditWriter, Checkpointer
 from sidecar.store.open import open_store
 from sidecar.store.retained import RetainedInputs
-from sidecar.store.rules import Approvals, AuditLogOf, Ledger
 from sidecar.telemetry import metrics
 from sidecar.tokens import TokenIssuer, TokenVerifier
-from sidecar.tokens.keyring import MANIFEST, KeyRing, load_keyring
+from sidecar.tokens.keyring import MANIFEST, load_keyring
 from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 log = logging.getLogger("toolauthz.server")
-
-
-@dataclass
-class Sidecar:
-    settings: Settings
-    bundles: BundleHolder
-    store: Store
-    ledger: Ledger
-    audit_log: AuditLogOf
-    audit_writer: AuditWriter
-    checkpointer: Checkpointer
-    keyring: KeyRing
-    audit_key: SigningKey
-    authorizer: Authorizer
-    approvals: ApprovalDesk
-    approval_store: Approvals
-    pump: DecisionPump
-    reloader: BundleReloader
-    watches: WatchLimits
-    gate: Gate  # every handler's check of its caller's roles and tenants
-    notifier: Notifier | None = None  # approval notifications (`notifications:`), started by the server
-    closed: bool = False
-    started_at: float = field(default_factory=time.time)
-    worker_index: int = 0
-    # With several workers: every worker's status, through the run directory.
-    board: StatusBoard | None = None
-    _sampler: threading.Thread | None = None
-    _sampling_stop: threading.Event = field(default_factory=threading.Event)
-
-    def worker_status(self) -> WorkerStatus:
-        bundle = self.bundles.current
-        policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
-                              reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
-                              shadow_effects=self.authorizer.shadow_effects())
-        pump = PumpStatus(answered=self.pump.answered, batches=self.pump.batches, waiting=self.pump.waiting)
-        return WorkerStatus(self.worker_index, os.getpid(), policy, pump)
-
-    def status(self) -> SidecarStatus:
-        workers = self.board.read_all() if self.board is not None else [self.worker_status()]
-        return aggregate(workers, answered_by=os.getpid())
-
-    def share_status(self, directory: pathlib.Path, index: int) -> None:
-        """Publish this worker's status in `directory` and answer GetStatus for every
-        worker that does (sidecar/server/worker_status.py)."""
-        self.worker_index = index
-        self.board = StatusBoard(directory, self.worker_status).start()
-        self.pump.after_batch = self.board.changed
-        self.reloader.after_attempt = self.board.changed
-
-    def sample_metrics(self, interval: float = 5.0) -> None:
-        """Keep the gauges the store knows (approvals pending) current for the scrapes."""
-        def run() -> None:
-            while True:
-                try:
-                    metrics.APPROVALS_PENDING.set(self.approval_store.count_pending(time.time()))
-                except StoreUnavailable as exc:
-                    log.warning("cannot count pending approvals: %s", exc)
-                if self._sampling_stop.wait(interval):
-                    return
-
-        self._sampler = threading.Thread(target=run, name="metrics-sampler", daemon=True)
-        self._sampler.start()
-
-    def close(self) -> None:
-        """Drains the audit writer, signs a final checkpoint and closes the stores; a
-        second call does nothing."""
-        if self.closed:
-            return
-        self.closed = True
-        self._sampling_stop.set()
-        if self._sampler is not None:
-            self._sampler.join()
-        self.reloader.close()
-        if self.notifier is not None:
-            self.notifier.close()
-        self.pump.close()
-        if self.board is not None:
-            self.board.close()
-        self.gate.refusals.close()  # the refusals still counted, written before the writer drains
-        self.audit_writer.close()
-        if self.authorizer.retainer is not None:
-            self.authorizer.retainer.store.close()
-        self.checkpointer.close()  # signs a final checkpoint of everything written
-        self.store.close()
 
 
 def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: CallerResolver = caller_of) -> Sidecar:
@@ -277,85 +176,23 @@ def create_server(sidecar: Sidecar, address: str | None = None, *, approvals_add
     server, bound = create_listener_server(sidecar, ListenerSettings(address=address or settings.listen,
                                                                      services=services), reuse_port=reuse_port)
     try:
-        start_http(sidecar, server, planned_http_listeners(settings), reuse_port)
-        start_console(sidecar, server, reuse_port)
+        start_web(sidecar, server, reuse_port)
     except BaseException:
         server.stop(None)
         raise
     return server, port_of(bound)
 
 
-def start_http(sidecar: Sidecar, server: AioServer, listeners: tuple[ListenerSettings, ...],
-               reuse_port: bool) -> tuple[str, ...]:
-    """The HTTP/JSON API on each of `listeners`, on a gRPC server's loop, handing its work
-    to the same pump; they stop with that server (Unix socket files removed then). Returns
-    the addresses served (port 0 resolved); the first TCP one's port is `server.http_port`."""
-    if not listeners:
-        return ()
-    settings = sidecar.settings
-    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate,
-                  max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs,
-                  batch_limits=settings.batch.limits())
-    served = tuple(_serve_http(server, api, listener, reuse_port) for listener in listeners)
-    server.http_port = next((port_of(address) for address in served if port_of(address)), None)
-    return served
+def start_web(sidecar: Sidecar, server: AioServer, reuse_port: bool) -> tuple[tuple[str, ...], str]:
+    """The HTTP/JSON API's listeners and the console, when configured, on `server`'s loop
+    (`sidecar/server/web.py`); returns their addresses as served. Their libraries
+    (Starlette, uvicorn, Jinja2) are loaded only by a sidecar that serves them."""
+    listeners = planned_http_listeners(sidecar.settings)
+    if not listeners and not sidecar.settings.console_listen:
+        return (), ""
+    from sidecar.server import web
 
-
-def _serve_http(server: AioServer, api: HttpApi, listener: ListenerSettings, reuse_port: bool) -> str:
-    """Serves `api` on `listener`; returns the address served (port 0 resolved)."""
-    address = parse_address(listener.address)
-    tcp = isinstance(address, TcpAddress)
-    tls = http_ssl_context(listener.tls) if listener.tls is not None else None
-    sock, remove = bind_http_socket(listener, reuse_port and tcp)
-    server.after_stop(remove)
-    answers_host = host_rule(plaintext=tcp and tls is None,
-                             loopback=isinstance(address, TcpAddress) and address.loopback)
-    serving = server.run(lambda: HttpListener.start(api.app, sock, transport=transport_of(listener),
-                                                    answers_host=answers_host, tls=tls))
-    server.add_companion(serving.stop)
-    return f"{address.host}:{serving.port}" if isinstance(address, TcpAddress) else str(address)
-
-
-def console_of(sidecar: Sidecar) -> Console:
-    """The browser console of `console_listen` over this sidecar's desk and audit log,
-    with the authenticator `console.sign_in` names."""
-    settings = sidecar.settings
-    c = settings.console
-    loopback = is_loopback_host(split_listen(settings.console_listen)[0].strip("[]"))
-    authenticator: Authenticator
-    if c.sign_in == "proxy" and c.proxy is not None:
-        p = c.proxy
-        authenticator = ProxySignIn(p.trusted, user_header=p.user_header, groups_header=p.groups_header,
-                                    tenant_header=p.tenant_header, principal_type=p.principal_type, tenant=p.tenant)
-    elif c.sign_in == "oidc" and c.oidc is not None and sidecar.approvals.id_tokens is not None:
-        authenticator = OidcSignIn(sidecar.approvals.proof.prove_person, c.oidc.tenant)
-    elif c.sign_in == "dev":
-        authenticator = DevSignIn(loopback=loopback)
-    else:
-        raise ToolAuthzError(f"console.sign_in `{c.sign_in}` is not configured completely")
-    deps = ConsoleDeps(sidecar.approvals, sidecar.audit_log, sidecar.audit_key.public_key, sidecar.status,
-                       dead_letters=dead_letters_of(sidecar.store, settings.notifications))
-    sessions = Sessions(load_or_create_secret(pathlib.Path(settings.data_dir)), c.session_seconds)
-    return Console(deps, authenticator, sessions, auditor_groups=c.auditor_groups, loopback=loopback)
-
-
-def start_console(sidecar: Sidecar, server: AioServer, reuse_port: bool) -> str:
-    """The console on `console_listen`, on a gRPC server's loop (as the HTTP API is), so a
-    decision made there pokes the same desk's watchers; stopped with that server. Returns
-    the address served (port 0 resolved; `server.console_port`), or "" when it is off."""
-    address = sidecar.settings.console_listen
-    if not address:
-        return ""
-    console = console_of(sidecar)
-    # Plaintext off loopback is allowed: the console then sits behind the reverse proxy
-    # that terminates TLS (and, with `proxy` sign-in, authenticates people).
-    listener = ListenerSettings(address=address, insecure=True)
-    sock, _remove = bind_http_socket(listener, reuse_port)
-    serving = server.run(lambda: HttpListener.start(console.app, sock, transport=transport_of(listener),
-                                                    answers_host=any_host))
-    server.add_companion(serving.stop)
-    server.console_port = serving.port
-    return f"{split_listen(address)[0]}:{serving.port}"
+    return web.start_http(sidecar, server, listeners, reuse_port), web.start_console(sidecar, server, reuse_port)
 
 
 def create_approvals_server(sidecar: Sidecar, address: str | None = None) -> tuple[AioServer, int]:

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sidecar.server.build import Sidecar, create_listener_server, start_console, start_http
+from sidecar.server.build import create_listener_server, start_web
 from sidecar.server.config import ListenerSettings
-from sidecar.server.listeners import planned_http_listeners
+from sidecar.server.sidecar import Sidecar
 from sidecar.service.running import AioServer
 
 log = logging.getLogger("toolauthz.workers")
@@ -45,8 +45,7 @@ def start_listeners(sidecar: Sidecar, listeners: Iterable[ListenerSettings], *,
         for listener in listeners:
             started.append(create_listener_server(sidecar, listener, reuse_port=reuse_port))
         if started:  # on the first server's loop, stopped with it
-            http = start_http(sidecar, started[0][0], planned_http_listeners(sidecar.settings), reuse_port)
-            console = start_console(sidecar, started[0][0], reuse_port)
+            http, console = start_web(sidecar, started[0][0], reuse_port)
     except BaseException:
         Serving(tuple(s for s, _ in started), ()).stop(None)
         raise

@@ -56,7 +56,7 @@ from sidecar.server.worker_group import WorkerGroup, forwarded_signals
 from sidecar.telemetry import decision_log
 
 if TYPE_CHECKING:
-    from sidecar.server.build import Sidecar
+    from sidecar.server.sidecar import Sidecar
 
 __all__ = ["ReloadRequests", "serve_workers", "drain", "configure_process_logging", "main"]
 

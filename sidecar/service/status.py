@@ -1,6 +1,6 @@
 """What GetStatus reports: the values the server hands to the ToolAuthorizer handler.
 
-The handler defines the shape and the server (sidecar/server/build.py, `Sidecar.status`)
+The handler defines the shape and the server (sidecar/server/sidecar.py, `Sidecar.status`)
 fills it, so the service layer never reaches up into the server's wiring. With several
 worker processes the server hands every worker's status (sidecar/server/worker_status.py)
 and `aggregate` sums them, so that the answer does not depend on which worker took it."""
