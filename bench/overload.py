@@ -31,21 +31,27 @@ def _open(address: str, rate: float, duration: float, tools: int, procs: int, cp
     result = load.open_loop(address, rate=rate, duration=duration, procs=procs, tools=tools,
                             prefix=f"ov{time.monotonic_ns() % 10**9}", cpu=cpu)
     shed = sum(n for k, n in result.errors.items() if k.endswith("RESOURCE_EXHAUSTED"))
-    other = {k: n for k, n in result.errors.items() if not k.endswith("RESOURCE_EXHAUSTED")}
+    # With max_streams_per_connection: what a client sent over its connection's limit is
+    # refused by the transport, unprocessed (REFUSED_STREAM, seen as UNAVAILABLE).
+    refused = sum(n for k, n in result.errors.items() if k.endswith("UNAVAILABLE"))
+    other = {k: n for k, n in result.errors.items() if not k.endswith(("RESOURCE_EXHAUSTED", "UNAVAILABLE"))}
     return {"offered_per_s": rate, "sent": result.sent, "goodput_per_s": result.timed_ok / duration,
             "sent_per_s": result.sent / max(result.send_end - result.start, 1e-9),
             "server_cores": result.server_cpu_seconds / max(result.seconds, 1e-9),
-            "shed": shed, "other_errors": other, **stats.latency_summary(sorted(result.latencies_ns))}
+            "shed": shed, "refused_by_transport": refused, "other_errors": other,
+            **stats.latency_summary(sorted(result.latencies_ns))}
 
 
 def measure(root: pathlib.Path, *, duration: float, open_duration: float, factor: float, procs: int,
-            queue_seconds: float | None, max_rpcs: int | None = None) -> dict:
+            queue_seconds: float | None, max_rpcs: int | None = None, max_streams: int | None = None) -> dict:
     bundle = bundles.generate_bundle(root / "bundle", POLICIES)
     tools = bundles.tool_count(POLICIES)
     settings = {"bundle": str(bundle), "data_dir": str(root / f"data-{time.monotonic_ns()}"),
                 "listen": "127.0.0.1:0", "tokens": {"lifetime_seconds": 600}}
     if queue_seconds is not None:
         settings["max_queue_seconds"] = queue_seconds
+    if max_streams is not None:
+        settings["max_streams_per_connection"] = max_streams
     if max_rpcs is not None:
         settings["max_concurrent_rpcs"] = max_rpcs
         settings["approvals"] = {"max_watches": max(1, max_rpcs // 2)}
@@ -62,7 +68,8 @@ def measure(root: pathlib.Path, *, duration: float, open_duration: float, factor
         over = _open(server.address, capacity * factor, open_duration, tools, procs, server.cpu_seconds)
         print(f"{factor}x load {over['offered_per_s']:.0f}/s (sent at {over['sent_per_s']:.0f}/s): "
               f"goodput {over['goodput_per_s']:.0f}/s, p50 "
-              f"{over['p50_ms']:.1f} ms, p99 {over['p99_ms']:.1f} ms, shed {over['shed']}, server cores "
+              f"{over['p50_ms']:.1f} ms, p99 {over['p99_ms']:.1f} ms, shed {over['shed']}, refused by the transport "
+              f"{over['refused_by_transport']}, server cores "
               f"{over['server_cores']:.2f}, other errors "
               f"{over['other_errors']}", flush=True)
     finally:
@@ -93,13 +100,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the worker's queue bound (default: serve's own)")
     parser.add_argument("--max-concurrent-rpcs", type=int, default=None,
                         help="the worker's max_concurrent_rpcs (default: serve's own)")
+    parser.add_argument("--max-streams-per-connection", type=int, default=None,
+                        help="the worker's max_streams_per_connection (default: serve's own); the open loop "
+                             "uses 8 connections per client process")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     print(f"machine: {json.dumps(stats.machine())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="toolauthz-overload-") as tmp:
         row = measure(pathlib.Path(tmp), duration=args.duration, open_duration=args.open_duration,
                       factor=args.factor, procs=args.procs, queue_seconds=args.max_queue_seconds,
-                      max_rpcs=args.max_concurrent_rpcs)
+                      max_rpcs=args.max_concurrent_rpcs, max_streams=args.max_streams_per_connection)
     print(f"goodput at {row['factor']}x / capacity: {row['goodput_ratio']:.2f} (>= {TARGET_GOODPUT}: "
           f"{'PASS' if row['goodput_pass'] else 'FAIL'})")
     print(f"accepted p99 at {row['factor']}x / p99 at half load: {row['p99_ratio']:.2f} (<= {TARGET_P99_RATIO}: "

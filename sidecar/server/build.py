@@ -241,6 +241,8 @@ def _start(settings: Settings, build, names: list[str], listener: ListenerSettin
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
                ("grpc.so_reuseport", 1 if reuse_port else 0)]
+    if settings.max_streams_per_connection:
+        options.append(("grpc.max_concurrent_streams", settings.max_streams_per_connection))
     health_servicer = aio_health.HealthServicer()
 
     def build_all(server) -> None:

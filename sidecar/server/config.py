@@ -293,6 +293,11 @@ class Settings(_Strict):
     # A call that would wait longer than this for its decision is refused at once
     # (RESOURCE_EXHAUSTED, no token): the queue is bounded by time (server/pump.py). 0: no bound.
     max_queue_seconds: float = Field(0.5, ge=0, le=60)
+    # Calls one client connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS),
+    # enforced by gRPC's transport before the interpreter sees a call: a client waits to
+    # send more, and what it sent over the limit is refused unprocessed (UNAVAILABLE,
+    # safe to retry). 0: gRPC's default, no limit. docs/performance.md, "Overload".
+    max_streams_per_connection: int = Field(0, ge=0, le=65536)
     max_message_bytes: int = Field(4 << 20, ge=1024)
     tokens: TokenSettings = TokenSettings()
     audit: AuditSettings = AuditSettings()
