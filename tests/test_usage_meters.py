@@ -154,6 +154,27 @@ def test_allowed_calls_consume_denied_ones_do_not_and_the_audit_shows_what_was_s
 
 
 @pytest.mark.both_stores
+def test_one_authorize_batch_of_calls_on_one_meter_never_overspends(sidecar):
+    """An attacker's model turn: eight parallel calls in one AuthorizeBatch, 140,000
+    asked against 50,000 left, and one more call on the same meter. The batch's calls
+    share one transaction, each decided on what the calls ahead of it took: exactly the
+    first two fit, asking again replays the same answers and charges nothing more, and
+    the meter is left at what was allowed."""
+    from sidecar.batch import DEFAULT_LIMITS, BatchCall, plan_batch
+
+    auth = sidecar.authorizer
+    amounts = [20_000] * 4 + [15_000] * 4
+    calls = [BatchCall(spend(f"b{i}", amount, f"v{chr(ord('a') + i)}")) for i, amount in enumerate(amounts)]
+    first = auth.run_many(plan_batch(auth, ctx(), calls, DEFAULT_LIMITS))
+    assert [r.decision.value for r in first] == ["ALLOW", "ALLOW"] + ["DENY"] * 6
+    assert all(r.token for r in first[:2]) and not any(r.token for r in first[2:])
+    again = auth.run_many(plan_batch(auth, ctx(), calls, DEFAULT_LIMITS))
+    assert [r.decision_id for r in again] == [r.decision_id for r in first] and all(r.replayed for r in again)
+    assert auth.authorize(ctx(), spend("after", BUDGET - 40_000, "zz")).decision.value == "ALLOW"
+    assert auth.authorize(ctx(), spend("over", 1, "zy")).decision.value == "DENY"
+
+
+@pytest.mark.both_stores
 def test_meters_are_kept_per_principal_tenant_and_pinned_argument(sidecar):
     auth = sidecar.authorizer
     assert auth.authorize(ctx(), spend("c1", BUDGET)).decision.value == "ALLOW"
