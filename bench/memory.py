@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import tempfile
 import time
@@ -20,25 +19,10 @@ from bench import bundles, load, servers
 TARGET_RSS_MIB = 90
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            found.append(int(entry))
-    return found
-
-
 def _workers(supervisor: int) -> list[int]:
     """The worker processes: the supervisor's children that serve (not its resource
     tracker, which `multiprocessing` starts too); with one worker, the supervisor serves."""
-    return [pid for pid in _children(supervisor)
+    return [pid for pid in servers.children_of(supervisor)
             if "resource_tracker" not in pathlib.Path(f"/proc/{pid}/cmdline").read_text()] or [supervisor]
 
 
@@ -46,8 +30,8 @@ def memory_of(pid: int) -> dict[str, float]:
     """RSS, peak RSS and PSS of one process, in MiB."""
     status = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
                   if ":" in line)
-    rollup = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
-                  if ":" in line and not line.startswith(("0", "5", "7")))
+    # The rollup's first line is the address range it sums; the others are `Name: value kB`.
+    rollup = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
 
     def mib(value: str) -> float:
         return round(int(value.split()[0]) / 1024, 1)

@@ -305,14 +305,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def process_tree_cpu(root: int) -> float:
-    """Seconds of CPU used by `root` and its live descendants, from /proc."""
+def _proc_table() -> dict[int, tuple[int, float]] | None:
+    """Every live process's parent and CPU seconds (user + system), from /proc; None
+    where /proc is not available."""
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     stats: dict[int, tuple[int, float]] = {}
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return float("nan")
+        return None
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -320,7 +321,18 @@ def process_tree_cpu(root: int) -> float:
         except OSError:
             continue
         stats[pid] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)  # ppid, utime + stime
-    if root not in stats:
+    return stats
+
+
+def children_of(parent: int) -> list[int]:
+    """The live processes whose parent is `parent`."""
+    return [pid for pid, (ppid, _) in (_proc_table() or {}).items() if ppid == parent]
+
+
+def process_tree_cpu(root: int) -> float:
+    """Seconds of CPU used by `root` and its live descendants, from /proc."""
+    stats = _proc_table()
+    if stats is None or root not in stats:
         return float("nan")
     total, frontier = 0.0, [root]
     while frontier:
