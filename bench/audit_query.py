@@ -16,8 +16,8 @@ import statistics
 import tempfile
 import time
 
-from sidecar.audit import AuditEvent, AuditQuery
-from sidecar.store import SqliteAuditLog
+from toolauthz.audit import AuditEvent, AuditQuery
+from toolauthz.store import SqliteAuditLog
 
 KINDS = ("authorize", "verify", "outcome")
 RESULTS = {"authorize": ("ALLOW", "DENY", "APPROVAL_REQUIRED"), "verify": ("ok", "already_used"),

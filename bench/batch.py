@@ -29,7 +29,7 @@ MODES = ("singles, one after another", "singles, 4 at once", "batch")
 
 def _turns(count: int, per_turn: int, tools: int, prefix: str) -> list[list[tuple[Any, Any, bytes]]]:
     """`count` turns of `per_turn` calls, each (context message, call message, entities)."""
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     turns = []
     for t in range(count):
@@ -51,8 +51,8 @@ def batch_main(spec: dict, out_q) -> None:
     from bench.load import exit_with_parent
 
     exit_with_parent(spec["parent"])
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     try:
         car = build_sidecar(Settings(bundle=spec["bundle"], data_dir=spec["data_dir"], listen="127.0.0.1:0",
@@ -74,8 +74,8 @@ def batch_main(spec: dict, out_q) -> None:
 def _measure(car, spec: dict) -> dict:
     import asyncio
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-    from sidecar.service.authorizer import ToolAuthorizerService
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.service.authorizer import ToolAuthorizerService
 
     service = ToolAuthorizerService(car.authorizer, car.pump, car.keyring, car.status, gate=car.gate)
     context = _Context()
@@ -152,8 +152,8 @@ def run_served(bundle: pathlib.Path, *, tools: int, turns: int, per_turn: int = 
     import grpc
 
     from bench import servers
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
     with tempfile.TemporaryDirectory(prefix="bench-batch-served-", dir=data_root) as tmp:
         server = servers.start_sidecar({"bundle": str(bundle), "data_dir": str(pathlib.Path(tmp) / "data"),

@@ -19,10 +19,10 @@ from bench.stores import fresh_schema
 
 
 def _writer(url: str, batch: int, duration: float, one_lock: bool, tag: str, out) -> None:
-    from sidecar.audit import AuditEvent
-    from sidecar.store import rules
-    from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall
-    from sidecar.store.open import open_store
+    from toolauthz.audit import AuditEvent
+    from toolauthz.store import rules
+    from toolauthz.store.ledger import CallEntry, RecordedDecision, ReserveCall
+    from toolauthz.store.open import open_store
 
     if one_lock:
         keys_of = rules.lock_keys

@@ -114,12 +114,12 @@ def largest_admitted_batch(limits) -> bytes:
 def loop_cost(bundle: pathlib.Path, data_dir: pathlib.Path, repeats: int = 5, baseline: bool = True) -> list[dict]:
     from dataclasses import replace
 
-    from sidecar.batch import DEFAULT_LIMITS
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
-    from sidecar.service.http_api import HttpApi
-    from sidecar.service.http_api.json_body import BodyShape, parse_body
-    from sidecar.service.roles import CallerGrant, RolePolicy
+    from toolauthz.batch import DEFAULT_LIMITS
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
+    from toolauthz.service.http_api import HttpApi
+    from toolauthz.service.http_api.json_body import BodyShape, parse_body
+    from toolauthz.service.roles import CallerGrant, RolePolicy
 
     hostile = hostile_body()
     car = build_sidecar(Settings(bundle=bundle, data_dir=data_dir, listen="127.0.0.1:0"))

@@ -22,10 +22,10 @@ import shutil
 import tempfile
 import time
 
-from sidecar.audit.retention import RetainedCall, seal
-from sidecar.bundle import load_bundle
-from sidecar.cli.impact import Report, changes
-from sidecar.store.retained import RetainedInputs, RetainedRow
+from toolauthz.audit.retention import RetainedCall, seal
+from toolauthz.bundle import load_bundle
+from toolauthz.cli.impact import Report, changes
+from toolauthz.store.retained import RetainedInputs, RetainedRow
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = bytes(range(32))

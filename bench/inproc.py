@@ -23,7 +23,7 @@ PRINCIPAL = "u1"
 
 
 def _calls(n0: int, count: int, tools: int, prefix: str):
-    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
 
     out = []
     for n in range(n0, n0 + count):
@@ -73,17 +73,17 @@ def inproc_main(spec: dict, out_q) -> None:
     """Process target. spec: bundle, data_dir, calls, threads (list), tools, profile (bool)."""
     logging.basicConfig(level=logging.ERROR)
     from bench.load import exit_with_parent
-    from sidecar.engine import decide
-    from sidecar.server.config import Settings
+    from toolauthz.engine import decide
+    from toolauthz.server.config import Settings
 
     exit_with_parent(spec["parent"])
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     out: dict[str, Any] = {}
     try:
         car = build_sidecar(Settings(bundle=spec["bundle"], data_dir=spec["data_dir"], listen="127.0.0.1:0",
                                      tokens={"lifetime_seconds": 600}))
-        from sidecar.server.heap import keep_bundles_frozen
+        from toolauthz.server.heap import keep_bundles_frozen
 
         keep_bundles_frozen(car)  # as a serving process does
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
@@ -181,7 +181,7 @@ def _call(handler, request, context):
 
 def _requests(count: int, tools: int, prefix: str) -> list:
     """The calls of `_calls` as AuthorizeRequest messages, for the handler called directly."""
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     return [pb.AuthorizeRequest(
         context=pb.TrustedContext(tenant=ctx.tenant, principal=pb.Principal(type="User", id=PRINCIPAL),
@@ -195,7 +195,7 @@ def _profile(car, tools: int, count: int) -> dict:
     one call at a time; one audit commit is also timed alone."""
     import cProfile
 
-    from sidecar.server.build import create_server  # noqa: F401 - the same modules the server loads
+    from toolauthz.server.build import create_server  # noqa: F401 - the same modules the server loads
 
     service = _service(car)
     requests = _requests(count, tools, "prof")
@@ -216,7 +216,7 @@ def _profile(car, tools: int, count: int) -> dict:
 
 
 def _service(car):
-    from sidecar.service.authorizer import ToolAuthorizerService
+    from toolauthz.service.authorizer import ToolAuthorizerService
 
     return ToolAuthorizerService(car.authorizer, _InlinePump(car.authorizer), car.keyring, car.status,
                                  gate=car.gate)
@@ -227,24 +227,24 @@ def _service(car):
 STAGES = [
     ("grpc handler (total)", "service/authorizer.py", "Authorize"),
     ("authorizer: plan + run", "bench/inproc.py", "decide_inline"),
-    ("request checks (ctx/call)", "sidecar/model.py", "check"),
-    ("prepare: parse + JSON Schema + digest", "sidecar/engine.py", "prepare"),
-    ("  strict JSON parse", "sidecar/strict_json.py", "parse_strict_json"),
-    ("  JSON Schema (Tool.accepts: jsonschema-rs where proven)", "sidecar/bundle/catalog.py", "accepts"),
+    ("request checks (ctx/call)", "toolauthz/model.py", "check"),
+    ("prepare: parse + JSON Schema + digest", "toolauthz/engine.py", "prepare"),
+    ("  strict JSON parse", "toolauthz/strict_json.py", "parse_strict_json"),
+    ("  JSON Schema (Tool.accepts: jsonschema-rs where proven)", "toolauthz/bundle/catalog.py", "accepts"),
     ("  JSON Schema error message (best_match)", "jsonschema/exceptions.py", "best_match"),
-    ("  call digest (RFC 8785 + sha256)", "sidecar/digest.py", "call_digest"),
-    ("trusted entities (cedarpy Entities)", "sidecar/engine.py", "request_entities"),
+    ("  call digest (RFC 8785 + sha256)", "toolauthz/digest.py", "call_digest"),
+    ("trusted entities (cedarpy Entities)", "toolauthz/engine.py", "request_entities"),
     ("  with_added_json_str", "cedarpy/__init__.py", "with_added_json_str"),
-    ("  drafts before the write lock (Cedar, token)", "sidecar/authorizer/writes.py", "_round_ops"),
-    ("ledger apply (row + audit record, 1 commit)", "sidecar/store/rules.py", "apply"),
-    ("  audit record: chain + insert", "sidecar/store/sqlite/unit.py", "append_audit"),
-    ("  fsync of the log, after the lock", "sidecar/store/sqlite/base.py", "sync_log"),
-    ("Cedar evaluate", "sidecar/engine.py", "evaluate"),
+    ("  drafts before the write lock (Cedar, token)", "toolauthz/authorizer/writes.py", "_round_ops"),
+    ("ledger apply (row + audit record, 1 commit)", "toolauthz/store/rules.py", "apply"),
+    ("  audit record: chain + insert", "toolauthz/store/sqlite/unit.py", "append_audit"),
+    ("  fsync of the log, after the lock", "toolauthz/store/sqlite/base.py", "sync_log"),
+    ("Cedar evaluate", "toolauthz/engine.py", "evaluate"),
     ("  cedarpy.is_authorized", "cedarpy/__init__.py", "is_authorized"),
-    ("token issue (PASETO, Ed25519)", "sidecar/tokens/issue.py", "issue"),
-    ("audit event build (AuditEvent)", "sidecar/audit/records.py", "__post_init__"),
-    ("audit write (group commit, this thread)", "sidecar/store/audit_writer.py", "write"),
-    ("ULID", "sidecar/authorizer/parts.py", "new_id"),
+    ("token issue (PASETO, Ed25519)", "toolauthz/tokens/issue.py", "issue"),
+    ("audit event build (AuditEvent)", "toolauthz/audit/records.py", "__post_init__"),
+    ("audit write (group commit, this thread)", "toolauthz/store/audit_writer.py", "write"),
+    ("ULID", "toolauthz/authorizer/parts.py", "new_id"),
 ]
 
 
@@ -282,7 +282,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
     calling thread."""
     import functools
 
-    import sidecar.authorizer.deciding as authorizer_module
+    import toolauthz.authorizer.deciding as authorizer_module
 
     cpu: dict[str, int] = {}
     wall: dict[str, int] = {}
@@ -361,7 +361,7 @@ def _stage_cpu(car, tools: int, count: int) -> dict:
 
 def _writer_cost(car) -> dict:
     """What one audit commit costs: chain + insert + fsync, batch of 1 and 32."""
-    from sidecar.audit.records import AuditEvent
+    from toolauthz.audit.records import AuditEvent
 
     def event(i: int) -> AuditEvent:
         return AuditEvent(kind="authorize", time=time.time(), decision_id=f"01J{i:023d}", request_id="r",

@@ -34,12 +34,12 @@ def per_call_us(fn: Callable[[], Any], count: int, repeat: int) -> float:
 
 
 def measure(calls: int, repeat: int) -> dict[str, float]:
-    from sidecar.audit.records import AuditEvent, canonical_body, record_hash
-    from sidecar.bundle import load_bundle
-    from sidecar.digest import call_digest
-    from sidecar.engine import prepare
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.audit.records import AuditEvent, canonical_body, record_hash
+    from toolauthz.bundle import load_bundle
+    from toolauthz.digest import call_digest
+    from toolauthz.engine import prepare
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

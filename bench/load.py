@@ -85,7 +85,7 @@ def _request_maker(spec: dict):
     """n -> serialized AuthorizeRequest for this client's n-th call (unique call ids)."""
     import json
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     tools, prefix, tenants = spec["tools"], spec["prefix"], spec.get("tenants", 1)
 
@@ -112,7 +112,7 @@ def closed_loop_main(spec: dict, sync, out_q) -> None:
     max_calls (per thread), warmup (per thread), tools, prefix."""
     import grpc
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     exit_with_parent(spec["parent"])
     result = RunResult()
@@ -227,7 +227,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     """Process target: `rate` Authorize calls per second for `duration` seconds."""
     import grpc
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     exit_with_parent(spec["parent"])
     rate, count = spec["rate"], int(spec["rate"] * spec["duration"])

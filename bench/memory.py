@@ -1,5 +1,5 @@
 """Memory of `serve` (`python -m bench.memory`): the worker processes as an operator runs
-them (`sidecar.server.workers`, default settings, a bundle of `--policies`), measured from
+them (`toolauthz.server.workers`, default settings, a bundle of `--policies`), measured from
 /proc when they are ready and again after `--seconds` of Authorize at 32 calls in flight.
 
 Reported per worker: RSS (resident pages, shared libraries included), its peak (VmHWM)

@@ -58,7 +58,7 @@ def make_bundle(root: pathlib.Path, metered: bool) -> pathlib.Path:
 
 def calls(prefix: str, count: int) -> list:
     """Refunds of one cent by 256 customers, each of their own order, runs of 8."""
-    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
 
     out = []
     for n in range(count):
@@ -73,13 +73,13 @@ def calls(prefix: str, count: int) -> list:
 
 
 def one_round(bundle: pathlib.Path, data: pathlib.Path, store: str, count: int) -> dict:
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     scoped, drop = store, None
     if store:
         from bench.stores import fresh_schema
-        from sidecar.store.postgres import migrate
+        from toolauthz.store.postgres import migrate
 
         scoped, drop = fresh_schema(store)
         migrate(scoped)

@@ -14,8 +14,8 @@ from bench.stores import fresh_schema
 
 
 def _ops(n: int, tag: str) -> list:
-    from sidecar.audit import AuditEvent
-    from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall
+    from toolauthz.audit import AuditEvent
+    from toolauthz.store.ledger import CallEntry, RecordedDecision, ReserveCall
 
     out = []
     for i in range(n):
@@ -26,7 +26,7 @@ def _ops(n: int, tag: str) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sidecar.store.open import open_store
+    from toolauthz.store.open import open_store
 
     parser = argparse.ArgumentParser(prog="python -m bench.roundtrips", description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True)

@@ -13,7 +13,7 @@ Measured (closed loop: N calls in flight from separate client processes):
   mtls        the same sidecar behind an mTLS listener (client certificate verified, caller from
               its URI SAN), Authorize at the highest concurrency: what TLS costs
   Verify      tokens minted by Authorize before the timed phase, each verified once
-  workers     `python -m sidecar.server.workers --workers N` (SO_REUSEPORT), against N no-op servers
+  workers     `python -m toolauthz.server.workers --workers N` (SO_REUSEPORT), against N no-op servers
   in-process  Authorizer.authorize called directly, and engine.decide alone
   batch       AuthorizeBatch of 4 calls against 4 single Authorize calls, CPU per decision (bench/batch.py)
   open loop   Authorize at a fixed offered rate, latency from each call's due time, and at half
@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import batch, bundles, hostile, inproc, load, pki, report, servers, stats
-from sidecar.server.config import DATABASE_FILE
+from toolauthz.server.config import DATABASE_FILE
 
 PHASES = frozenset({"noop", "sidecar", "mtls", "workers", "inproc", "batch", "hostile"})
 # `hostile` measures safety under attack, not speed: asked for by name (`--phases hostile`).

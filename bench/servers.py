@@ -4,7 +4,7 @@
   of realistic size (a real PASETO token, a ULID, a digest): the transport floor.
 * `sidecar`: the real thing, `build_sidecar` + `create_server` on a temporary data dir
   (or its one configured listener: the mTLS run).
-* `workers`: `python -m sidecar.server.workers` (N processes sharing one port).
+* `workers`: `python -m toolauthz.server.workers` (N processes sharing one port).
 
 Every server stops when told to, when its parent dies, and after `max_seconds` at most.
 """
@@ -64,7 +64,7 @@ def canned_responses() -> tuple[bytes, bytes]:
     from pyseto import Key
     from ulid import ULID
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     private = Ed25519PrivateKey.generate()
     raw = private.private_bytes(ser.Encoding.Raw, ser.PrivateFormat.Raw, ser.NoEncryption())
@@ -88,11 +88,11 @@ def canned_responses() -> tuple[bytes, bytes]:
 
 
 def noop_server_main(conn, options: dict[str, Any]) -> None:
-    """Process target: the transport floor, served as the sidecar serves (sidecar/service/
+    """Process target: the transport floor, served as the sidecar serves (toolauthz/service/
     running.py: grpc.aio, coroutine handlers, the same options)."""
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-    from sidecar.service.running import AioServer
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.service.running import AioServer
 
     authorize_bytes, verify_bytes = canned_responses()
     authorize = pb.AuthorizeResponse.FromString(authorize_bytes)
@@ -135,11 +135,11 @@ def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    from sidecar.server import web
-    from sidecar.server.build import build_sidecar, create_listener_server, create_server
-    from sidecar.server.config import Settings
-    from sidecar.server.heap import keep_bundles_frozen
-    from sidecar.server.listeners import planned_http_listeners, port_of
+    from toolauthz.server import web
+    from toolauthz.server.build import build_sidecar, create_listener_server, create_server
+    from toolauthz.server.config import Settings
+    from toolauthz.server.heap import keep_bundles_frozen
+    from toolauthz.server.listeners import planned_http_listeners, port_of
 
     stop = threading.Event()
     _watchdog(stop, max_seconds, parent)
@@ -243,7 +243,7 @@ def start_sidecar(settings: dict[str, Any], *, max_seconds: float = DEFAULT_MAX_
     return _start_process("sidecar", sidecar_server_main, (settings, max_seconds, os.getpid()), start_timeout)
 
 
-# `python -m sidecar.server.workers`, plus a watchdog: SIGTERM (a clean stop) when the benchmark
+# `python -m toolauthz.server.workers`, plus a watchdog: SIGTERM (a clean stop) when the benchmark
 # is gone or the time is up.
 _WORKERS_LAUNCHER = """
 import os, signal, sys, threading, time
@@ -253,14 +253,14 @@ def watch():
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=watch, daemon=True).start()
-from sidecar.server.workers import main
+from toolauthz.server.workers import main
 sys.exit(main(sys.argv[3:]))
 """
 
 
 def start_workers(config_file: str, workers: int, *, start_timeout: float = 300,
                   max_seconds: float = DEFAULT_MAX_SECONDS) -> RunningServer:
-    """The multi-process sidecar (`sidecar.server.workers`), as an operator runs it."""
+    """The multi-process sidecar (`toolauthz.server.workers`), as an operator runs it."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     popen = subprocess.Popen(
@@ -291,8 +291,8 @@ def pump_counts(address: str) -> tuple[int, int]:
     answers GetStatus at `address` (with workers: one of them)."""
     import grpc
 
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(address) as channel:
         status = pb_grpc.ToolAuthorizerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)

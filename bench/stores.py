@@ -20,7 +20,7 @@ def fresh_schema(url: str) -> tuple[str, Callable[[], None]]:
     """A URL whose tables live in a new schema, and how to drop it."""
     import psycopg
 
-    from sidecar.store.postgres import migrate
+    from toolauthz.store.postgres import migrate
 
     schema = f"bench_{secrets.token_hex(4)}"
     with psycopg.connect(url, autocommit=True) as conn:

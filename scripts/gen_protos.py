@@ -1,4 +1,4 @@
-"""Regenerates sidecar/proto/ from proto/. Run: .venv/bin/python scripts/gen_protos.py
+"""Regenerates toolauthz/proto/ from proto/. Run: .venv/bin/python scripts/gen_protos.py
 
 The generated code is committed; tests/test_proto_fresh.py fails when it is stale.
 """
@@ -10,7 +10,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-OUT_DIR = ROOT / "sidecar" / "proto"
+OUT_DIR = ROOT / "toolauthz" / "proto"
 
 
 def generate(out_dir: pathlib.Path) -> None:
@@ -25,10 +25,10 @@ def generate(out_dir: pathlib.Path) -> None:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     # protoc writes absolute-package imports (`from toolauthz.v1 import ...`); the
-    # code lives under sidecar.proto, so make them relative to that package.
+    # code lives under toolauthz.proto, so make them relative to that package.
     for path in out_dir.rglob("*.py"):
         text = path.read_text()
-        fixed = text.replace("from toolauthz.v1 import", "from sidecar.proto.toolauthz.v1 import")
+        fixed = text.replace("from toolauthz.v1 import", "from toolauthz.proto.toolauthz.v1 import")
         path.write_text(fixed)
     for pkg in [out_dir, out_dir / "toolauthz", out_dir / "toolauthz" / "v1"]:
         (pkg / "__init__.py").touch()

@@ -16,10 +16,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sidecar.clock import FrozenClock
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import Settings
+from toolauthz.clock import FrozenClock
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.config import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE_BUNDLE = ROOT / "policies"
@@ -63,7 +63,7 @@ def backend() -> str:
 def settings(request, tmp_path, bundle_dir, backend) -> Settings:
     store = ""
     if backend == "postgresql":
-        from sidecar.store.postgres import migrate
+        from toolauthz.store.postgres import migrate
 
         store = request.getfixturevalue("postgres_url")
         migrate(store)
@@ -121,7 +121,7 @@ def store_url(request, tmp_path) -> str:
     """The URL of a fresh, empty store of each backend, its schema made."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
-    from sidecar.store.postgres import migrate
+    from toolauthz.store.postgres import migrate
 
     url = request.getfixturevalue("postgres_url")
     migrate(url)
@@ -131,7 +131,7 @@ def store_url(request, tmp_path) -> str:
 @pytest.fixture
 def store(store_url):
     """A fresh, empty store of each backend."""
-    from sidecar.store.open import open_store
+    from toolauthz.store.open import open_store
 
     opened = open_store(store_url)
     yield opened
@@ -140,7 +140,7 @@ def store(store_url):
 
 @pytest.fixture
 def sidecar(settings, clock):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     car = build_sidecar(settings, clock=clock)
     yield car
@@ -150,8 +150,8 @@ def sidecar(settings, clock):
 def replicas_of(settings, clock, postgres_url: str, count: int):
     """`count` sidecars in this process on one migrated PostgreSQL database (a fleet),
     closed when the generator ends: a fixture's body."""
-    from sidecar.server.build import build_sidecar
-    from sidecar.store.postgres import migrate
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.store.postgres import migrate
 
     migrate(postgres_url)
     shared = settings.model_copy(update={"store": postgres_url})
@@ -163,7 +163,7 @@ def replicas_of(settings, clock, postgres_url: str, count: int):
 
 @pytest.fixture
 def server(sidecar):
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     srv, port = create_server(sidecar, "127.0.0.1:0")
     yield srv, port
@@ -189,7 +189,7 @@ def spans():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from sidecar.telemetry import tracing
+    from toolauthz.telemetry import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

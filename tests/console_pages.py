@@ -9,12 +9,12 @@ import re
 from conftest import order_entity
 from starlette.testclient import TestClient
 
-from sidecar.authorizer import AuthorizeResult
-from sidecar.console import Console
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
-from sidecar.server.config import ConsoleSettings
-from sidecar.server.sidecar import Sidecar
-from sidecar.server.web import console_of
+from toolauthz.authorizer import AuthorizeResult
+from toolauthz.console import Console
+from toolauthz.model import Decision, Principal, ProposedCall, TrustedContext
+from toolauthz.server.config import ConsoleSettings
+from toolauthz.server.sidecar import Sidecar
+from toolauthz.server.web import console_of
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 LARGE = {"order_id": "ord_1", "amount_cents": 6000}

@@ -19,7 +19,7 @@ from joserfc.jwk import ECKey
 from mcp.server import Server
 
 from examples.mcp_gateway.upstream import TOOLS
-from sidecar.client import AuthzClient, GuardEvent, Principal, TrustedContext
+from toolauthz.client import AuthzClient, GuardEvent, Principal, TrustedContext
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mcp_gateway" / "bundle"
 MODERN = "2026-07-28"
@@ -160,8 +160,8 @@ async def modern_post(url: str, request_id: Any, method: str, params: dict[str, 
 async def gateway_over_http(settings: Any, sidecar_port: int, events: list[GuardEvent],
                             *upstreams: Any) -> AsyncIterator[tuple[Any, str]]:
     """The proxy serving Streamable HTTP on a loopback port: (proxy, its URL)."""
-    from sidecar.client import AsyncAuthzClient
-    from sidecar.mcp_proxy.proxy import McpProxy
+    from toolauthz.client import AsyncAuthzClient
+    from toolauthz.mcp_proxy.proxy import McpProxy
 
     authz = AsyncAuthzClient(f"127.0.0.1:{sidecar_port}")
     proxy = McpProxy(settings, authz)

@@ -9,13 +9,13 @@ import grpc
 import pytest
 from conftest import make_request, verify_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.cli.main import main
-from sidecar.errors import StoreUnavailable
-from sidecar.model import Principal, TrustedContext
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.audit.store import AuditQuery
+from toolauthz.cli.main import main
+from toolauthz.errors import StoreUnavailable
+from toolauthz.model import Principal, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 LARGE = {"order_id": "ord_1", "amount_cents": 6000, "reason": "parcel lost; card 4111-1111"}
 
@@ -70,7 +70,7 @@ def test_approved_token_carries_the_approval_and_fails_for_other_arguments(stub,
     changed = verify_request(request, token)
     changed.call.input_json = json.dumps({**LARGE, "amount_cents": 600_000}).encode()
     assert stub.Verify(changed).code == "bad_signature"
-    from sidecar.tokens import CallClaims
+    from toolauthz.tokens import CallClaims
     checked = sidecar.authorizer.verifier.verify(
         token, response.digest, CallClaims("acme", "User", "alice", "issue_refund", "toolu_1"))
     assert checked.ok and checked.claims["approval_id"] == response.approval_id
@@ -104,7 +104,7 @@ def test_self_approval_is_refused_even_when_policy_would_permit(stub, approvals,
     """The rule is in code: a policy letting everyone approve does not make it possible."""
     (bundle_dir / "approvals.cedar").write_text(
         '@id("anyone") permit (principal, action == Action::"approve", resource);\n')
-    from sidecar.bundle import load_bundle
+    from toolauthz.bundle import load_bundle
     sidecar.bundles.swap(load_bundle(bundle_dir))
     _, response = pending(stub)
     with pytest.raises(grpc.RpcError) as info:
@@ -282,7 +282,7 @@ def test_cli_approve_and_refused_self_approval(stub, server, capsys):
 
 
 def test_approvals_can_listen_on_their_own_address(sidecar):
-    from sidecar.server.build import create_approvals_server, create_server
+    from toolauthz.server.build import create_approvals_server, create_server
 
     main_srv, main_port = create_server(sidecar, "127.0.0.1:0", approvals_address="127.0.0.1:0")
     appr_srv, appr_port = create_approvals_server(sidecar, "127.0.0.1:0")
@@ -321,7 +321,7 @@ def test_an_audit_failure_opens_no_approval_and_records_no_decision(stub, sideca
     would leave, when the record fails, a pending approval the audit trail never mentions."""
     import sqlite3
 
-    from sidecar.store.sqlite.transaction import SqliteTransaction
+    from toolauthz.store.sqlite.transaction import SqliteTransaction
 
     def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
@@ -345,7 +345,7 @@ EMERGENCY_FORBID = 'forbid (principal, action == Action::"tool:issue_refund", re
 
 def reload_with(sidecar, bundle_dir, name: str, text: str) -> str:
     """Hot-swaps the running sidecar to the bundle with `name` written as `text`."""
-    from sidecar.bundle import load_bundle
+    from toolauthz.bundle import load_bundle
 
     (bundle_dir / name).write_text(text)
     bundle = load_bundle(bundle_dir)
@@ -414,7 +414,7 @@ def test_an_approval_survives_a_reload_that_still_allows_the_call(stub, approval
     decided = decide(approvals, response.approval_id)
     assert decided.status == apb.APPROVED
     mine = approvals.GetApproval(apb.GetApprovalRequest(approval_id=response.approval_id, context=request.context))
-    from sidecar.tokens import CallClaims
+    from toolauthz.tokens import CallClaims
     claims = CallClaims("acme", "User", "alice", "issue_refund", "toolu_1")
     assert sidecar.authorizer.verifier.verify(mine.token, response.digest, claims).claims["policy_version"] == \
         approving_version
@@ -501,7 +501,7 @@ def test_the_kept_arguments_are_erased_when_the_approval_ends_and_never_audited(
 def test_an_approvals_table_from_before_the_kept_arguments_gains_their_columns(tmp_path):
     import sqlite3
 
-    from sidecar.store import SqliteStore
+    from toolauthz.store import SqliteStore
 
     path = str(tmp_path / "old.db")
     with sqlite3.connect(path) as db:

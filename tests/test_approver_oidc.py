@@ -17,18 +17,18 @@ from conftest import make_request
 from joserfc import jwt
 from joserfc.jwk import ECKey, OctKey, RSAKey
 
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle import load_bundle
-from sidecar.clock import FrozenClock
-from sidecar.engine import ApprovalSubject, may_approve
-from sidecar.errors import KeyFileError
-from sidecar.jwks import static_keys
-from sidecar.model import Decision, Principal, TrustedContext
-from sidecar.oidc import IdTokenRefused, IdTokenVerifier, OidcSettings
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.config import ApproverSettings, OidcApproverSettings
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle import load_bundle
+from toolauthz.clock import FrozenClock
+from toolauthz.engine import ApprovalSubject, may_approve
+from toolauthz.errors import KeyFileError
+from toolauthz.identity.jwks import static_keys
+from toolauthz.identity.oidc import IdTokenRefused, IdTokenVerifier, OidcSettings
+from toolauthz.model import Decision, Principal, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.config import ApproverSettings, OidcApproverSettings
 
 ISSUER, AUDIENCE = "https://idp.acme.example", "toolauthz-approvals"
 NOW = 1_800_000_000
@@ -273,7 +273,7 @@ def test_a_requester_token_never_approves_their_own_call(stub, approvals):
 
 
 def test_the_cli_sends_the_id_token_from_a_file_or_the_environment(stub, server, tmp_path, monkeypatch, capsys):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     _srv, port = server
     _request, first = pending(stub)
@@ -308,8 +308,8 @@ def test_the_oidc_settings_are_checked_at_load(tmp_path, changes, message):
 
 
 def test_the_keys_come_from_the_configured_source(settings, tmp_path, clock):
-    from sidecar.jwks import RemoteJwks, StaticKeys
-    from sidecar.server.roles import approver_keys
+    from toolauthz.identity.jwks import RemoteJwks, StaticKeys
+    from toolauthz.server.roles import approver_keys
 
     oidc = settings.approvers.oidc
     assert isinstance(approver_keys(oidc, clock), StaticKeys)
@@ -321,7 +321,7 @@ def test_the_keys_come_from_the_configured_source(settings, tmp_path, clock):
 
 
 def test_a_provider_bound_to_several_tenants_without_a_claim_is_logged(settings, clock, caplog):
-    from sidecar.server.roles import id_token_verifier
+    from toolauthz.server.roles import id_token_verifier
 
     shared = settings.approvers.oidc.model_copy(update={"tenants": ("acme", "globex")})
     with caplog.at_level("WARNING", logger="toolauthz.server"):

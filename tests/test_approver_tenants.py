@@ -15,16 +15,16 @@ from idp import TestIdp
 from joserfc import jwt
 from joserfc.jwk import ECKey
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import ClientTls
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import build_sidecar, create_listener_server
-from sidecar.server.config import ListenerSettings
 from tests.certs import CertificateAuthority
 from tests.conftest import make_request, order_entity
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import ClientTls
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import build_sidecar, create_listener_server
+from toolauthz.server.config import ListenerSettings
 
 RUNTIME = "spiffe://example.org/ns/agents/sa/support"
 APPROVAL_UI = "spiffe://example.org/ns/tools/sa/approval-ui"

@@ -6,9 +6,9 @@ import sqlite3
 
 from conftest import make_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.cli.main import main
-from sidecar.service.common import proposed_call, trusted_context
+from toolauthz.audit.store import AuditQuery
+from toolauthz.cli.main import main
+from toolauthz.service.common import proposed_call, trusted_context
 
 
 def authorize(car, call_id: str, caller: str = "") -> None:
@@ -25,7 +25,7 @@ def drop_caller_column(database) -> None:
 
 
 def test_a_trail_written_before_callers_still_verifies_and_continues(settings, clock, capsys):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     car = build_sidecar(settings, clock=clock)
     for i in range(3):
@@ -46,7 +46,7 @@ def test_a_trail_written_before_callers_still_verifies_and_continues(settings, c
 
 
 def test_editing_the_caller_of_a_record_is_found(settings, clock, capsys):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     car = build_sidecar(settings, clock=clock)
     authorize(car, "toolu_1", caller="spiffe://acme.example/agent")
@@ -64,8 +64,8 @@ def test_editing_the_caller_of_a_record_is_found(settings, clock, capsys):
 
 
 def test_verify_of_a_store_elsewhere_says_how_to_pass_the_public_key(settings, clock, capsys, tmp_path, monkeypatch):
-    from sidecar.server.build import build_sidecar
-    from sidecar.tokens.keys import load_private_key_file
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.tokens.keys import load_private_key_file
 
     car = build_sidecar(settings, clock=clock)
     authorize(car, "toolu_1")

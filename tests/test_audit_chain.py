@@ -16,7 +16,7 @@ import pytest
 import rfc8785
 from conftest import key_pair
 
-from sidecar.audit import (
+from toolauthz.audit import (
     GENESIS_HASH,
     AuditEvent,
     AuditRecord,
@@ -29,11 +29,11 @@ from sidecar.audit import (
     verify_chain,
     verify_checkpoint,
 )
-from sidecar.audit.checkpoint import PURPOSE
-from sidecar.audit.merkle import heads_json
-from sidecar.audit.records import chain
-from sidecar.canonical import _in_domain
-from sidecar.store import SqliteAuditLog
+from toolauthz.audit.checkpoint import PURPOSE
+from toolauthz.audit.merkle import heads_json
+from toolauthz.audit.records import chain
+from toolauthz.canonical import _in_domain
+from toolauthz.store import SqliteAuditLog
 
 T0 = 1_800_000_000.0
 
@@ -281,13 +281,13 @@ def test_event_is_a_copy_of_what_the_caller_passed():
 
 
 def test_public_names():
-    import sidecar.audit
+    import toolauthz.audit
 
-    assert sorted(sidecar.audit.__all__) == sorted([
+    assert sorted(toolauthz.audit.__all__) == sorted([
         "GENESIS_HASH", "KINDS", "LEGACY_CHAIN", "AuditEvent", "AuditLog", "AuditQuery", "AuditRecord",
         "ChainHead", "Checkpoint", "CheckpointError", "Finding", "canonical_body", "chain_of", "heads_root",
         "record_hash", "sign_checkpoint", "sign_heads", "verify_chain", "verify_checkpoint"])
-    assert all(hasattr(sidecar.audit, name) for name in sidecar.audit.__all__)
+    assert all(hasattr(toolauthz.audit, name) for name in toolauthz.audit.__all__)
 
 
 def test_a_record_inside_the_fast_encoders_domain_hashes_as_it_always_has():

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from conftest import key_pair
 
-from sidecar.audit import (
+from toolauthz.audit import (
     GENESIS_HASH,
     AuditEvent,
     ChainHead,
@@ -22,11 +22,11 @@ from sidecar.audit import (
     verify_chain,
     verify_checkpoint,
 )
-from sidecar.audit.merkle import heads_json, heads_root, merkle_root
-from sidecar.audit.records import LEGACY_CHAIN, chain
-from sidecar.store import SqliteAuditLog
-from sidecar.store.audit_rows import COLUMNS, to_row
-from sidecar.store.open import open_store
+from toolauthz.audit.merkle import heads_json, heads_root, merkle_root
+from toolauthz.audit.records import LEGACY_CHAIN, chain
+from toolauthz.store import SqliteAuditLog
+from toolauthz.store.audit_rows import COLUMNS, to_row
+from toolauthz.store.open import open_store
 
 T0 = 1_800_000_000.0
 KEY, PUB = key_pair()
@@ -178,8 +178,8 @@ def test_a_sqlite_trail_of_one_chain_is_migrated_and_still_verifies(tmp_path):
 
 
 def test_a_postgresql_trail_of_one_chain_is_migrated_and_still_verifies(postgres_url):
-    from sidecar.store.postgres import migrate
-    from sidecar.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION, event_columns
+    from toolauthz.store.postgres import migrate
+    from toolauthz.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION, event_columns
 
     records, token = legacy_rows(12)
     old_columns = COLUMNS[:-2]

@@ -9,13 +9,13 @@ import pathlib
 import pytest
 from conftest import make_request, order_entity
 
-from sidecar.audit import AuditQuery
-from sidecar.bundle.catalog import load_catalog
-from sidecar.cli.main import main
-from sidecar.decided_by import MAX_UIDS
-from sidecar.errors import Problem
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.config import DATABASE_FILE
+from toolauthz.audit import AuditQuery
+from toolauthz.bundle.catalog import load_catalog
+from toolauthz.cli.main import main
+from toolauthz.decided_by import MAX_UIDS
+from toolauthz.errors import Problem
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.config import DATABASE_FILE
 
 SECRET = "4111-1111-1111-1111-SECRET"
 
@@ -126,8 +126,8 @@ def test_bad_record_entities_rules_are_refused(tmp_path, rules, message):
 
 
 def test_record_entities_of_an_undeclared_type_is_refused(bundle_dir):
-    from sidecar.bundle import load_bundle
-    from sidecar.errors import BundleError
+    from toolauthz.bundle import load_bundle
+    from toolauthz.errors import BundleError
 
     tool = bundle_dir / "tools" / "issue_refund.yaml"
     tool.write_text(tool.read_text().replace("record_entities: {Order:", "record_entities: {Ordr:"))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import approvals
-from sidecar.audit.records import KINDS
-from sidecar.audit.store import RESULTS, AuditQuery, checked_query
-from sidecar.errors import RequestError
-from sidecar.model import Decision
-from sidecar.server import reload
-from sidecar.store.ledger import OUTCOMES
-from sidecar.tokens import claims
+from toolauthz import approvals
+from toolauthz.audit.records import KINDS
+from toolauthz.audit.store import RESULTS, AuditQuery, checked_query
+from toolauthz.errors import RequestError
+from toolauthz.model import Decision
+from toolauthz.server import reload
+from toolauthz.store.ledger import OUTCOMES
+from toolauthz.tokens import claims
 
 
 def test_results_are_every_value_the_writers_record():

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import make_request, order_entity, verify_request
 
-from sidecar.cli.main import main
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.cli.main import main
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 BOB = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="bob"), request_id="ui")
 

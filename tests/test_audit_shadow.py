@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from sidecar.cli.main import main
-from sidecar.model import Principal, ProposedCall, TrustedContext
+from toolauthz.cli.main import main
+from toolauthz.model import Principal, ProposedCall, TrustedContext
 
 MEASURE = {"prototype": "A", "metric": "runtime", "unit": "hours"}
 SHADOW = ('@id("shadow-no-measure-b")\n@shadow\n'
@@ -16,7 +16,7 @@ SHADOW = ('@id("shadow-no-measure-b")\n@shadow\n'
 
 def decide_measures(settings, bundle_dir, clock, prototypes: str) -> None:
     """A sidecar with the shadow policy decides one measurement per prototype, then stops."""
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "shadow.cedar").write_text(SHADOW)
     ctx = TrustedContext("acme", Principal("User", "alice"), "r")
@@ -30,7 +30,7 @@ def decide_measures(settings, bundle_dir, clock, prototypes: str) -> None:
 
 
 def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bundle_dir, clock, capsys):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     decide_measures(settings, bundle_dir, clock, "ABBAB")
     restarted = build_sidecar(settings, clock=clock)
@@ -52,7 +52,7 @@ def test_counts_survive_a_restart_and_show_prints_the_disagreement(settings, bun
 def test_the_console_status_page_counts_from_the_trail_after_a_restart(settings, bundle_dir, clock):
     from console_pages import browser, console_for, sign_in
 
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     decide_measures(settings, bundle_dir, clock, "ABB")
     restarted = build_sidecar(settings, clock=clock)

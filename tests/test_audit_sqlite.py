@@ -13,11 +13,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sidecar.audit import GENESIS_HASH, AuditEvent, AuditQuery, ChainHead, chain_of, heads_root, verify_chain
-from sidecar.audit.records import DEFAULT_CHAINS
-from sidecar.errors import StoreUnavailable
-from sidecar.store import SqliteAuditLog
-from sidecar.store.sqlite.audit_sql import build_query
+from toolauthz.audit import GENESIS_HASH, AuditEvent, AuditQuery, ChainHead, chain_of, heads_root, verify_chain
+from toolauthz.audit.records import DEFAULT_CHAINS
+from toolauthz.errors import StoreUnavailable
+from toolauthz.store import SqliteAuditLog
+from toolauthz.store.sqlite.audit_sql import build_query
 
 T0 = 1_800_000_000.0
 

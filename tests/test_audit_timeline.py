@@ -1,9 +1,9 @@
-"""sidecar/audit/timeline.py: one call's records become its story, in seq order."""
+"""toolauthz/audit/timeline.py: one call's records become its story, in seq order."""
 
 from __future__ import annotations
 
-from sidecar.audit.records import AuditEvent, AuditRecord
-from sidecar.audit.timeline import build_timeline
+from toolauthz.audit.records import AuditEvent, AuditRecord
+from toolauthz.audit.timeline import build_timeline
 
 CALL = {"call_id": "c1", "tenant": "acme", "principal": 'User::"alice"', "tool": "issue_refund",
         "resource": 'Order::"ord_777"', "digest": "ab" * 32, "decision_id": "d1", "approval_id": "a1"}

@@ -7,11 +7,11 @@ import threading
 import pytest
 from conftest import key_pair
 
-from sidecar.audit import AuditEvent, AuditQuery, verify_chain, verify_checkpoint
-from sidecar.clock import FrozenClock
-from sidecar.errors import StoreUnavailable
-from sidecar.store import SqliteAuditLog
-from sidecar.store.audit_writer import AuditWriter, Checkpointer
+from toolauthz.audit import AuditEvent, AuditQuery, verify_chain, verify_checkpoint
+from toolauthz.clock import FrozenClock
+from toolauthz.errors import StoreUnavailable
+from toolauthz.store import SqliteAuditLog
+from toolauthz.store.audit_writer import AuditWriter, Checkpointer
 
 T0 = 1_800_000_000.0
 THREADS = 16

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from conftest import make_request, order_entity
 
-from sidecar.audit.store import AuditQuery
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.store.ledger import Standing
+from toolauthz.audit.store import AuditQuery
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.store.ledger import Standing
 
 
 def error_codes(response) -> list[str]:
@@ -114,8 +114,8 @@ def test_bad_input_is_a_clear_deny_and_the_server_keeps_serving(stub, raw):
 
 
 def test_message_above_the_grpc_limit_is_refused(settings, clock):
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings.model_copy(update={"max_message_bytes": 64 * 1024}), clock=clock)
     srv, port = create_server(car, "127.0.0.1:0")
@@ -169,14 +169,14 @@ def test_trusted_entities_cannot_reach_another_tenant_or_break_the_schema(stub, 
 def test_resource_is_always_inside_the_callers_tenant(bundle_dir, settings, clock):
     """A policy that requires the resource to be in the principal's tenant holds even when
     the argument names an order the runtime did not supply."""
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "orders.cedar").write_text(
         '@id("same-tenant") permit (principal, action == Action::"tool:lookup_order", resource)\n'
         'when { resource in Tenant::"acme" && principal in Tenant::"acme" };\n')
     car = build_sidecar(settings, clock=clock)
     try:
-        from sidecar.model import Principal, ProposedCall, TrustedContext
+        from toolauthz.model import Principal, ProposedCall, TrustedContext
 
         acme = TrustedContext("acme", Principal("User", "alice"), "r")
         globex = TrustedContext("globex", Principal("User", "alice"), "r")
@@ -241,8 +241,8 @@ def test_per_run_limit_holds_under_concurrent_calls(stub, sidecar):
 
 
 def test_policies_see_run_counters(bundle_dir, settings, clock):
-    from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server.build import build_sidecar
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "loops.cedar").write_text(
         '@id("two-measurements-per-run") forbid (principal, action == Action::"tool:measure_runtime", resource)\n'
@@ -259,8 +259,8 @@ def test_policies_see_run_counters(bundle_dir, settings, clock):
 
 
 def test_a_forbid_that_errors_never_lets_a_permit_through(bundle_dir, settings, clock):
-    from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server.build import build_sidecar
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "overflow.cedar").write_text(
         '@id("overflowing-forbid") forbid (principal, action == Action::"tool:issue_refund", resource)\n'
@@ -320,7 +320,7 @@ def test_an_old_decision_is_not_re_tokenized(stub, clock):
 
 
 def test_a_decision_under_replaced_policies_is_not_re_tokenized(stub, sidecar, bundle_dir):
-    from sidecar.bundle import load_bundle
+    from toolauthz.bundle import load_bundle
 
     stub.Authorize(make_request())
     (bundle_dir / "orders.cedar").write_text((bundle_dir / "orders.cedar").read_text() + "\n// edited\n")
@@ -330,8 +330,8 @@ def test_a_decision_under_replaced_policies_is_not_re_tokenized(stub, sidecar, b
 
 
 def test_integer_resource_ids_are_canonical(bundle_dir, settings, clock):
-    from sidecar.model import Principal, ProposedCall, TrustedContext
-    from sidecar.server.build import build_sidecar
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "schema.cedarschema").write_text((bundle_dir / "schema.cedarschema").read_text()
                                                    + "\nentity Ticket in [Tenant];\n")
@@ -376,7 +376,7 @@ def test_a_decision_drafted_on_stale_run_counts_is_made_again(stub, sidecar, mon
 def test_cedar_and_the_signature_run_outside_the_write_lock(stub, sidecar, monkeypatch):
     """Every process sharing the database queues on its write lock: the expensive steps
     of a decision must not hold it."""
-    import sidecar.authorizer.deciding as authorizer_module
+    import toolauthz.authorizer.deciding as authorizer_module
 
     lock = sidecar.store.unit._write_lock
     seen = []
@@ -415,7 +415,7 @@ def test_a_decision_and_its_audit_event_are_made_once_when_the_draft_holds(stub,
 
 
 def _limit_refunds_to(bundle_dir, sidecar, limit: int) -> None:
-    from sidecar.bundle import load_bundle
+    from toolauthz.bundle import load_bundle
 
     path = bundle_dir / "tools" / "issue_refund.yaml"
     path.write_text(path.read_text().replace("max_calls_per_run: 5", f"max_calls_per_run: {limit}"))
@@ -431,8 +431,8 @@ SMALL, FORBIDDEN, LARGE = ({"order_id": "ord_1", "amount_cents": 1500}, {"order_
 def test_the_run_limit_counts_allowed_and_open_approvals_only(stub, sidecar, bundle_dir, channel):
     """A denial leaves the budget as it was; a pending approval holds a share until it is
     rejected (or expires), then gives it back."""
-    from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-    from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+    from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+    from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 
     _limit_refunds_to(bundle_dir, sidecar, 3)
     responses = [stub.Authorize(make_request(args=args, call_id=f"c{i}"))
@@ -459,8 +459,8 @@ def test_a_run_cannot_open_more_approvals_than_its_limit(stub, sidecar, bundle_d
 
 @pytest.mark.both_stores
 def test_an_approved_call_counts_toward_the_run_limit_from_its_approval(stub, sidecar, bundle_dir, channel):
-    from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-    from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+    from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+    from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 
     _limit_refunds_to(bundle_dir, sidecar, 3)
     assert stub.Authorize(make_request(args=SMALL, call_id="c0")).decision == pb.ALLOW

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from conftest import make_request, order_entity
 
-from sidecar.audit.store import AuditQuery
-from sidecar.errors import StoreUnavailable
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.build import build_sidecar
-from sidecar.service.common import proposed_call, trusted_context
+from toolauthz.audit.store import AuditQuery
+from toolauthz.errors import StoreUnavailable
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.build import build_sidecar
+from toolauthz.service.common import proposed_call, trusted_context
 
 SMALL = {"order_id": "ord_1", "amount_cents": 1500}
 LARGE = {"order_id": "ord_1", "amount_cents": 6000}
@@ -172,7 +172,7 @@ def test_a_batch_again_replays_every_decision_and_decides_nothing_twice(stub, si
     (lambda r: r.ClearField("calls"), "a batch needs at least one call"),
 ])
 def test_a_refused_batch_decides_and_records_nothing(settings, clock, change, message):
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     limited = settings.model_copy(update={"batch": settings.batch.model_copy(
         update={"max_calls": 4, "max_bytes": 4096})})
@@ -182,7 +182,7 @@ def test_a_refused_batch_decides_and_records_nothing(settings, clock, change, me
         request = batch(member("c0"), member("c1"))
         change(request)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+            from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
             details = refused_with(pb_grpc.ToolAuthorizerStub(channel).AuthorizeBatch, request,
                                    grpc.StatusCode.INVALID_ARGUMENT)
@@ -205,7 +205,7 @@ def test_the_store_unavailable_fails_the_batch_with_no_token(stub, sidecar, monk
 def test_one_call_failing_inside_the_sidecar_fails_the_batch_and_withholds_every_token(stub, sidecar, monkeypatch):
     """An internal error deciding one call: the RPC fails, so the ALLOW decided beside
     it in the same commit reaches no one; asking again replays it with a token."""
-    import sidecar.authorizer.deciding as authorizer_module
+    import toolauthz.authorizer.deciding as authorizer_module
 
     real = authorizer_module.evaluate
 
@@ -237,7 +237,7 @@ def test_a_batch_is_one_run_of_one_tenant_by_its_shape(stub, sidecar):
 
 
 def test_a_flood_of_calls_is_refused_before_any_call_is_read(stub, sidecar, monkeypatch):
-    import sidecar.service.authorizer as handlers
+    import toolauthz.service.authorizer as handlers
 
     def never(_msg):
         raise AssertionError("a call of a refused batch was converted")
@@ -266,8 +266,8 @@ def test_a_batch_and_an_authorize_of_one_call_id_in_one_commit_decide_it_once(si
 
     from test_pump import held_first_batch
 
-    from sidecar.batch import DEFAULT_LIMITS, BatchCall, plan_batch
-    from sidecar.server.pump import DecisionPump
+    from toolauthz.batch import DEFAULT_LIMITS, BatchCall, plan_batch
+    from toolauthz.server.pump import DecisionPump
 
     pump = DecisionPump(sidecar.authorizer, inline_after=None)
     hold, entered, release = held_first_batch(pump)

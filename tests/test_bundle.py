@@ -7,9 +7,9 @@ import pathlib
 import pytest
 import yaml
 
-from sidecar.bundle import load_bundle
-from sidecar.cli.main import main
-from sidecar.errors import BundleError
+from toolauthz.bundle import load_bundle
+from toolauthz.cli.main import main
+from toolauthz.errors import BundleError
 
 
 def problems_of(bundle_dir: pathlib.Path) -> list[str]:
@@ -165,7 +165,7 @@ def test_schema_command_prints_generated_actions(capsys):
 def test_a_reload_does_not_check_an_unchanged_tool_schema_again(bundle_dir, monkeypatch):
     from jsonschema import Draft202012Validator
 
-    import sidecar.bundle.catalog as catalog
+    import toolauthz.bundle.catalog as catalog
 
     monkeypatch.setattr(catalog, "_VALID_SCHEMAS", set())
     checked = []

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from joserfc import jws
 from joserfc.jwk import OKPKey
 
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle.signature import (
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle.signature import (
     MAX_SIGNATURE_BYTES,
     SIGNATURE_FILE,
     SignatureError,
@@ -23,11 +23,11 @@ from sidecar.bundle.signature import (
     sign_bundle,
     verify_bundle,
 )
-from sidecar.cli.main import main as cli
-from sidecar.errors import BundleError
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.reload import load_bundle_snapshot
-from sidecar.telemetry import metrics
+from toolauthz.cli.main import main as cli
+from toolauthz.errors import BundleError
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.reload import load_bundle_snapshot
+from toolauthz.telemetry import metrics
 
 FORBID = '@id("no-measurements")\nforbid (principal, action == Action::"tool:measure_runtime", resource);\n'
 
@@ -176,7 +176,7 @@ def with_verification(settings, public):
 
 
 def test_an_unsigned_bundle_does_not_start_a_verifying_sidecar(settings, key, clock):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     public = settings.data_dir.parent / "bundle-key.pub"
     public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
@@ -187,7 +187,7 @@ def test_an_unsigned_bundle_does_not_start_a_verifying_sidecar(settings, key, cl
 @pytest.fixture
 def verifying(settings, bundle_dir, key, clock):
     """A sidecar serving a signed bundle (revision 10), with bundle_verification on."""
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     public = settings.data_dir.parent / "bundle-key.pub"
     public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
@@ -198,14 +198,14 @@ def verifying(settings, bundle_dir, key, clock):
 
 
 def test_through_the_reload_path_a_signed_bundle_loads_and_an_altered_one_is_refused(verifying, bundle_dir, key):
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     car = verifying
     server, port = create_server(car, "127.0.0.1:0")
     try:
         import grpc
 
-        from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+        from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.ToolAuthorizerStub(channel)

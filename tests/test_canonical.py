@@ -1,4 +1,4 @@
-"""sidecar/canonical.py writes exactly rfc8785's bytes: orjson inside the proven domain,
+"""toolauthz/canonical.py writes exactly rfc8785's bytes: orjson inside the proven domain,
 rfc8785 itself outside it.
 
 The proof has four parts: every code point escapes alike (exhaustive); the float rule
@@ -20,7 +20,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.canonical import _in_domain, canonical_json, read_back
+from toolauthz.canonical import _in_domain, canonical_json, read_back
 
 MAX_SAFE = 2**53 - 1
 

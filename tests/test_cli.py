@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import stat
 
-from sidecar.cli.main import main
+from toolauthz.cli.main import main
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -98,8 +98,8 @@ def test_keys_generate_creates_the_audit_key_too_with_mode_0600(capsys, tmp_path
 
 
 def test_keys_generate_audit_alone_and_the_sidecar_starts_on_them(capsys, tmp_path, bundle_dir):
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import load_settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import load_settings
 
     data = tmp_path / "data"
     assert run(capsys, "keys", "generate", "--keys-dir", str(data / "keys"))[0] == 0

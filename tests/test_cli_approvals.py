@@ -12,11 +12,11 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.cli.main import main
-from sidecar.display import display as _shown
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.cli.main import main
+from toolauthz.display.escape import display as _shown
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 # A resource id that, printed raw, would end its line and forge the lines below it (a
 # short code, a requester) and then hide the rest of the screen (ESC [8m: concealed).
@@ -121,7 +121,7 @@ def test_approvals_list_has_a_header_and_an_expiry_column(approvals_server: tupl
 
 
 def test_a_table_refuses_a_cell_that_was_not_escaped() -> None:
-    from sidecar.cli.table import table
+    from toolauthz.cli.table import table
     with pytest.raises(ValueError, match="escaped"):
         table(["A", "B"], [["ok", "forged\nrow"]])
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import order_entity
 
-from sidecar.cli.main import main
+from toolauthz.cli.main import main
 
 AMOUNT = '{"order_id": "ord_1", "amount_cents": 1500}'
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from conftest import order_entity
 
-from sidecar.client import (
+from toolauthz.client import (
     AsyncAuthzClient,
     AuthzClient,
     OfflineVerifier,
@@ -21,10 +21,10 @@ from sidecar.client import (
     RetryPolicy,
     TrustedContext,
 )
-from sidecar.client import _convert as cv
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.client import _convert as cv
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
 ALICE = TrustedContext("acme", Principal("User", "alice"), "run-1")

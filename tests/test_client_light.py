@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from sidecar.bundle.catalog import load_catalog
-from sidecar.client import ToolSet, load_output_schemas
-from sidecar.errors import BundleError, Problem
+from toolauthz.bundle.catalog import load_catalog
+from toolauthz.client import ToolSet, load_output_schemas
+from toolauthz.errors import BundleError, Problem
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA = "https://json-schema.org/draft/2020-12/schema"
@@ -25,7 +25,7 @@ INPUT = {"$schema": SCHEMA, "type": "object", "properties": {"x": {"type": "stri
 _BLOCKED_SCRIPT = textwrap.dedent("""
     import sys
 
-    BLOCKED = ("cedarpy", "sidecar.bundle", "sidecar.engine", "sidecar.store", "sidecar.server")
+    BLOCKED = ("cedarpy", "toolauthz.bundle", "toolauthz.engine", "toolauthz.store", "toolauthz.server")
 
     class Blocker:
         def find_spec(self, name, path=None, target=None):
@@ -35,8 +35,8 @@ _BLOCKED_SCRIPT = textwrap.dedent("""
 
     sys.meta_path.insert(0, Blocker())
 
-    import sidecar.client
-    from sidecar.client import ToolSet, load_output_schemas
+    import toolauthz.client
+    from toolauthz.client import ToolSet, load_output_schemas
 
     schemas = load_output_schemas("policies")
     tools = ToolSet(output_schemas=schemas)

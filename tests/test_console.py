@@ -1,4 +1,4 @@
-"""The browser console's approver pages (sidecar/console/), against a real sidecar.
+"""The browser console's approver pages (toolauthz/console/), against a real sidecar.
 
 A decision made in the console goes through the approval desk exactly as gRPC
 DecideApproval does: the same refusals and audit records, and the waiting runtime's
@@ -14,14 +14,14 @@ import pytest
 from conftest import make_request, verify_request
 from console_pages import LARGE, browser, console_for, csrf_of, post_form, propose, sign_in
 
-from sidecar.audit.store import AuditQuery
-from sidecar.console.app import CSP
-from sidecar.console.session import COOKIE
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.store.ledger import CallOwner
+from toolauthz.audit.store import AuditQuery
+from toolauthz.console.app import CSP
+from toolauthz.console.session import COOKIE
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.store.ledger import CallOwner
 
 GENEROUS = 30.0  # seconds: a deadline only a hang reaches
 
@@ -242,7 +242,7 @@ def test_grpc_and_console_see_the_same_approval(sidecar, console, channel):
 def test_serve_runs_the_console_beside_its_grpc_listener(sidecar):
     import urllib.request
 
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     sidecar.settings = sidecar.settings.model_copy(update={"console_listen": "127.0.0.1:0"})
     srv, _port = create_server(sidecar, "127.0.0.1:0")

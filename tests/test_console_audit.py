@@ -9,8 +9,8 @@ import re
 import pytest
 from console_pages import browser, console_for, post_form, propose, sign_in
 
-from sidecar.model import ProposedCall
-from sidecar.store.ledger import CallOwner
+from toolauthz.model import ProposedCall
+from toolauthz.store.ledger import CallOwner
 
 ORDER = {"order_id": "ord_777", "amount_cents": 6000}
 

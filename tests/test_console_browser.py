@@ -25,10 +25,10 @@ try:
 except ImportError:  # the browser fixture then fails (CI) or skips, saying why
     expect = sync_playwright = None
 
-from sidecar.client import AuthzClient, Guard, Principal, ProposedCall, ToolSet, TrustedContext, load_output_schemas
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.client import AuthzClient, Guard, Principal, ProposedCall, ToolSet, TrustedContext, load_output_schemas
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 CHROMIUM = os.environ.get("TOOLAUTHZ_CHROMIUM", "/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from console_pages import browser, console_for, csrf_of, post_form, propose, sign_in
 
-from sidecar.audit.store import AuditQuery
-from sidecar.console.app import MAX_FORM_BYTES
-from sidecar.console.session import COOKIE
+from toolauthz.audit.store import AuditQuery
+from toolauthz.console.app import MAX_FORM_BYTES
+from toolauthz.console.session import COOKIE
 
 PROXY = {"sign_in": "proxy", "proxy": {"trusted": ["10.0.0.0/24"]}}
 BOB = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "finance", "X-Forwarded-Tenant": "acme"}

@@ -1,5 +1,5 @@
 """The console's OIDC sign-in: ID tokens verified as the approvers' gRPC path verifies
-them (sidecar/oidc.py), and handed to the approval desk, which verifies them again."""
+them (toolauthz/identity/oidc.py), and handed to the approval desk, which verifies them again."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from joserfc import jwt
 from joserfc.jwk import RSAKey
 from pydantic import ValidationError
 
-from sidecar.audit.store import AuditQuery
-from sidecar.server.config import Settings
+from toolauthz.audit.store import AuditQuery
+from toolauthz.server.config import Settings
 
 ISSUER, AUDIENCE, NOW = "https://idp.acme.example", "toolauthz-approvals", 1_800_000_000
 KEY = RSAKey.generate_key(2048, parameters={"kid": "rsa-1"})

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from console_pages import browser, console_for, csrf_of, post_form, propose, sign_in
 
-from sidecar.audit.store import AuditQuery
-from sidecar.console.signin import DevSignIn, SignInRefused
-from sidecar.errors import ToolAuthzError
-from sidecar.server.config import load_settings
+from toolauthz.audit.store import AuditQuery
+from toolauthz.console.signin import DevSignIn, SignInRefused
+from toolauthz.errors import ToolAuthzError
+from toolauthz.server.config import load_settings
 
 PROXY = {"sign_in": "proxy", "proxy": {"trusted": ["10.0.0.0/24"]}}
 BOB = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "finance, auditors", "X-Forwarded-Tenant": "acme"}

@@ -10,12 +10,12 @@ import json
 import cedarpy
 import pytest
 
-import sidecar.engine as engine
-from sidecar.bundle import load_bundle
-from sidecar.bundle.cedar_schema import context_type, tool_context_type
-from sidecar.bundle.context_reads import context_reads, narrowed
-from sidecar.engine import RunCounts
-from sidecar.model import Principal, ProposedCall, TrustedContext
+import toolauthz.engine as engine
+from toolauthz.bundle import load_bundle
+from toolauthz.bundle.cedar_schema import context_type, tool_context_type
+from toolauthz.bundle.context_reads import context_reads, narrowed
+from toolauthz.engine import RunCounts
+from toolauthz.model import Principal, ProposedCall, TrustedContext
 
 
 def reads_of(*conditions: str):

@@ -16,9 +16,9 @@ import pytest
 from conftest import make_request
 from test_fleet_processes import Replica
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.store.postgres import migrate
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.store.postgres import migrate
 
 ANSWERS_BEFORE_KILL = 40
 THREADS = 8
@@ -48,7 +48,7 @@ def _records(url: str) -> list[str]:
 
 def test_killed_under_load_no_answered_decision_lacks_its_record_and_every_chain_verifies(
         store_and_replicas, tmp_path):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     url, count = store_and_replicas
     data = str(tmp_path / "data")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.server.config import DATABASE_FILE
-from sidecar.store import SqliteStore
-from sidecar.store.sqlite.base import WriteLock
+from toolauthz.server.config import DATABASE_FILE
+from toolauthz.store import SqliteStore
+from toolauthz.store.sqlite.base import WriteLock
 
 
 def test_stores_of_one_file_share_one_write_lock_until_the_last_closes(tmp_path):
@@ -52,7 +52,7 @@ def _recorded_fsyncs(monkeypatch) -> list[str]:
 def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monkeypatch):
     import sqlite3
 
-    from sidecar.store.sqlite.base import sync_log
+    from toolauthz.store.sqlite.base import sync_log
 
     wal = tmp_path / "wal.db"
     conn = sqlite3.connect(wal)
@@ -69,12 +69,12 @@ def test_sync_log_syncs_the_write_ahead_log_or_else_the_database(tmp_path, monke
 
 def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(sidecar, monkeypatch):
     """The audit writer's own commits (outcomes, approvals, replays), like the ledger's."""
-    from sidecar.audit.records import AuditEvent
+    from toolauthz.audit.records import AuditEvent
 
     lock = sidecar.store.unit._write_lock
     states = []
     names = _recorded_fsyncs(monkeypatch)
-    import sidecar.store.sqlite.unit as sqlite_unit
+    import toolauthz.store.sqlite.unit as sqlite_unit
 
     real_sync = sqlite_unit.sync_log
 
@@ -90,8 +90,8 @@ def test_an_audit_record_written_alone_is_synced_after_the_lock_is_released(side
 def test_a_data_directory_of_the_two_file_layout_is_refused(settings, clock):
     """Starting on a fresh database beside an old ledger would forget which tokens were
     spent, and start a second audit chain."""
-    from sidecar.errors import StoreUnavailable
-    from sidecar.server.build import build_sidecar
+    from toolauthz.errors import StoreUnavailable
+    from toolauthz.server.build import build_sidecar
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     (settings.data_dir / "ledger.db").write_bytes(b"")
@@ -109,8 +109,8 @@ def test_a_disk_that_refuses_the_sync_means_no_token(sidecar, stub, monkeypatch)
     import grpc
     from conftest import make_request
 
-    from sidecar.errors import StoreUnavailable
-    from sidecar.store.sqlite.base import sync_log
+    from toolauthz.errors import StoreUnavailable
+    from toolauthz.store.sqlite.base import sync_log
 
     def eio(fd):
         raise OSError(errno.EIO, os.strerror(errno.EIO))

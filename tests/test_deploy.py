@@ -23,9 +23,9 @@ import pytest
 import yaml
 from conftest import EXAMPLE_BUNDLE, ROOT
 
-from sidecar.bundle import load_bundle
-from sidecar.server import config as config_module
-from sidecar.server.config import Settings, load_settings
+from toolauthz.bundle import load_bundle
+from toolauthz.server import config as config_module
+from toolauthz.server.config import Settings, load_settings
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -50,7 +50,7 @@ SERVICE_MONITOR_SCHEMA = {
 KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
 
 # Config keys and environment overrides that the manifests use and that other parts of
-# issue 18 and issue 16 add to sidecar/server/config.py (the store URL, metrics, callers'
+# issue 18 and issue 16 add to toolauthz/server/config.py (the store URL, metrics, callers'
 # roles). Only these may be unknown to the config model; shrink the list as they land.
 EXPECTED_FROM_OTHER_WORK_KEYS = {"store"}
 EXPECTED_FROM_OTHER_WORK_ENV = {"TOOLAUTHZ_STORE"}
@@ -669,7 +669,7 @@ def test_the_image_runs_as_a_numeric_non_root_user_on_a_read_only_root():
 
 
 def test_the_image_checks_its_health_through_grpc_health():
-    from sidecar.cli.main import build_parser
+    from toolauthz.cli.main import build_parser
 
     instructions = dockerfile()
     [healthcheck] = [i.value for i in instructions if i.keyword == "HEALTHCHECK"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.cli.main import main as cli
-from sidecar.cli.policytest import main as policytest
-from sidecar.errors import Problem
+from toolauthz.cli.main import main as cli
+from toolauthz.cli.policytest import main as policytest
+from toolauthz.errors import Problem
 
 
 def check(capsys, bundle) -> list[str]:

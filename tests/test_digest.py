@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import pytest
 
-from sidecar.canonical import _in_domain
-from sidecar.digest import DIGEST_DOMAIN, call_digest, canonical_json
-from sidecar.errors import InputError
-from sidecar.strict_json import parse_strict_json
+from toolauthz.canonical import _in_domain
+from toolauthz.digest import DIGEST_DOMAIN, call_digest, canonical_json
+from toolauthz.errors import InputError
+from toolauthz.strict_json import parse_strict_json
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "digest.md"
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from sidecar.cli.main import main
-from sidecar.display import bounded_message, display, display_uid, shown
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from tests.conftest import make_request
+from toolauthz.cli.main import main
+from toolauthz.display.escape import bounded_message, display, display_uid, shown
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 FORGED_ID = 'tkt_9"\ncode ZZZZ-ZZZZ\nrequester User::"ceo"\x1b[8m'
 TICKET_TOOL = """\
@@ -133,7 +133,7 @@ def test_shown_keeps_a_short_prefix_and_counts_the_rest():
 def test_log_lines_escape_what_a_caller_wrote():
     import logging
 
-    from sidecar.display import EscapingFormatter
+    from toolauthz.display.escape import EscapingFormatter
 
     formatter = EscapingFormatter("%(levelname)s %(message)s")
     record = logging.LogRecord("toolauthz", logging.WARNING, __file__, 1, "tool %s failed", (FORGED_ID,), None)

@@ -1,4 +1,4 @@
-"""Display hints of a tool file (sidecar/display_hints.py): checked at load like every
+"""Display hints of a tool file (toolauthz/display/hints.py): checked at load like every
 other field, rendered one way for the console, the CLI and notifications, and the
 policy comparisons an approval page shows (console/approval_view.py)."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.bundle.loader import load_bundle
-from sidecar.console.approval_view import thresholds
-from sidecar.display_hints import DisplayHint, labelled, money, shown_value
-from sidecar.errors import BundleError
-from sidecar.store.approvals import ApprovalRecord
+from toolauthz.bundle.loader import load_bundle
+from toolauthz.console.approval_view import thresholds
+from toolauthz.display.hints import DisplayHint, labelled, money, shown_value
+from toolauthz.errors import BundleError
+from toolauthz.store.approvals import ApprovalRecord
 
 
 def with_display(bundle_dir, block: str) -> None:

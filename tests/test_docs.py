@@ -90,7 +90,7 @@ def sidecar(tmp_path_factory) -> Iterator[dict[str, str]]:
     config.write_text(json.dumps({"bundle": str(ROOT / "policies"), "data_dir": str(data / "data"),
                                   "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
                                   "generate_missing_keys": True, "reload_poll_seconds": 0}))
-    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "toolauthz.cli", "serve", "--config", str(config), "--workers", "1",
                              "--log-format", "json"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:

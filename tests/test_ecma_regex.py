@@ -1,6 +1,6 @@
 """Every regex of a tool schema is read as ECMA-262, by both validators.
 
-The translation (sidecar/bundle/ecma_regex.py) against a table of ECMA-262's answers
+The translation (toolauthz/bundle/ecma_regex.py) against a table of ECMA-262's answers
 and, where Node.js is installed, against V8's own `RegExp(pattern, "u")` over generated
 patterns and texts; then the schemas: `pattern`, `patternProperties` (and with it
 `additionalProperties`), `propertyNames`, in `$defs` and nested, on the fast path and on
@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.bundle.catalog import load_catalog, reference_validator
-from sidecar.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_regex, ecma_schema
-from sidecar.errors import Problem
+from toolauthz.bundle.catalog import load_catalog, reference_validator
+from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_regex, ecma_schema
+from toolauthz.errors import Problem
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 TERMINATORS = ("\n", "\r", "\u2028", "\u2029")

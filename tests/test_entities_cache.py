@@ -7,9 +7,9 @@ import shutil
 import pytest
 from conftest import EXAMPLE_BUNDLE
 
-import sidecar.engine as engine
-from sidecar.bundle import load_bundle
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
+import toolauthz.engine as engine
+from toolauthz.bundle import load_bundle
+from toolauthz.model import Decision, Principal, ProposedCall, TrustedContext
 
 SAME_TENANT = ('@id("same-tenant") permit (principal, action == Action::"tool:lookup_order", resource)\n'
                'when { resource in Tenant::"acme" && principal in Tenant::"acme" };\n')

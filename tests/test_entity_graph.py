@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-import sidecar.engine as engine
-from sidecar.bundle import load_bundle
-from sidecar.bundle.entity_graph import StaticGraph, references
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
+import toolauthz.engine as engine
+from toolauthz.bundle import load_bundle
+from toolauthz.bundle.entity_graph import StaticGraph, references
+from toolauthz.model import Decision, Principal, ProposedCall, TrustedContext
 
 SCHEMA = """
 entity Tenant;

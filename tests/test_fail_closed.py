@@ -11,11 +11,11 @@ import grpc
 import pytest
 from conftest import hold_ledger_writes, make_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.service.authorizer import ToolAuthorizerService
-from sidecar.service.common import proposed_call, trusted_context
+from toolauthz.audit.store import AuditQuery
+from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.service.authorizer import ToolAuthorizerService
+from toolauthz.service.common import proposed_call, trusted_context
 
 
 class FakeContext:
@@ -93,8 +93,8 @@ def test_deadline_passing_during_the_decision_means_no_token(sidecar):
 
 
 def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings.model_copy(update={"max_concurrent_rpcs": 2}), clock=clock)
     entered, release = threading.Semaphore(0), threading.Event()
@@ -130,7 +130,7 @@ def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
 
 
 def test_unexpected_error_is_internal_generic_and_logged(sidecar, stub, caplog, monkeypatch):
-    import sidecar.authorizer.deciding as authorizer_module
+    import toolauthz.authorizer.deciding as authorizer_module
 
     def explode(*args, **kwargs):
         raise RuntimeError("cedar exploded: secret internals")

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from bench import bundles
-from sidecar.bundle.catalog import _FORMAT_CHECKER, load_catalog, reference_validator
-from sidecar.bundle.fast_schema import _pattern_in_subset, fast_validator
-from sidecar.errors import InputError, Problem
-from sidecar.strict_json import parse_strict_json
+from toolauthz.bundle.catalog import _FORMAT_CHECKER, load_catalog, reference_validator
+from toolauthz.bundle.fast_schema import _pattern_in_subset, fast_validator
+from toolauthz.errors import InputError, Problem
+from toolauthz.strict_json import parse_strict_json
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -413,7 +413,7 @@ def _write_tool(tools_dir: pathlib.Path, schema: dict[str, Any]) -> None:
 
 def test_a_tool_on_the_fallback_is_named_in_the_log(tmp_path: pathlib.Path, caplog) -> None:
     _write_tool(tmp_path / "tools", {"properties": {"n": {"type": "number", "multipleOf": 0.5}}})
-    with caplog.at_level(logging.INFO, logger="sidecar.bundle.catalog"):
+    with caplog.at_level(logging.INFO, logger="toolauthz.bundle.catalog"):
         tool = load_catalog(tmp_path / "tools", [])["t"]
     assert tool.fast_validator is None and tool.schema_engine == "jsonschema: the keyword `multipleOf`"
     assert "tool `t`: input checked by jsonschema: the keyword `multipleOf`" in caplog.text
@@ -422,7 +422,7 @@ def test_a_tool_on_the_fallback_is_named_in_the_log(tmp_path: pathlib.Path, capl
 
 def test_a_proven_tool_is_checked_by_jsonschema_rs(tmp_path: pathlib.Path, caplog) -> None:
     _write_tool(tmp_path / "tools", {"properties": {"n": {"type": "integer"}}, "required": ["n"]})
-    with caplog.at_level(logging.INFO, logger="sidecar.bundle.catalog"):
+    with caplog.at_level(logging.INFO, logger="toolauthz.bundle.catalog"):
         tool = load_catalog(tmp_path / "tools", [])["t"]
     assert tool.schema_engine == "jsonschema-rs" and "input checked by" not in caplog.text
     assert tool.accepts({"n": 1}) and not tool.accepts({"n": "1"}) and not tool.accepts({})
@@ -436,9 +436,9 @@ class _RejectsAll:
 def _lookup(bundle_dir: pathlib.Path, order_id: object, fast: Any = None):
     from dataclasses import replace
 
-    from sidecar.bundle import load_bundle
-    from sidecar.engine import prepare
-    from sidecar.model import Principal, ProposedCall, TrustedContext
+    from toolauthz.bundle import load_bundle
+    from toolauthz.engine import prepare
+    from toolauthz.model import Principal, ProposedCall, TrustedContext
 
     bundle = load_bundle(bundle_dir)
     if fast is not None:

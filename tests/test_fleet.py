@@ -10,9 +10,9 @@ import threading
 import pytest
 from conftest import order_entity, replicas_of
 
-from sidecar.audit import verify_chain
-from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.store.ledger import CallOwner
+from toolauthz.audit import verify_chain
+from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.store.ledger import CallOwner
 
 SMALL = b'{"order_id": "ord_1", "amount_cents": 1500}'
 LARGE = b'{"order_id": "ord_1", "amount_cents": 6000}'
@@ -69,7 +69,7 @@ def test_a_run_limit_is_counted_across_replicas(fleet):
 
 def test_a_decision_on_one_replica_wakes_a_watch_on_the_other(fleet):
     """LISTEN/NOTIFY, not polling: the only way A's desk hears of B's decision, which A's
-    watches wait on (sidecar/service/watching.py), is the notification."""
+    watches wait on (toolauthz/service/watching.py), is the notification."""
     a, b = fleet
     asked = a.authorizer.authorize(context(), call("c1", LARGE))
     assert asked.decision.value == "APPROVAL_REQUIRED"

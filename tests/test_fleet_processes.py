@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from conftest import EXAMPLE_BUNDLE, ROOT, make_request, verify_request
 
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.store.postgres import migrate
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.store.postgres import migrate
 
 START_TIMEOUT = 60
 WAIT = 30
@@ -35,7 +35,7 @@ class Replica:
     def __init__(self, store: str, data_dir: str):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TOOLAUTHZ_STORE": store}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.cli.main", "serve", "--bundle", str(EXAMPLE_BUNDLE), "--listen",
+            [sys.executable, "-m", "toolauthz.cli.main", "serve", "--bundle", str(EXAMPLE_BUNDLE), "--listen",
              "127.0.0.1:0", "--data-dir", data_dir, "--workers", "1"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.err: list[str] = []
@@ -159,7 +159,7 @@ def test_approved_on_one_replica_fetched_on_another_and_a_watch_on_a_third_woken
 
 
 def test_every_replica_sees_every_decision_and_the_trail_verifies_until_edited(fleet, capsys):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     channels, data, store = fleet
     stubs = authorizers(fleet)

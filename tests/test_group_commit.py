@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from sidecar.audit.store import AuditQuery
-from sidecar.errors import StoreUnavailable
-from sidecar.store.group_commit import GroupCommit, ItemFailed
-from sidecar.store.ledger import CallEntry, RecordedDecision, ReserveCall, Standing
+from toolauthz.audit.store import AuditQuery
+from toolauthz.errors import StoreUnavailable
+from toolauthz.store.group_commit import GroupCommit, ItemFailed
+from toolauthz.store.ledger import CallEntry, RecordedDecision, ReserveCall, Standing
 
 WAIT = 30  # seconds; only reached if the code under test hangs
 
@@ -193,8 +193,8 @@ def test_concurrent_consumes_of_one_call_let_exactly_one_through(ledger):
 
 
 def test_apply_runs_mixed_operations_in_order_and_fails_misuse_alone(store):
-    from sidecar.audit.records import AuditEvent
-    from sidecar.store.ledger import AppendAudit, ConsumeToken
+    from toolauthz.audit.records import AuditEvent
+    from toolauthz.store.ledger import AppendAudit, ConsumeToken
 
     event = AuditEvent(kind="verify", time=1.0, call_id="c1", result="bad_signature")
     results = store.ledger.apply([
@@ -218,7 +218,7 @@ def test_a_recorded_outcome_returns_the_row_as_stored(ledger):
 
 
 def test_prune_removes_the_rows_of_ended_calls_in_batches_and_keeps_the_trail(store):
-    from sidecar.audit.records import AuditEvent
+    from toolauthz.audit.records import AuditEvent
 
     ledger = store.ledger
     for i in range(5):
@@ -244,10 +244,10 @@ def test_prune_removes_the_rows_of_ended_calls_in_batches_and_keeps_the_trail(st
 def test_a_sqlite_transaction_reads_the_chains_heads_and_the_last_seq_in_one_statement(tmp_path):
     """The audit append's read under the write lock is one statement, however many
     records and chains a batch appends to; the records still chain and verify."""
-    from sidecar.audit.records import AuditEvent
-    from sidecar.audit.verify import verify_chain
-    from sidecar.store.ledger import AppendAudit
-    from sidecar.store.sqlite import SqliteStore
+    from toolauthz.audit.records import AuditEvent
+    from toolauthz.audit.verify import verify_chain
+    from toolauthz.store.ledger import AppendAudit
+    from toolauthz.store.sqlite import SqliteStore
 
     with SqliteStore(str(tmp_path / "heads.db"), chains=4) as store:
         statements: list[str] = []

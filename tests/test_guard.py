@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 from conftest import order_entity
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import (
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import (
     NO_RETRY,
     AsyncAuthzClient,
     AsyncGuard,
@@ -32,7 +32,7 @@ from sidecar.client import (
     UnknownCallError,
     load_output_schemas,
 )
-from sidecar.client.results import CallResult
+from toolauthz.client.results import CallResult
 
 SMALL = '{"order_id": "ord_1", "amount_cents": 1500}'
 LARGE = '{"order_id": "ord_1", "amount_cents": 6000, "reason": "parcel lost"}'

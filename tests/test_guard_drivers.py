@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from sidecar.client import AsyncGuard, Guard, Principal, ProposedCall, ToolSet, TrustedContext
-from sidecar.client.results import CallResult
-from sidecar.client.sync import OutcomeReport
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.client import AsyncGuard, Guard, Principal, ProposedCall, ToolSet, TrustedContext
+from toolauthz.client.results import CallResult
+from toolauthz.client.sync import OutcomeReport
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 R = TypeVar("R")
 CONTEXT = TrustedContext("acme", Principal("User", "alice"), "run-1")

@@ -9,9 +9,9 @@ import weakref
 import pytest
 from conftest import ROOT
 
-from sidecar.bundle import BundleHolder, load_bundle
-from sidecar.server.heap import freeze_long_lived, keep_bundles_frozen
-from sidecar.server.reload import BundleReloader
+from toolauthz.bundle import BundleHolder, load_bundle
+from toolauthz.server.heap import freeze_long_lived, keep_bundles_frozen
+from toolauthz.server.reload import BundleReloader
 
 
 @pytest.fixture

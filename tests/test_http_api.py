@@ -14,12 +14,12 @@ from conftest import ROOT, order_entity
 from pydantic import ValidationError
 from transports import Call, Context, HttpTransport, OpenApiSchemas, _body, openapi
 
-from sidecar.audit.store import AuditQuery
-from sidecar.digest import call_digest
-from sidecar.errors import RequestError, ToolAuthzError
-from sidecar.service.failures import Status, failure_of
-from sidecar.service.http_api import HttpApi
-from sidecar.service.http_api.json_body import ANY_ITEM, BodyShape, RawJson, parse_body
+from toolauthz.audit.store import AuditQuery
+from toolauthz.digest import call_digest
+from toolauthz.errors import RequestError, ToolAuthzError
+from toolauthz.service.failures import Status, failure_of
+from toolauthz.service.http_api import HttpApi
+from toolauthz.service.http_api.json_body import ANY_ITEM, BodyShape, RawJson, parse_body
 
 ALICE = Context(entities=[order_entity("ord_1", "alice")])
 REFUND = Call("toolu_1", "issue_refund", b'{"order_id": "ord_1", "amount_cents": 1500}')
@@ -120,7 +120,7 @@ def test_http_only_refusals(http):
 
 @pytest.mark.parametrize("address", ["0.0.0.0:8080", "192.168.1.10:80", "example.com:80", "[::]:80"])
 def test_a_non_loopback_http_listen_is_refused_at_load(settings, address):
-    from sidecar.server.config import load_settings
+    from toolauthz.server.config import load_settings
 
     with pytest.raises(ValidationError, match="not a loopback address"):
         settings.model_copy(update={"http_listen": ""}).model_validate(
@@ -130,7 +130,7 @@ def test_a_non_loopback_http_listen_is_refused_at_load(settings, address):
 
 
 def test_the_http_listener_stops_with_the_grpc_server(sidecar):
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     srv, _port = create_server(sidecar, "127.0.0.1:0")
     http_port = srv.http_port
@@ -142,7 +142,7 @@ def test_the_http_listener_stops_with_the_grpc_server(sidecar):
 
 
 def test_without_http_listen_there_is_no_http_listener(sidecar, settings):
-    from sidecar.server.build import create_server
+    from toolauthz.server.build import create_server
 
     sidecar.settings = settings.model_copy(update={"http_listen": ""})
     srv, port = create_server(sidecar, "127.0.0.1:0")
@@ -157,8 +157,8 @@ def test_without_http_listen_there_is_no_http_listener(sidecar, settings):
 # -- one error table -----------------------------------------------------------------------
 
 def test_every_status_is_a_grpc_status_code_and_errors_map_through_one_table():
-    from sidecar.errors import ConflictError, InputError, NotFoundError, StoreUnavailable
-    from sidecar.service.common import grpc_status
+    from toolauthz.errors import ConflictError, InputError, NotFoundError, StoreUnavailable
+    from toolauthz.service.common import grpc_status
 
     for status in Status:
         assert grpc.StatusCode[status.name].name == status.name
@@ -218,7 +218,7 @@ def test_every_worker_serves_http_on_one_port_chosen_by_the_parent(bundle_dir, t
 def test_with_callers_configured_the_unauthenticated_http_api_may_fetch_keys_alone(settings, clock):
     """Plaintext `http_listen` proves no caller: it must not be a way around the roles that a
     production config sets for gRPC."""
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.server.build import build_sidecar, create_server
 
     configured = type(settings).model_validate({**settings.model_dump(), "callers": [
         {"id": "spiffe://acme.example/agent/support", "roles": ["runtime"], "tenants": ["acme"]}]})
@@ -252,7 +252,7 @@ def _batch_body(ctx: Context, *members: tuple[Call, list | None]) -> bytes:
 
 
 def test_a_flood_of_calls_over_http_is_refused_before_any_call_is_read(http, sidecar, monkeypatch):
-    import sidecar.service.http_api.envelope as envelope
+    import toolauthz.service.http_api.envelope as envelope
 
     def never(*_args):
         raise AssertionError("a call of a refused batch was converted")

@@ -19,13 +19,13 @@ import pytest
 from conftest import order_entity
 from transports import Call, Context, _body, exchange
 
-from sidecar.audit.store import AuditQuery
-from sidecar.errors import ToolAuthzError
-from sidecar.server.build import build_sidecar, create_server
-from sidecar.server.config import ListenerSettings
-from sidecar.server.listeners import planned_http_listeners
-from sidecar.service.loopback import address_host_header, loopback_host_header
 from tests.certs import CertificateAuthority
+from toolauthz.audit.store import AuditQuery
+from toolauthz.errors import ToolAuthzError
+from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.server.config import ListenerSettings
+from toolauthz.server.listeners import planned_http_listeners
+from toolauthz.service.loopback import address_host_header, loopback_host_header
 
 RUNTIME = "spiffe://acme.example/agent/support"
 STRANGER = "spiffe://elsewhere.example/anyone"

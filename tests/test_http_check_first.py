@@ -17,10 +17,10 @@ import pytest
 from conftest import order_entity
 from transports import Call, Context, _body
 
-from sidecar.batch import DEFAULT_LIMITS, BatchLimits
-from sidecar.service.http_api import HttpApi, json_body
-from sidecar.service.http_api import body as http_body
-from sidecar.service.roles import CallerGrant, RolePolicy
+from toolauthz.batch import DEFAULT_LIMITS, BatchLimits
+from toolauthz.service.http_api import HttpApi, json_body
+from toolauthz.service.http_api import body as http_body
+from toolauthz.service.roles import CallerGrant, RolePolicy
 
 RUNTIME = "spiffe://acme.example/agent/support"
 ALICE = Context(entities=[order_entity("ord_1", "alice")])
@@ -121,7 +121,7 @@ def test_an_unauthenticated_caller_is_refused_before_a_byte_of_its_4_mb_body_is_
 
 
 def test_the_refusal_before_the_body_is_audited_with_the_caller_alone(sidecar, never_parsed):
-    from sidecar.audit.store import AuditQuery
+    from toolauthz.audit.store import AuditQuery
 
     drive(Exchange(_api(sidecar, callers=True).app, "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND)))
     [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
@@ -133,7 +133,7 @@ def test_the_refusal_before_the_body_is_audited_with_the_caller_alone(sidecar, n
 def test_over_the_wire_the_refused_connection_closes_without_reading_the_body(settings, clock):
     """A plaintext listener with callers configured: the head of a 4 MB request is answered
     403 and the connection closed while almost all of the body is still unsent."""
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.server.build import build_sidecar, create_server
 
     configured = type(settings).model_validate({**settings.model_dump(), "http_listen": "127.0.0.1:0", "callers": [
         {"id": RUNTIME, "roles": ["runtime"], "tenants": ["acme"]}]})
@@ -171,8 +171,8 @@ def test_an_authorized_4_mb_body_to_a_route_capped_lower_is_413_without_reading_
 
 
 def test_each_route_declares_its_cap_near_what_it_carries(sidecar):
-    from sidecar.bundle.catalog import MAX_INPUT_BYTES_CEILING
-    from sidecar.model import MAX_ENTITIES_BYTES
+    from toolauthz.bundle.catalog import MAX_INPUT_BYTES_CEILING
+    from toolauthz.model import MAX_ENTITIES_BYTES
 
     limits = BatchLimits(max_calls=64, max_bytes=1 << 20)
     routes = _api(sidecar, callers=False, limits=limits).routes
@@ -237,8 +237,8 @@ def test_a_4_mb_unknown_member_is_refused_at_its_key_before_its_value_is_scanned
     (b'{"call": {"call_id": "c", "args": {}}}', "unknown member `/call/args`"),
 ])
 def test_unknown_members_are_refused_at_every_level_of_the_envelope(body, message):
-    from sidecar.errors import RequestError
-    from sidecar.service.http_api import envelope
+    from toolauthz.errors import RequestError
+    from toolauthz.service.http_api import envelope
 
     with pytest.raises(RequestError, match=message):
         json_body.parse_body(body, envelope.AUTHORIZE, max_depth=10)
@@ -303,7 +303,7 @@ def test_two_host_headers_are_refused(sidecar, never_parsed):
                                   "[::1]x", "[::1]:80@evil", "127.0.0.1%2f", "[127.0.0.1]", "[::1", "", ":80",
                                   "localhost.", "evil.example"])
 def test_a_host_that_is_not_host_and_port_is_refused(sidecar, never_parsed, host):
-    from sidecar.service.loopback import address_host_header, host_of_header, loopback_host_header
+    from toolauthz.service.loopback import address_host_header, host_of_header, loopback_host_header
 
     assert not loopback_host_header(host)
     assert not address_host_header(host) or host_of_header(host) is not None
@@ -316,7 +316,7 @@ def test_a_host_that_is_not_host_and_port_is_refused(sidecar, never_parsed, host
                                         ("127.0.0.1:80", "127.0.0.1"), ("[::1]:9", "::1"), ("[::1]", "::1"),
                                         ("localhost:", "localhost"), ("10.0.0.1:65535", "10.0.0.1")])
 def test_host_and_port_name_their_host(host, name):
-    from sidecar.service.loopback import address_host_header, host_of_header
+    from toolauthz.service.loopback import address_host_header, host_of_header
 
     assert host_of_header(host) == name
     assert address_host_header(host)
@@ -327,7 +327,7 @@ def test_host_and_port_name_their_host(host, name):
 def test_the_console_refuses_a_form_from_someone_not_signed_in_without_reading_it(sidecar, monkeypatch):
     from console_pages import browser, console_for, propose
 
-    import sidecar.console.app as console_app
+    import toolauthz.console.app as console_app
 
     def never(_request):
         raise AssertionError("the form was read")

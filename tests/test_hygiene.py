@@ -7,14 +7,14 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from sidecar.errors import RequestError
-from sidecar.model import CALL_ID, PRINCIPAL_ID, PRINCIPAL_TYPE, REQUEST_ID, TENANT, Principal, TrustedContext
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
 from tests.conftest import make_request
+from toolauthz.errors import RequestError
+from toolauthz.model import CALL_ID, PRINCIPAL_ID, PRINCIPAL_TYPE, REQUEST_ID, TENANT, Principal, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 SMUGGLED_TAILS = ["\n", "\r", "\x00", "\u200b"]
 FORGED_ID = 'tkt_9"\ncode ZZZZ-ZZZZ\nrequester User::"ceo"\x1b[8m'

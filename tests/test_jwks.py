@@ -1,4 +1,4 @@
-"""The identity provider's keys by `kid` (sidecar/jwks.py): a static JWK Set, or one
+"""The identity provider's keys by `kid` (toolauthz/identity/jwks.py): a static JWK Set, or one
 fetched over HTTPS from an IdP the test serves (tests/idp.py), by `jwks_uri` or OpenID
 discovery; cached, refreshed at most once per interval, and refused on any failure."""
 
@@ -14,8 +14,8 @@ from idp import DISCOVERY_PATH, JWKS_PATH, TestIdp
 from joserfc import jwt
 from joserfc.jwk import ECKey, RSAKey
 
-from sidecar.errors import KeyFileError
-from sidecar.jwks import (
+from toolauthz.errors import KeyFileError
+from toolauthz.identity.jwks import (
     KEYS_UNAVAILABLE,
     UNKNOWN_KID,
     JwtRefused,

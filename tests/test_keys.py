@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa, x25519
 from pyseto import Key
 
-from sidecar.clock import FrozenClock
-from sidecar.errors import ConflictError, KeyFileError, NotFoundError
-from sidecar.tokens.keyring import MANIFEST, KeyRing, activate_key, generate_key, list_keys, load_keyring
-from sidecar.tokens.keys import SigningKey, generate_key_file, load_private_key_file
+from toolauthz.clock import FrozenClock
+from toolauthz.errors import ConflictError, KeyFileError, NotFoundError
+from toolauthz.tokens.keyring import MANIFEST, KeyRing, activate_key, generate_key, list_keys, load_keyring
+from toolauthz.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 T0 = 1_800_000_000
 GRACE = 65

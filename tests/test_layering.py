@@ -1,4 +1,4 @@
-"""The import graph of sidecar/ has no cycle and flows one way, down the layers below.
+"""The import graph of toolauthz/ has no cycle and flows one way, down the layers below.
 
 This file is where the layer order is written; docs/architecture.md draws the same
 order. Every import counts: at module level, inside functions and under TYPE_CHECKING,
@@ -15,43 +15,46 @@ from dataclasses import dataclass
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "sidecar"
+PACKAGE = ROOT / "toolauthz"
 
 # Low to high. A module may import modules of its own layer or of a lower one, never
 # of a higher one. A module belongs to the layer whose prefix names it most closely,
-# so `sidecar.server.pump` sits below the rest of `sidecar.server`.
+# so `toolauthz.server.pump` sits below the rest of `toolauthz.server`.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("core values", frozenset({"sidecar.errors", "sidecar.clock", "sidecar.model", "sidecar.strict_json",
-                               "sidecar.canonical", "sidecar.digest", "sidecar.display", "sidecar.display_hints",
-                               "sidecar.tool_files", "sidecar.bounded_file", "sidecar.usage"})),
+    # The packages identity/, usage/ and display/ hold modules of several layers; each
+    # package's own __init__ imports nothing, so it sits at the bottom.
+    ("core values", frozenset({"toolauthz.errors", "toolauthz.clock", "toolauthz.model", "toolauthz.strict_json",
+                               "toolauthz.canonical", "toolauthz.digest", "toolauthz.display",
+                               "toolauthz.files", "toolauthz.usage", "toolauthz.usage.charges",
+                               "toolauthz.identity"})),
     # Metrics and spans: recorded by audit, store, authorizer, pump and service, so just
     # above the values; it imports no other sidecar module (the engine never records).
-    ("telemetry", frozenset({"sidecar.telemetry"})),
+    ("telemetry", frozenset({"toolauthz.telemetry"})),
     # jwks: an identity provider's keys by `kid` and third-party JWTs checked against
     # them; used by approvers' ID tokens, the console sign-in and the MCP gateway.
-    ("jwks", frozenset({"sidecar.jwks"})),
-    ("bundle", frozenset({"sidecar.bundle"})),
+    ("jwks", frozenset({"toolauthz.identity.jwks"})),
+    ("bundle", frozenset({"toolauthz.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
-    ("engine", frozenset({"sidecar.engine", "sidecar.decided_by", "sidecar.metering"})),
+    ("engine", frozenset({"toolauthz.engine", "toolauthz.decided_by", "toolauthz.usage.metering"})),
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
-    ("tokens, audit", frozenset({"sidecar.tokens", "sidecar.audit", "sidecar.oidc"})),
+    ("tokens, audit", frozenset({"toolauthz.tokens", "toolauthz.audit", "toolauthz.identity.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the
     # audit trail's records and chain; audit/ never knows storage.
-    ("store", frozenset({"sidecar.store"})),
+    ("store", frozenset({"toolauthz.store"})),
     # approvers: who a deciding person is (ID tokens) and that they are of the tenant.
-    ("approvals, authorizer", frozenset({"sidecar.call_record", "sidecar.approvals", "sidecar.authorizer",
-                                         "sidecar.batch", "sidecar.approvers", "sidecar.retainer"})),
+    ("approvals, authorizer", frozenset({"toolauthz.call_record", "toolauthz.approvals", "toolauthz.authorizer",
+                                         "toolauthz.batch", "toolauthz.identity.approvers"})),
     # Approval notifications: events read from the store, sent off the decision path.
-    ("notify", frozenset({"sidecar.notify"})),
+    ("notify", frozenset({"toolauthz.notify"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
     # hand their work to it, so it sits below the service although server/ holds it.
-    ("decision pump", frozenset({"sidecar.server.pump"})),
-    ("service", frozenset({"sidecar.service"})),
+    ("decision pump", frozenset({"toolauthz.server.pump"})),
+    ("service", frozenset({"toolauthz.service"})),
     # The browser console: pages over the approval desk and the audit log, served by
     # the server beside the gRPC and HTTP listeners.
-    ("console", frozenset({"sidecar.console"})),
-    ("server", frozenset({"sidecar.server"})),
-    ("cli", frozenset({"sidecar.cli"})),
+    ("console", frozenset({"toolauthz.console"})),
+    ("server", frozenset({"toolauthz.server"})),
+    ("cli", frozenset({"toolauthz.cli"})),
 )
 
 
@@ -67,25 +70,26 @@ class Fence:
 FENCES: tuple[Fence, ...] = (
     # The SDK a runtime embeds: it must not load the policy engine, the bundle loader,
     # storage or the server. It verifies tokens offline, so it may use tokens.
-    Fence("sidecar.client",
-          may_import=frozenset({"sidecar.client", "sidecar.errors", "sidecar.model", "sidecar.strict_json",
-                                "sidecar.digest", "sidecar.display", "sidecar.tool_files", "sidecar.tokens",
-                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
-          imported_by=frozenset({"sidecar.cli", "sidecar.mcp_proxy"})),
+    Fence("toolauthz.client",
+          may_import=frozenset({"toolauthz.client", "toolauthz.errors", "toolauthz.model", "toolauthz.strict_json",
+                                "toolauthz.digest", "toolauthz.display.escape", "toolauthz.files.tools",
+                                "toolauthz.tokens", "toolauthz.proto", "toolauthz.identity.jwks", "toolauthz.clock"}),
+          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
     # It checks bearer access tokens against its identity provider's keys (jwks).
-    Fence("sidecar.mcp_proxy",
-          may_import=frozenset({"sidecar.mcp_proxy", "sidecar.client", "sidecar.errors", "sidecar.model",
-                                "sidecar.strict_json", "sidecar.digest", "sidecar.display", "sidecar.tool_files",
-                                "sidecar.proto", "sidecar.jwks", "sidecar.clock"}),
-          imported_by=frozenset({"sidecar.cli"})),
+    Fence("toolauthz.mcp_proxy",
+          may_import=frozenset({"toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+                                "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
+                                "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
+                                "toolauthz.clock"}),
+          imported_by=frozenset({"toolauthz.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).
-    Fence("sidecar.proto",
-          may_import=frozenset({"sidecar.proto"}),
-          imported_by=frozenset({"sidecar.client", "sidecar.mcp_proxy", "sidecar.service", "sidecar.server",
-                                 "sidecar.cli"})),
+    Fence("toolauthz.proto",
+          may_import=frozenset({"toolauthz.proto"}),
+          imported_by=frozenset({"toolauthz.client", "toolauthz.mcp_proxy", "toolauthz.service", "toolauthz.server",
+                                 "toolauthz.cli"})),
 )
 
 # Imports that break the rules today, each with the reason and the way out. An entry
@@ -94,7 +98,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 
 # The root package's __init__ is empty: it belongs to no layer and imports nothing.
-UNLAYERED = frozenset({"sidecar"})
+UNLAYERED = frozenset({"toolauthz"})
 
 
 def module_name(path: pathlib.Path, top: pathlib.Path) -> str:
@@ -102,7 +106,7 @@ def module_name(path: pathlib.Path, top: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(top: pathlib.Path, skip: Iterable[str] = ("sidecar.proto",)) -> dict[str, set[str]]:
+def import_graph(top: pathlib.Path, skip: Iterable[str] = ("toolauthz.proto",)) -> dict[str, set[str]]:
     """Module -> the modules of `top`'s package it imports (every import statement,
     wherever it stands). The packages in `skip` are not parsed, only imported."""
     files = {module_name(p, top): p for p in sorted(top.rglob("*.py"))}
@@ -205,7 +209,7 @@ def _edge_problem(importer: str, target: str, layers: tuple[tuple[str, frozenset
     return None
 
 
-# --- the rules on sidecar/ ---------------------------------------------------------
+# --- the rules on toolauthz/ ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
@@ -229,8 +233,8 @@ def test_every_exception_is_still_needed(graph):
 
 
 def test_the_graph_is_the_whole_package(graph):
-    assert {"sidecar.engine", "sidecar.server.build", "sidecar.client.guard", "sidecar.cli.main"} <= set(graph)
-    assert any(_under(target, "sidecar.bundle") for target in graph["sidecar.engine"])
+    assert {"toolauthz.engine", "toolauthz.server.build", "toolauthz.client.guard", "toolauthz.cli.main"} <= set(graph)
+    assert any(_under(target, "toolauthz.bundle") for target in graph["toolauthz.engine"])
 
 
 # --- the checker itself --------------------------------------------------------------

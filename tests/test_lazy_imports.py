@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 BUNDLE = pathlib.Path(__file__).resolve().parent.parent / "policies"
-WEB_AND_JOSE = ("starlette", "uvicorn", "jinja2", "joserfc", "sidecar.console", "sidecar.service.http_api")
+WEB_AND_JOSE = ("starlette", "uvicorn", "jinja2", "joserfc", "toolauthz.console", "toolauthz.service.http_api")
 
 _SERVE = """
 import json, sys
-from sidecar.server.build import build_sidecar, create_server
-from sidecar.server.config import Settings
+from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.server.config import Settings
 settings = Settings.model_validate(json.loads(sys.argv[1]))
 car = build_sidecar(settings)
 server, _ = create_server(car, "127.0.0.1:0")
@@ -40,4 +40,4 @@ def test_a_grpc_only_sidecar_loads_no_web_library_and_no_joserfc(tmp_path):
 
 def test_a_sidecar_serving_the_console_loads_the_web_side(tmp_path):
     loaded = _loaded(tmp_path, console_listen="127.0.0.1:0")
-    assert {"starlette", "uvicorn", "jinja2", "sidecar.console"} <= set(loaded)
+    assert {"starlette", "uvicorn", "jinja2", "toolauthz.console"} <= set(loaded)

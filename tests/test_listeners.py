@@ -24,22 +24,22 @@ import pytest
 from certs import CertificateAuthority
 from conftest import ROOT, make_request
 
-from sidecar.client import AsyncAuthzClient, AuthzClient, ClientTls
-from sidecar.errors import ToolAuthzError
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import create_listener_server, create_server
-from sidecar.server.config import CallerSettings, ListenerSettings, Settings
-from sidecar.server.listener_notices import listener_notices
-from sidecar.server.listeners import parse_address, planned_http_listeners, planned_listeners
-from sidecar.service.audit import AuditService
-from sidecar.service.authorizer import ToolAuthorizerService
-from sidecar.service.callers import UNAUTHENTICATED, Caller, caller_of
-from sidecar.service.loopback import is_loopback_host
+from toolauthz.client import AsyncAuthzClient, AuthzClient, ClientTls
+from toolauthz.errors import ToolAuthzError
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import create_listener_server, create_server
+from toolauthz.server.config import CallerSettings, ListenerSettings, Settings
+from toolauthz.server.listener_notices import listener_notices
+from toolauthz.server.listeners import parse_address, planned_http_listeners, planned_listeners
+from toolauthz.service.audit import AuditService
+from toolauthz.service.authorizer import ToolAuthorizerService
+from toolauthz.service.callers import UNAUTHENTICATED, Caller, caller_of
+from toolauthz.service.loopback import is_loopback_host
 
 SPIFFE = "spiffe://acme.example/agent/support"
 NOW = datetime.datetime.now(datetime.UTC)
@@ -419,7 +419,7 @@ def test_serve_listen_unix_end_to_end(bundle_dir, tmp_path, sock_dir):
     authenticated, and the socket is gone after SIGTERM."""
     path = sock_dir / "toolauthz.sock"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--bundle", str(bundle_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "toolauthz.cli", "serve", "--bundle", str(bundle_dir),
                              "--listen", f"unix:{path}", "--data-dir", str(tmp_path / "data"), "--workers", "2"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -444,7 +444,7 @@ def test_serve_listen_unix_end_to_end(bundle_dir, tmp_path, sock_dir):
 
 
 def test_a_listener_that_fails_to_start_removes_the_sockets_already_made(sidecar, sock_dir):
-    from sidecar.server.serving import start_listeners
+    from toolauthz.server.serving import start_listeners
 
     (sock_dir / "taken").write_text("not a socket")
     with pytest.raises(ToolAuthzError):
@@ -454,7 +454,7 @@ def test_a_listener_that_fails_to_start_removes_the_sockets_already_made(sidecar
 
 
 def test_stopping_listeners_waits_for_every_one(sidecar, sock_dir):
-    from sidecar.server.serving import start_listeners
+    from toolauthz.server.serving import start_listeners
 
     serving = start_listeners(sidecar, [ListenerSettings(address="127.0.0.1:0"),
                                         ListenerSettings(address=f"unix://{sock_dir / 's'}")])
@@ -469,7 +469,7 @@ def test_stopping_listeners_waits_for_every_one(sidecar, sock_dir):
 
 def test_the_approvals_cli_takes_tls_files_from_flags_or_the_environment(serve, pki, ca, tmp_path, monkeypatch,
                                                                        capsys):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     address = serve(mtls_listener(pki, services=("approvals",)))
     cert, key = ca.issue(uris=("spiffe://acme.example/approval-console",)).write(tmp_path, "console")
@@ -491,7 +491,7 @@ def test_the_approvals_cli_takes_tls_files_from_flags_or_the_environment(serve, 
 def test_approvals_listen_is_served_by_toolauthz_serve(sidecar, settings):
     """`approvals_listen` moves the Approvals service to its own listener, which `serve`
     starts beside the main one."""
-    from sidecar.server.serving import start_listeners
+    from toolauthz.server.serving import start_listeners
 
     planned = planned_listeners(settings.model_copy(update={"approvals_listen": "127.0.0.1:0"}))
     serving = start_listeners(sidecar, planned)
@@ -509,8 +509,8 @@ def test_approvals_listen_is_served_by_toolauthz_serve(sidecar, settings):
 
 
 def test_the_audit_cli_reads_a_sidecar_over_mtls(serve, pki, ca, sidecar, tmp_path, capsys):
-    from sidecar.cli.main import main
-    from sidecar.service.common import proposed_call, trusted_context
+    from toolauthz.cli.main import main
+    from toolauthz.service.common import proposed_call, trusted_context
 
     request = make_request(call_id="call_tls")
     sidecar.authorizer.authorize(trusted_context(request.context), proposed_call(request.call))

@@ -20,12 +20,12 @@ import grpc
 import pytest
 from conftest import ROOT, make_request
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import Settings
-from sidecar.server.cpu import available_cpus, cgroup_quota
-from sidecar.server.logs import JsonFormatter, TextFormatter
-from sidecar.telemetry import decision_log
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.config import Settings
+from toolauthz.server.cpu import available_cpus, cgroup_quota
+from toolauthz.server.logs import JsonFormatter, TextFormatter
+from toolauthz.telemetry import decision_log
 
 LINE_TIMEOUT = 60
 HOSTILE_CALL_ID = "toolu_log"
@@ -35,7 +35,7 @@ class Serve:
     """`toolauthz serve` in a subprocess; every line of both streams kept, in order."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", *args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "toolauthz.cli", "serve", *args], cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.seen: list[tuple[str, str]] = []
@@ -141,7 +141,7 @@ def test_every_line_of_a_json_serve_run_is_one_json_object(tmp_path, bundle_dir)
 
 def test_a_refused_start_is_a_json_line_too(tmp_path, bundle_dir):
     (bundle_dir / "broken.cedar").write_text("forbid(")
-    proc = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--bundle", str(bundle_dir),
+    proc = subprocess.run([sys.executable, "-m", "toolauthz.cli", "serve", "--bundle", str(bundle_dir),
                            "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--workers", "1",
                            "--log-format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
@@ -150,7 +150,7 @@ def test_a_refused_start_is_a_json_line_too(tmp_path, bundle_dir):
 
 
 def test_log_level_hides_what_is_below_it(tmp_path, bundle_dir):
-    proc = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--bundle", str(bundle_dir),
+    proc = subprocess.run([sys.executable, "-m", "toolauthz.cli", "serve", "--bundle", str(bundle_dir),
                            "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--workers", "1",
                            "--log-level", "error", "--log-format", "json", "--store", "nonsense://x"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -247,9 +247,9 @@ def test_the_otlp_exporter_is_installed_and_tracing_exporter_otlp_records_spans(
     spans on rather than warning that the exporter is missing."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    from sidecar.server.config import TracingSettings
-    from sidecar.server.observability import configure_tracing
-    from sidecar.telemetry import tracing
+    from toolauthz.server.config import TracingSettings
+    from toolauthz.server.observability import configure_tracing
+    from toolauthz.telemetry import tracing
 
     made: list[OTLPSpanExporter] = []
     real_init = OTLPSpanExporter.__init__

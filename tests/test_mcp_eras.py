@@ -19,8 +19,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_support import MODERN, RUN_META, Upstream, approve, example_bundle, gateway_over_http, modern_post, text
 
-from sidecar.client import GuardEvent, Principal
-from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
+from toolauthz.client import GuardEvent, Principal
+from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -196,7 +196,7 @@ def test_an_approval_of_one_run_is_not_resumed_by_another(gateway):
 def test_the_official_client_over_stdio_in_both_modes(server, bundle_dir, mode):
     """`toolauthz mcp-proxy` as a stdio subprocess (the example upstream as its own)."""
     port = server[1]
-    args = ["-m", "sidecar.cli", "mcp-proxy", "--bundle", str(bundle_dir), "--sidecar", f"127.0.0.1:{port}",
+    args = ["-m", "toolauthz.cli", "mcp-proxy", "--bundle", str(bundle_dir), "--sidecar", f"127.0.0.1:{port}",
             "--tenant", "acme", "--principal", "User::alice",
             "--", sys.executable, "-m", "examples.mcp_gateway.upstream"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

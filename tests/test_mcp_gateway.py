@@ -35,13 +35,13 @@ from mcp_support import (
 )
 from test_mcp_upstreams import notes_over_stdio, until
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import GuardEvent
-from sidecar.clock import FrozenClock
-from sidecar.jwks import RemoteJwks, RemoteSettings
-from sidecar.mcp_proxy.auth import ResourceServer
-from sidecar.mcp_proxy.proxy import ProxySettings
-from sidecar.mcp_proxy.upstreams import UpstreamSpec
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import GuardEvent
+from toolauthz.clock import FrozenClock
+from toolauthz.identity.jwks import RemoteJwks, RemoteSettings
+from toolauthz.mcp_proxy.auth import ResourceServer
+from toolauthz.mcp_proxy.proxy import ProxySettings
+from toolauthz.mcp_proxy.upstreams import UpstreamSpec
 
 RESOURCE = "https://gateway.test/mcp"
 KEY = IDP_KEY
@@ -192,7 +192,7 @@ def test_the_gateway_over_stdio_with_two_upstreams_from_its_config_file(server, 
                                               "prefix": ""},
                                     "crm": {"url": f"http://127.0.0.1:{crm_port}/mcp"}}}
             (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
-            params = StdioServerParameters(command=sys.executable, args=["-m", "sidecar.cli", "mcp-proxy", "--config",
+            params = StdioServerParameters(command=sys.executable, args=["-m", "toolauthz.cli", "mcp-proxy", "--config",
                                                                          str(tmp_path / "gateway.yaml")],
                                            env={**os.environ, "PYTHONPATH": str(root)}, cwd=str(root))
             with anyio.fail_after(120):

@@ -15,8 +15,8 @@ import yaml
 from mcp_support import EXAMPLE
 
 from examples.mcp_gateway.upstream import TOOLS
-from sidecar.mcp_proxy.importer import catalog_name, draft_for, resource_hint, side_effect_of, write_drafts
-from sidecar.mcp_proxy.pins import load_pins, schema_sha256
+from toolauthz.mcp_proxy.importer import catalog_name, draft_for, resource_hint, side_effect_of, write_drafts
+from toolauthz.mcp_proxy.pins import load_pins, schema_sha256
 
 HINTS = (True, False, None)
 
@@ -83,8 +83,8 @@ def test_the_resource_hint_comes_from_the_tools_own_schema():
 
 
 def test_drafts_load_and_are_pinned_to_the_upstream(tmp_path):
-    from sidecar.bundle import load_bundle
-    from sidecar.cli.main import main
+    from toolauthz.bundle import load_bundle
+    from toolauthz.cli.main import main
 
     bundle = tmp_path / "bundle"
     shutil.copytree(EXAMPLE, bundle)

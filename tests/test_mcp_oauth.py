@@ -29,12 +29,12 @@ from mcp_support import (
     text,
 )
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import GuardEvent, Principal
-from sidecar.clock import FrozenClock
-from sidecar.jwks import RemoteJwks, RemoteSettings
-from sidecar.mcp_proxy.auth import ResourceServer
-from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import GuardEvent, Principal
+from toolauthz.clock import FrozenClock
+from toolauthz.identity.jwks import RemoteJwks, RemoteSettings
+from toolauthz.mcp_proxy.auth import ResourceServer
+from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
 
 RESOURCE = "https://gateway.test/mcp"
 METADATA = "https://gateway.test/.well-known/oauth-protected-resource/mcp"
@@ -171,7 +171,7 @@ def test_a_rotated_key_is_fetched_once_the_refresh_interval_allows(gateway):
 
 
 def test_stdio_keeps_the_configured_identity_and_http_without_oauth_needs_one(tmp_path):
-    from sidecar.errors import RequestError
+    from toolauthz.errors import RequestError
 
     oauth = ResourceServer(resource=RESOURCE, issuer="https://idp.test", keys=None, tenant="acme")  # type: ignore[arg-type]
     alice = Principal("User", "alice")

@@ -18,12 +18,12 @@ from mcp.shared.memory import create_client_server_memory_streams
 from mcp.shared.message import SessionMessage
 from mcp_support import Upstream, approve, example_bundle, serve_http, text, wait_for
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import AsyncAuthzClient, GuardEvent, Principal
-from sidecar.client.results import approval_pending
-from sidecar.mcp_proxy.pins import load_pins, schema_sha256
-from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
-from sidecar.mcp_proxy.runs import Caller, Run
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import AsyncAuthzClient, GuardEvent, Principal
+from toolauthz.client.results import approval_pending
+from toolauthz.mcp_proxy.pins import load_pins, schema_sha256
+from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
+from toolauthz.mcp_proxy.runs import Caller, Run
 
 bundle_dir = example_bundle  # the sidecar (conftest) and the proxy load a copy of the example bundle
 
@@ -378,8 +378,8 @@ def test_the_same_call_after_its_approval_runs_with_that_approval(harness):
 
 
 def test_check_refuses_a_malformed_mcp_block(bundle_dir):
-    from sidecar.bundle import load_bundle
-    from sidecar.errors import BundleError
+    from toolauthz.bundle import load_bundle
+    from toolauthz.errors import BundleError
 
     path = bundle_dir / "tools" / "read_note.yaml"
     path.write_text(path.read_text() + "mcp: {nme: x, input_schema_sha256: 12}\n")
@@ -392,8 +392,8 @@ def test_check_refuses_a_malformed_mcp_block(bundle_dir):
 @pytest.mark.parametrize("listen", ["http://0.0.0.0:8808", "http://10.1.2.3:8808", "https://127.0.0.1:8808",
                                     "http://127.0.0.1", "http://example.com:80"])
 def test_downstream_http_is_loopback_only(listen):
-    from sidecar.cli.mcp import loopback_http
-    from sidecar.errors import RequestError
+    from toolauthz.cli.mcp import loopback_http
+    from toolauthz.errors import RequestError
 
     with pytest.raises(RequestError):
         loopback_http(listen)

@@ -16,11 +16,11 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_support import CRM_POLICY, CRM_TOOL_FILE, Upstream, crm_server, example_bundle, serve_http, stop_http, text
 
-from sidecar.client import AsyncAuthzClient, Principal
-from sidecar.errors import RequestError
-from sidecar.mcp_proxy.config import upstream_specs
-from sidecar.mcp_proxy.proxy import McpProxy, ProxySettings
-from sidecar.mcp_proxy.upstreams import UpstreamSpec
+from toolauthz.client import AsyncAuthzClient, Principal
+from toolauthz.errors import RequestError
+from toolauthz.mcp_proxy.config import upstream_specs
+from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
+from toolauthz.mcp_proxy.upstreams import UpstreamSpec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_a_bad_upstreams_section_is_refused(raw: Any):
 def test_the_example_configuration_is_complete_and_valid():
     import yaml
 
-    from sidecar.mcp_proxy.config import resource_server
+    from toolauthz.mcp_proxy.config import resource_server
 
     config = yaml.safe_load((ROOT / "examples" / "mcp_gateway" / "gateway.yaml").read_text())
     [notes] = upstream_specs(config["upstreams"])
@@ -177,7 +177,7 @@ def test_the_example_configuration_is_complete_and_valid():
     {"issuer": "https://idp.example", "jwks_uri": "https://idp/jwks", "resource": "https://g/mcp", "tenant": "acme",
      "client_secret": "x"}])
 def test_a_bad_oauth_section_is_refused(raw: Any):
-    from sidecar.mcp_proxy.config import resource_server
+    from toolauthz.mcp_proxy.config import resource_server
 
     with pytest.raises(RequestError):
         resource_server(raw)

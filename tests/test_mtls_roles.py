@@ -8,18 +8,18 @@ import pathlib
 import grpc
 import pytest
 
-from sidecar.client import ClientTls
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import build_sidecar, create_listener_server
-from sidecar.server.config import ListenerSettings
-from sidecar.store import SqliteAuditLog
 from tests.certs import CertificateAuthority
 from tests.conftest import make_request
+from toolauthz.client import ClientTls
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import build_sidecar, create_listener_server
+from toolauthz.server.config import ListenerSettings
+from toolauthz.store import SqliteAuditLog
 
 RUNTIME = "spiffe://acme.example/agent/support"
 APPROVER = "spiffe://acme.example/approval-console"

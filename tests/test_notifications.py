@@ -1,4 +1,4 @@
-"""Approval notifications (sidecar/notify/): a receiver the test runs verifies every
+"""Approval notifications (toolauthz/notify/): a receiver the test runs verifies every
 Standard Webhooks signature and counts each event; approvals come from real Authorize
 calls. The clock is frozen at the real time, so signature timestamps are current."""
 
@@ -17,17 +17,17 @@ import pytest
 from conftest import make_request
 from standardwebhooks.webhooks import Webhook
 
-from sidecar.clock import FrozenClock
-from sidecar.display_hints import labelled
-from sidecar.notify import Notifier, NotifierOptions, SlackSink, WebhookSink, slack_message
-from sidecar.notify.sinks import check_url
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.config import Settings
-from sidecar.server.notifications import read_secret
-from sidecar.store.deliveries import DEAD, DELIVERED
-from sidecar.store.open import open_store
+from toolauthz.clock import FrozenClock
+from toolauthz.display.hints import labelled
+from toolauthz.notify import Notifier, NotifierOptions, SlackSink, WebhookSink, slack_message
+from toolauthz.notify.sinks import check_url
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.config import Settings
+from toolauthz.server.notifications import read_secret
+from toolauthz.store.deliveries import DEAD, DELIVERED
+from toolauthz.store.open import open_store
 
 SECRET = "whsec_" + base64.b64encode(b"a test secret of thirty-two byte").decode()
 LARGE = {"order_id": "ord_1", "amount_cents": 6000, "reason": "parcel lost; card 4111-1111"}
@@ -303,7 +303,7 @@ def test_sinks_refuse_plain_http_off_loopback_and_unsafe_secret_files(tmp_path):
 
 
 def test_the_configured_notifier_is_built_with_the_sidecar(tmp_path, bundle_dir, receiver):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     secret = tmp_path / "secret"
     secret.write_text(SECRET)

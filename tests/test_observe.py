@@ -1,4 +1,4 @@
-"""One instrumentation point per decision, whatever the transport (sidecar/service/observe.py):
+"""One instrumentation point per decision, whatever the transport (toolauthz/service/observe.py):
 gRPC, gRPC declared `mcp` by its client, the HTTP API and the console move the same
 counters, labelled by transport, and an HTTP call continues the caller's trace as one
 span tree with its steps."""
@@ -13,13 +13,13 @@ from console_pages import browser, console_for, post_form, propose, sign_in
 from prometheus_client import REGISTRY
 from transports import Call, Context, HttpTransport, OpenApiSchemas, _body, openapi
 
-from sidecar.client import AuthzClient
-from sidecar.client import tracing as client_tracing
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.service import observe
+from toolauthz.client import AuthzClient
+from toolauthz.client import tracing as client_tracing
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.service import observe
 
 ALICE = Context(entities=[order_entity("ord_1", "alice")])
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,12 +18,12 @@ from conftest import hold_ledger_writes, make_request, verify_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_workers import START_TIMEOUT, Workers
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import DATABASE_FILE
-from sidecar.server.logs import JsonFormatter
-from sidecar.store import SqliteAuditLog
-from sidecar.telemetry import tracing
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.config import DATABASE_FILE
+from toolauthz.server.logs import JsonFormatter
+from toolauthz.store import SqliteAuditLog
+from toolauthz.telemetry import tracing
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT is Linux")
 
@@ -174,7 +174,7 @@ def test_one_authorize_is_a_span_tree_of_its_steps_in_the_callers_trace(spans, s
 def test_the_sdk_sends_the_current_trace_context(spans, server):
     from opentelemetry import trace
 
-    from sidecar.client import AuthzClient
+    from toolauthz.client import AuthzClient
 
     _srv, port = server
     caller = trace.get_tracer("runtime", tracer_provider=_provider_of(spans))
@@ -233,9 +233,9 @@ def test_each_decision_logs_its_ids_never_its_arguments(stub, caplog):
 
 def test_drain_finishes_the_call_in_flight_refuses_new_ones_and_signs_a_final_checkpoint(
         sidecar, monkeypatch, tmp_path):
-    from sidecar.server.build import create_server
-    from sidecar.server.serving import Serving
-    from sidecar.server.workers import drain
+    from toolauthz.server.build import create_server
+    from toolauthz.server.serving import Serving
+    from toolauthz.server.workers import drain
 
     sidecar.settings = sidecar.settings.model_copy(update={"drain_grace_seconds": 30})
     server, port = create_server(sidecar, "127.0.0.1:0")
@@ -277,7 +277,7 @@ def test_drain_finishes_the_call_in_flight_refuses_new_ones_and_signs_a_final_ch
 
 
 def test_the_run_directory_is_removed_and_the_environment_restored():
-    from sidecar.server.observability import MULTIPROC_ENV, RunDirectory
+    from toolauthz.server.observability import MULTIPROC_ENV, RunDirectory
 
     before = os.environ.get(MULTIPROC_ENV)
     run = RunDirectory.create()

@@ -14,11 +14,11 @@ import test_roles
 from conftest import make_request, verify_request
 from test_roles import as_, denied, with_callers
 
-from sidecar.audit.store import AuditQuery
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.audit.store import AuditQuery
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 X, Y = "spiffe://acme.example/agent/support", "spiffe://acme.example/agent/billing"
 CONSOLE = "spiffe://acme.example/console"
@@ -142,7 +142,7 @@ def test_an_approved_token_goes_to_the_requesting_caller_and_run_alone(stub, app
 def test_without_callers_a_call_belongs_to_its_principal_and_run(settings, clock):
     """Development mode: every caller is `unauthenticated`, so the principal and the run
     alone own a call, as before callers were recorded."""
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings, clock=clock)
     server, port = create_server(car, "127.0.0.1:0")
@@ -174,7 +174,7 @@ def test_without_callers_a_call_belongs_to_its_principal_and_run(settings, clock
 def test_a_sqlite_ledger_of_before_gains_the_caller_column_and_its_old_calls_no_owner(tmp_path):
     import sqlite3
 
-    from sidecar.store.open import open_store
+    from toolauthz.store.open import open_store
 
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as db:  # the calls table as it was, with one call in flight
@@ -196,8 +196,8 @@ def test_a_sqlite_ledger_of_before_gains_the_caller_column_and_its_old_calls_no_
 def test_a_postgresql_ledger_at_schema_1_is_migrated_to_record_callers(postgres_url):
     import psycopg
 
-    from sidecar.store.open import migrate_store, open_store
-    from sidecar.store.postgres.schema import MIGRATIONS
+    from toolauthz.store.open import migrate_store, open_store
+    from toolauthz.store.postgres.schema import MIGRATIONS
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE toolauthz_schema (version INTEGER NOT NULL)")
@@ -215,8 +215,8 @@ def test_a_postgresql_ledger_at_schema_1_is_migrated_to_record_callers(postgres_
 
 def _nobody_may_close(store, old) -> None:
     """Not even a development caller with the call's principal and run: fail closed."""
-    from sidecar.errors import ForbiddenError
-    from sidecar.store.ledger import CallOwner, RecordOutcome
+    from toolauthz.errors import ForbiddenError
+    from toolauthz.store.ledger import CallOwner, RecordOutcome
 
     claimant = CallOwner("acme", "unauthenticated", old.principal, old.request_id)
     [refused] = store.ledger.apply([RecordOutcome("acme", old.call_id, "cancelled", "", "", 2.0, owner=claimant)])

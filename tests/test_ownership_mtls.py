@@ -17,12 +17,12 @@ import test_http_auth
 from conftest import order_entity
 from transports import Call, Context, _body, exchange
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import ClientTls
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import build_sidecar, create_listener_server, create_server
-from sidecar.server.config import ListenerSettings
 from tests.conftest import make_request
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import ClientTls
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import build_sidecar, create_listener_server, create_server
+from toolauthz.server.config import ListenerSettings
 
 X, Y = "spiffe://acme.example/agent/support", "spiffe://acme.example/agent/billing"
 ALICE = Context(entities=[order_entity("ord_1", "alice")])

@@ -8,16 +8,16 @@ import os
 
 import pytest
 
-from sidecar.audit.retention import MAX_RETAINED_BYTES, RetainedCall, RetentionError, seal, unseal
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle import load_bundle
-from sidecar.cli.impact import REFUSED, Outcome, Report, changes, redecide
-from sidecar.cli.main import main as cli
-from sidecar.engine import RunCounts, decide
-from sidecar.errors import BundleError, KeyFileError
-from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.store import retained as retained_module
-from sidecar.store.retained import RetainedInputs, RetainedRow
+from toolauthz.audit.retention import MAX_RETAINED_BYTES, RetainedCall, RetentionError, seal, unseal
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle import load_bundle
+from toolauthz.cli.impact import REFUSED, Outcome, Report, changes, redecide
+from toolauthz.cli.main import main as cli
+from toolauthz.engine import RunCounts, decide
+from toolauthz.errors import BundleError, KeyFileError
+from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.store import retained as retained_module
+from toolauthz.store.retained import RetainedInputs, RetainedRow
 
 KEY = bytes(range(32))
 DAY = 86400.0
@@ -82,8 +82,8 @@ def test_an_input_over_the_limit_is_not_retained():
 
 
 def test_the_sidecar_retains_sealed_inputs_and_deletes_them_when_retention_ends(tmp_path, bundle_dir, clock):
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     retaining(bundle_dir, "1d")
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
@@ -118,8 +118,8 @@ def test_the_sidecar_retains_sealed_inputs_and_deletes_them_when_retention_ends(
 
 
 def test_a_production_sidecar_needs_the_retention_key_when_a_tool_retains(tmp_path, bundle_dir, clock):
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     retaining(bundle_dir)
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0",
@@ -251,7 +251,7 @@ def test_the_retained_inputs_table_in_both_stores(store_url):
 
 
 def test_an_example_shows_model_written_values_escaped():
-    from sidecar.cli.impact import Change
+    from toolauthz.cli.impact import Change
 
     report = Report()
     change = Change("acme", "c\nforged", "issue_refund", 1.0, Outcome("ALLOW", ("p",), ""),

@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import EXAMPLE_BUNDLE
 
-from sidecar.bundle import load_bundle
-from sidecar.cli.policytest import add_test_command, main
+from toolauthz.bundle import load_bundle
+from toolauthz.cli.policytest import add_test_command, main
 
 ALLOW_CASE = """\
   - name: {name}

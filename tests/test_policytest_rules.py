@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from sidecar.cli.policytest import main
+from toolauthz.cli.policytest import main
 
 SHADOW_FORBID = """
 @id("no-refund-over-3000-soon")

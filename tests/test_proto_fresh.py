@@ -22,7 +22,7 @@ def _files(root: pathlib.Path) -> dict[str, bytes]:
 
 def test_generated_protobuf_code_is_fresh(tmp_path):
     _generator().generate(tmp_path)
-    committed = _files(ROOT / "sidecar" / "proto")
+    committed = _files(ROOT / "toolauthz" / "proto")
     fresh = _files(tmp_path)
     assert sorted(committed) == sorted(fresh), "run: .venv/bin/python scripts/gen_protos.py"
     stale = [name for name in fresh if fresh[name] != committed[name]]

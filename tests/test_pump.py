@@ -8,10 +8,10 @@ import threading
 import pytest
 from conftest import make_request, verify_request
 
-from sidecar.errors import InputError, StoreUnavailable
-from sidecar.model import Decision
-from sidecar.server.pump import DecisionPump
-from sidecar.service.common import proposed_call, trusted_context
+from toolauthz.errors import InputError, StoreUnavailable
+from toolauthz.model import Decision
+from toolauthz.server.pump import DecisionPump
+from toolauthz.service.common import proposed_call, trusted_context
 
 
 def plan_for(car, request):
@@ -84,7 +84,7 @@ def test_the_pump_counts_what_it_answered_what_batches_and_what_waits(sidecar, p
 def test_get_status_reports_the_answering_workers_pump(stub):
     for i in range(3):
         stub.Authorize(make_request(call_id=f"s{i}"))
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     status = stub.GetStatus(pb.GetStatusRequest())
     assert status.decisions == 3 and 1 <= status.decision_batches <= 3 and status.decisions_waiting == 0

@@ -1,4 +1,4 @@
-"""A lone call decided on the event loop (sidecar/server/pump.py): the same answer,
+"""A lone call decided on the event loop (toolauthz/server/pump.py): the same answer,
 audit record and cancellation rules as on the pump's thread, and never for calls that
 arrive together or while the pump is busy."""
 
@@ -13,13 +13,13 @@ from conftest import hold_ledger_writes, make_request, verify_request
 from test_fail_closed import FakeContext
 from test_pump import held_first_batch
 
-from sidecar.audit.store import AuditQuery
-from sidecar.errors import InputError, StoreUnavailable
-from sidecar.model import Decision
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.pump import DecisionPump
-from sidecar.service.authorizer import ToolAuthorizerService
-from sidecar.service.common import proposed_call, trusted_context
+from toolauthz.audit.store import AuditQuery
+from toolauthz.errors import InputError, StoreUnavailable
+from toolauthz.model import Decision
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.pump import DecisionPump
+from toolauthz.service.authorizer import ToolAuthorizerService
+from toolauthz.service.common import proposed_call, trusted_context
 
 
 class Recorded:

@@ -12,11 +12,11 @@ import threading
 import pytest
 from conftest import make_request
 
-from sidecar.errors import InputError, ResourceExhaustedError
-from sidecar.model import Decision
-from sidecar.server.pump import DecisionPump
-from sidecar.service.common import proposed_call, trusted_context
-from sidecar.telemetry import metrics
+from toolauthz.errors import InputError, ResourceExhaustedError
+from toolauthz.model import Decision
+from toolauthz.server.pump import DecisionPump
+from toolauthz.service.common import proposed_call, trusted_context
+from toolauthz.telemetry import metrics
 
 
 class Clock:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import sidecar.engine as engine
-from sidecar.bundle import load_bundle
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
+import toolauthz.engine as engine
+from toolauthz.bundle import load_bundle
+from toolauthz.model import Decision, Principal, ProposedCall, TrustedContext
 
 TWO_FORBIDS = """
 @id("forbid-b") forbid (principal, action == Action::"tool:measure_runtime", resource)

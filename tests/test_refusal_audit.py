@@ -1,4 +1,4 @@
-"""Refused callers are audited in aggregate (sidecar/service/refusals.py).
+"""Refused callers are audited in aggregate (toolauthz/service/refusals.py).
 
 10,000 refusals through the sidecar's own gate (in process: the RPC layer adds nothing to
 what is counted), with the clock moved across minutes: the records are counted exactly,
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from sidecar.audit.records import AuditEvent
-from sidecar.audit.store import AuditQuery
-from sidecar.clock import FrozenClock
-from sidecar.model import TENANT
-from sidecar.server.config import CallerSettings
-from sidecar.service.access import About
-from sidecar.service.callers import UNAUTHENTICATED, Caller
-from sidecar.service.refusals import SYSTEM_STREAM, RefusalTally, refusal_stream
-from sidecar.service.roles import CallerGrant, CallerRefused, RolePolicy
+from toolauthz.audit.records import AuditEvent
+from toolauthz.audit.store import AuditQuery
+from toolauthz.clock import FrozenClock
+from toolauthz.model import TENANT
+from toolauthz.server.config import CallerSettings
+from toolauthz.service.access import About
+from toolauthz.service.callers import UNAUTHENTICATED, Caller
+from toolauthz.service.refusals import SYSTEM_STREAM, RefusalTally, refusal_stream
+from toolauthz.service.roles import CallerGrant, CallerRefused, RolePolicy
 
 AGENT, MULTI, STRANGER = "spiffe://acme.example/agent", "spiffe://shared/agent", "spiffe://elsewhere/who"
 CALLERS = [{"id": AGENT, "roles": ["runtime"], "tenants": ["acme"]},
@@ -30,7 +30,7 @@ VICTIM = "victim"  # the tenant every refused request names
 
 
 def _build(settings, clock):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     configured = settings.model_copy(update={"callers": tuple(CallerSettings(**c) for c in CALLERS)})
     return build_sidecar(configured, clock=clock, callers=lambda context: context)  # the context is the caller

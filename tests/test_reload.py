@@ -14,10 +14,10 @@ import threading
 import grpc
 from conftest import ROOT, make_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle import load_bundle
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle import load_bundle
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 MEASURE = {"prototype": "A", "metric": "runtime", "unit": "hours"}
 FORBID_MEASURE = ('@id("no-measurements-today")\n'
@@ -100,7 +100,7 @@ def test_invalid_edit_keeps_the_old_version_and_reports_the_error(bundle_dir, si
 
 
 def test_watcher_picks_up_a_change_without_a_restart(settings, clock, bundle_dir):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     car = build_sidecar(settings.model_copy(update={"reload_poll_seconds": 0.02}), clock=clock)
     try:
@@ -118,7 +118,7 @@ def test_sighup_reloads_a_running_server(tmp_path, bundle_dir):
     config.write_text(json.dumps({"bundle": str(bundle_dir), "data_dir": str(tmp_path / "data"),
                                   "listen": "127.0.0.1:0", "generate_missing_keys": True,
                                   "reload_poll_seconds": 0}))
-    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--workers", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "toolauthz.cli", "serve", "--config", str(config), "--workers", "1"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
@@ -151,14 +151,14 @@ def test_sighup_reloads_a_running_server(tmp_path, bundle_dir):
 
 
 def test_shadow_policy_is_recorded_but_never_changes_a_decision(bundle_dir, settings, clock):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     (bundle_dir / "shadow.cedar").write_text('@id("shadow-no-measure-b")\n@shadow\n'
                                              'forbid (principal, action == Action::"tool:measure_runtime", resource)\n'
                                              'when { context.input.prototype == "B" };\n')
     car = build_sidecar(settings, clock=clock)
     try:
-        from sidecar.model import Principal, ProposedCall, TrustedContext
+        from toolauthz.model import Principal, ProposedCall, TrustedContext
         ctx = TrustedContext("acme", Principal("User", "alice"), "r")
         a = car.authorizer.authorize(ctx, ProposedCall("a", "measure_runtime", json.dumps(MEASURE).encode()))
         b = car.authorizer.authorize(ctx, ProposedCall("b", "measure_runtime",

@@ -16,11 +16,11 @@ import shutil
 import pytest
 from conftest import EXAMPLE_BUNDLE
 
-from sidecar.bundle import load_bundle
-from sidecar.server import reload as reload_module
-from sidecar.server.build import build_sidecar
-from sidecar.server.config import Settings
-from sidecar.server.reload import BundleReloader, bundle_snapshot, fingerprint, load_bundle_snapshot
+from toolauthz.bundle import load_bundle
+from toolauthz.server import reload as reload_module
+from toolauthz.server.build import build_sidecar
+from toolauthz.server.config import Settings
+from toolauthz.server.reload import BundleReloader, bundle_snapshot, fingerprint, load_bundle_snapshot
 
 FORBID_MEASURE = ('@id("no-measurements-today")\n'
                   'forbid (principal, action == Action::"tool:measure_runtime", resource);\n')
@@ -137,7 +137,7 @@ def test_a_configmap_swap_is_reloaded_whole(projected_sidecar, volume, tmp_path)
 
 
 def test_the_watcher_reloads_a_swapped_configmap(tmp_path, volume):
-    from sidecar.bundle import BundleHolder
+    from toolauthz.bundle import BundleHolder
 
     holder = BundleHolder(load_bundle_snapshot(volume.root))
     new = {**example_payload(), "zz_forbid.cedar": FORBID_MEASURE.encode()}
@@ -185,7 +185,7 @@ def test_a_bundle_directory_published_by_a_symlink_swap(tmp_path, clock):
     assert bundle_snapshot(current) == (releases / "v1").resolve()
 
     holder_bundle = load_bundle_snapshot(current)
-    from sidecar.bundle import BundleHolder
+    from toolauthz.bundle import BundleHolder
 
     reloader = BundleReloader(BundleHolder(holder_bundle), poll_seconds=0)
     seen = fingerprint(current)

@@ -7,9 +7,9 @@ import grpc
 import pytest
 from conftest import make_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.client import AuthzClient
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.audit.store import AuditQuery
+from toolauthz.client import AuthzClient
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 PINNED = "changed=description pinned=" + "a" * 64 + " advertised=" + "b" * 64
 

@@ -2,7 +2,7 @@
 
 Real mTLS is not needed here: the sidecar is built with a caller resolver that reads a
 test-only metadata header (`x-test-caller`), standing in for the identity a listener
-proves (sidecar/service/callers.py `caller_of`).
+proves (toolauthz/service/callers.py `caller_of`).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import grpc
 import pytest
 from conftest import make_request, verify_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import CallerSettings
-from sidecar.service.callers import UNAUTHENTICATED, Caller
-from sidecar.service.refusals import SYSTEM_STREAM
-from sidecar.service.roles import (
+from toolauthz.audit.store import AuditQuery
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.config import CallerSettings
+from toolauthz.service.callers import UNAUTHENTICATED, Caller
+from toolauthz.service.refusals import SYSTEM_STREAM
+from toolauthz.service.roles import (
     ROLES,
     RPC_ROLES,
     CallerGrant,
@@ -58,7 +58,7 @@ def as_(caller: str) -> tuple[tuple[str, str], ...]:
 
 def with_callers(settings, clock, callers: list[dict]) -> Iterator:
     """A sidecar whose `callers:` are `callers`, each named by the test-only header."""
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     configured = settings.model_copy(update={"callers": tuple(CallerSettings(**c) for c in callers)})
     car = build_sidecar(configured, clock=clock, callers=header_callers)
@@ -282,7 +282,7 @@ def test_an_auditor_of_acme_sees_nothing_of_globex(stub, audit, sidecar):
 
 
 def test_an_auditor_of_several_tenants_pages_through_them_in_order(sidecar):
-    from sidecar.service.audit import visible_page
+    from toolauthz.service.audit import visible_page
 
     for i, tenant in enumerate(["acme", "globex", "initech", "acme", "initech"]):
         sidecar.audit_writer.write(_event(tenant, i))
@@ -294,7 +294,7 @@ def test_an_auditor_of_several_tenants_pages_through_them_in_order(sidecar):
 
 
 def _event(tenant: str, i: int):
-    from sidecar.audit.records import AuditEvent
+    from toolauthz.audit.records import AuditEvent
 
     return AuditEvent(kind="authorize", time=1_800_000_000.0 + i, tenant=tenant, call_id=f"c{i}", result="ALLOW")
 
@@ -312,7 +312,7 @@ def test_unlisted_and_unauthenticated_callers_get_the_public_keys_and_nothing_el
 
 
 def test_without_callers_every_record_says_unauthenticated(settings, clock):
-    from sidecar.server.build import build_sidecar
+    from toolauthz.server.build import build_sidecar
 
     car = build_sidecar(settings, clock=clock)  # development: no callers, the default resolver
     try:
@@ -326,13 +326,13 @@ def test_without_callers_every_record_says_unauthenticated(settings, clock):
 
 
 def _trusted(request: pb.AuthorizeRequest):
-    from sidecar.service.common import proposed_call, trusted_context
+    from toolauthz.service.common import proposed_call, trusted_context
 
     return trusted_context(request.context), proposed_call(request.call)
 
 
 def test_a_development_server_admits_and_records_every_caller_as_unauthenticated(settings, clock):
-    from sidecar.server.build import build_sidecar, create_server
+    from toolauthz.server.build import build_sidecar, create_server
 
     car = build_sidecar(settings, clock=clock)
     server, port = create_server(car, "127.0.0.1:0")

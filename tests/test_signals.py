@@ -6,7 +6,7 @@ sidecar's own code to unblock it), in the middle of building the sidecar (after 
 bundle is loaded: the line that reports the generated development audit key), and once
 it says it serves. And through the installed console script, 0.3 s and 0.8 s after it
 starts, while other processes keep the CPUs busy: the console script defers SIGHUP before
-its heavy imports (sidecar/cli/entry.py), which used to take longer than that."""
+its heavy imports (toolauthz/cli/entry.py), which used to take longer than that."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from collections.abc import Iterator, Sequence
 import grpc
 import pytest
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from tests.conftest import ROOT, make_request
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
 
@@ -39,10 +39,10 @@ SIGHUP_BIT = 1 << (signal.SIGHUP - 1)
 
 
 class Serve:
-    """`python -m sidecar.cli serve` with stdout and stderr read line by line."""
+    """`python -m toolauthz.cli serve` with stdout and stderr read line by line."""
 
     def __init__(self, tmp_path: pathlib.Path, bundle_dir: pathlib.Path, workers: int, *, hup_blocked: bool,
-                 command: Sequence[str] = (sys.executable, "-m", "sidecar.cli")):
+                 command: Sequence[str] = (sys.executable, "-m", "toolauthz.cli")):
         config = tmp_path / "toolauthz.yaml"
         config.write_text(json.dumps({"bundle": str(bundle_dir), "data_dir": str(tmp_path / "data"),
                                       "listen": "127.0.0.1:0", "generate_missing_keys": True,

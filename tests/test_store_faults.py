@@ -14,10 +14,10 @@ import pytest
 from conftest import make_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import build_sidecar, create_server
-from sidecar.store.postgres import migrate
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.store.postgres import migrate
 
 WAIT = 30.0
 
@@ -145,7 +145,7 @@ def test_unreachable_database_means_unavailable_not_serving_then_recovery(settin
 
 def test_a_backend_terminated_mid_transaction_loses_and_duplicates_nothing(settings, clock, postgres_url,
                                                                           monkeypatch):
-    from sidecar.store.postgres.transaction import PgTransaction
+    from toolauthz.store.postgres.transaction import PgTransaction
 
     migrate(postgres_url)
     car = build_sidecar(settings.model_copy(update={"store": postgres_url}), clock=clock)

@@ -9,12 +9,12 @@ import secrets
 import psycopg
 import pytest
 
-from sidecar.audit.records import AuditEvent
-from sidecar.errors import StoreUnavailable, ToolAuthzError
-from sidecar.server.config import Settings, load_settings
-from sidecar.store.open import migrate_store, open_store, parse_store_url
-from sidecar.store.postgres import migrate
-from sidecar.store.postgres.schema import SCHEMA_VERSION
+from toolauthz.audit.records import AuditEvent
+from toolauthz.errors import StoreUnavailable, ToolAuthzError
+from toolauthz.server.config import Settings, load_settings
+from toolauthz.store.open import migrate_store, open_store, parse_store_url
+from toolauthz.store.postgres import migrate
+from toolauthz.store.postgres.schema import SCHEMA_VERSION
 
 
 def event(i: int) -> AuditEvent:
@@ -59,7 +59,7 @@ def test_serving_refuses_a_newer_schema(postgres_url):
 
 
 def test_the_cli_migrates_and_serve_takes_the_store(postgres_url, capsys):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     assert main(["store", "migrate", "--store", postgres_url]) == 0
     assert f"schema version {SCHEMA_VERSION} (created)" in capsys.readouterr().out
@@ -87,7 +87,7 @@ def test_the_serving_role_appends_to_the_trail_and_cannot_edit_it(postgres_url, 
     migrate(postgres_url, serving_role=serving_role)
     served = as_role(postgres_url, serving_role)
     with open_store(served) as store:  # serves: the ledger, approvals and appends work
-        from sidecar.store.ledger import CallEntry
+        from toolauthz.store.ledger import CallEntry
 
         store.ledger.reserve(CallEntry("acme", "c1", "run", "t", "d" * 64, 'User::"a"', 1.0))
         assert store.ledger.consume("acme", "c1", "jti", 2.0) == "ok"
@@ -113,7 +113,7 @@ def test_an_unreachable_database_is_store_unavailable_and_never_an_answer(postgr
 
 
 def test_the_prune_command_refuses_recent_dates_and_prunes_old_ones(store_url, capsys):
-    from sidecar.cli.main import main
+    from toolauthz.cli.main import main
 
     assert main(["store", "prune", "--store", store_url, "--before", "2999-01-01"]) == 1
     assert "at least an hour ago" in capsys.readouterr().err
@@ -145,10 +145,10 @@ def test_audit_verify_covers_the_store_and_exported_checkpoints_outlive_a_rewrit
     not against the checkpoints exported before."""
     from conftest import key_pair
 
-    from sidecar.audit.checkpoint import sign_heads
-    from sidecar.audit.merkle import ChainHead
-    from sidecar.audit.records import GENESIS_HASH, chain
-    from sidecar.cli.main import main
+    from toolauthz.audit.checkpoint import sign_heads
+    from toolauthz.audit.merkle import ChainHead
+    from toolauthz.audit.records import GENESIS_HASH, chain
+    from toolauthz.cli.main import main
 
     private, public = key_pair()
     key_file = tmp_path / "audit.pub"
@@ -194,9 +194,9 @@ def undo_version_6(conn) -> None:
 
 
 def test_a_version_5_database_gains_usage_meters_and_keeps_its_approvals(postgres_url):
-    from sidecar.store.approvals import ApprovalRecord
-    from sidecar.store.ledger import CallEntry, RecordedDecision
-    from sidecar.usage import Charge
+    from toolauthz.store.approvals import ApprovalRecord
+    from toolauthz.store.ledger import CallEntry, RecordedDecision
+    from toolauthz.usage.charges import Charge
 
     migrate(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 5 left it
@@ -225,7 +225,7 @@ def test_a_version_5_database_gains_usage_meters_and_keeps_its_approvals(postgre
 
 
 def test_a_version_4_database_gains_retained_inputs_and_bundle_records(postgres_url):
-    from sidecar.store.retained import RetainedInputs, RetainedRow
+    from toolauthz.store.retained import RetainedInputs, RetainedRow
 
     migrate(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:  # as version 4 left it

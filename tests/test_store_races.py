@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sidecar.audit import AuditEvent, chain_of, verify_chain
-from sidecar.audit.records import DEFAULT_CHAINS
-from sidecar.store.ledger import CallEntry, ConsumeToken, RecordedDecision, ReserveCall, Standing
-from sidecar.store.open import open_store
-from sidecar.store.rules import lock_keys
+from toolauthz.audit import AuditEvent, chain_of, verify_chain
+from toolauthz.audit.records import DEFAULT_CHAINS
+from toolauthz.store.ledger import CallEntry, ConsumeToken, RecordedDecision, ReserveCall, Standing
+from toolauthz.store.open import open_store
+from toolauthz.store.rules import lock_keys
 
 T0 = 1_800_000_000.0
 WAIT = 60.0  # a bound on liveness only: a waiter that never wakes fails rather than hangs
@@ -23,7 +23,7 @@ WAIT = 60.0  # a bound on liveness only: a waiter that never wakes fails rather 
 
 @pytest.fixture
 def replicas(postgres_url):
-    from sidecar.store.postgres import migrate
+    from toolauthz.store.postgres import migrate
 
     migrate(postgres_url)
     stores = [open_store(postgres_url, pool_size=4) for _ in range(2)]

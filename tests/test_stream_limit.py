@@ -7,8 +7,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.server.build import build_sidecar, create_server
-from sidecar.server.config import Settings
+from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.server.config import Settings
 
 WAIT = 10.0
 HELD = 0.5  # how long a call that must not be answered is given before it is judged held

@@ -1,4 +1,4 @@
-"""Streamed tool-call arguments, assembled strictly (sidecar/client/assembly.py and
+"""Streamed tool-call arguments, assembled strictly (toolauthz/client/assembly.py and
 streaming.py): recorded event sequences of each API shape written here, every refusal
 rule, hypothesis fragmentations that must digest like the unsplit call, and the Guard
 running what the stream produced against a real sidecar."""
@@ -14,7 +14,7 @@ from conftest import order_entity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.client import (
+from toolauthz.client import (
     AnthropicToolStream,
     AssembledCall,
     AuthzClient,
@@ -28,9 +28,9 @@ from sidecar.client import (
     input_limits,
     load_output_schemas,
 )
-from sidecar.client.assembly import CallAssembly
-from sidecar.digest import call_digest
-from sidecar.strict_json import parse_strict_json
+from toolauthz.client.assembly import CallAssembly
+from toolauthz.digest import call_digest
+from toolauthz.strict_json import parse_strict_json
 
 REFUND = '{"order_id": "ord_1", "amount_cents": 1500, "reason": "caf\\u00e9 \u00e9t\u00e9 \U0001F4E6"}'
 LOOKUP = '{"order_id": "ord_2"}'

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from sidecar.digest import canonical_json
-from sidecar.errors import InputError
-from sidecar.strict_json import parse_strict_json
+from toolauthz.digest import canonical_json
+from toolauthz.errors import InputError
+from toolauthz.strict_json import parse_strict_json
 
 LIMIT = 65536
 SECRET = "sk-live-7f3a9c"  # stands in for any secret a model might put in an argument

@@ -10,15 +10,15 @@ import grpc
 import pytest
 from conftest import make_request, order_entity
 
-import sidecar.engine as engine
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle import load_bundle
-from sidecar.cli.main import main
-from sidecar.errors import BundleError, RequestError
-from sidecar.model import Decision, Principal, ProposedCall, TrustedContext
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
+import toolauthz.engine as engine
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle import load_bundle
+from toolauthz.cli.main import main
+from toolauthz.errors import BundleError, RequestError
+from toolauthz.model import Decision, Principal, ProposedCall, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
 
 def tenant(name: str) -> dict:

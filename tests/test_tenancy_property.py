@@ -19,10 +19,10 @@ from conftest import EXAMPLE_BUNDLE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sidecar.engine as engine
-from sidecar.bundle import load_bundle
-from sidecar.errors import RequestError
-from sidecar.model import Principal, ProposedCall, TrustedContext
+import toolauthz.engine as engine
+from toolauthz.bundle import load_bundle
+from toolauthz.errors import RequestError
+from toolauthz.model import Principal, ProposedCall, TrustedContext
 
 SCHEMA = """
 entity Tenant;

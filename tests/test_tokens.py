@@ -19,16 +19,16 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from pyseto import Key
 
-from sidecar.clock import FrozenClock
-from sidecar.tokens import (
+from toolauthz.clock import FrozenClock
+from toolauthz.tokens import (
     DEFAULT_GRACE_SECONDS,
     CallClaims,
     TokenIssuer,
     TokenVerifier,
     verify_offline,
 )
-from sidecar.tokens.keyring import KeyRing, activate_key, generate_key, load_keyring
-from sidecar.tokens.keys import SigningKey, load_private_key_file
+from toolauthz.tokens.keyring import KeyRing, activate_key, generate_key, load_keyring
+from toolauthz.tokens.keys import SigningKey, load_private_key_file
 
 T0 = 1_800_000_000
 ISS, AUD = "toolauthz", "agent-runtime"

@@ -9,13 +9,13 @@ import sqlite3
 import pytest
 from conftest import make_request, verify_request
 
-from sidecar.cli.main import main
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.server.config import DATABASE_FILE
+from toolauthz.cli.main import main
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.server.config import DATABASE_FILE
 
 SECRET = "sk_live_DO_NOT_LOG_777"
 
@@ -124,7 +124,7 @@ def test_export_as_csv_one_row_per_record_formulas_defused(history, tmp_path, ca
     assert main(["audit", "--data-dir", data, "export", "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("seq,time,kind,result,") and len(lines) == 9
-    from sidecar.cli.audit import _csv_cell
+    from toolauthz.cli.audit import _csv_cell
 
     assert _csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and _csv_cell(["a"]) == '["a"]' and _csv_cell("ok") == "ok"
 
@@ -197,7 +197,7 @@ def test_who_approved_the_refund_on_an_order_and_did_it_run(history, capsys):
 
 
 def test_query_decisions_rpc_takes_the_new_filters(history, channel):
-    from sidecar.client._convert import query_request
+    from toolauthz.client._convert import query_request
 
     audit = aupb_grpc.AuditStub(channel)
     approved = list(audit.QueryDecisions(query_request(resource='Order::"ord_1"', approver='User::"bob"')))

@@ -17,7 +17,7 @@ from transports import (
     openapi,
 )
 
-from sidecar.audit.store import AuditQuery
+from toolauthz.audit.store import AuditQuery
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_keys_list_the_signing_key(transport, sidecar):
 def test_a_number_spelled_differently_is_the_same_call_on_both_transports(server, channel, schemas, sidecar):
     """`1e2` and `100.0` and key order reach the digest as sent, over HTTP as over gRPC:
     the same call id with an equal input replays, whichever transport asks first."""
-    from sidecar.digest import call_digest
+    from toolauthz.digest import call_digest
 
     srv, _port = server
     grpc_side, http_side = GrpcTransport(channel), HttpTransport(srv.http_port, schemas)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from conftest import order_entity
 
-from sidecar.client import (
+from toolauthz.client import (
     NO_RETRY,
     AnthropicToolStream,
     AsyncAuthzClient,
@@ -27,7 +27,7 @@ from sidecar.client import (
     load_output_schemas,
     load_side_effects,
 )
-from sidecar.client.turn import Slot, groups
+from toolauthz.client.turn import Slot, groups
 
 ORDERS = {"ord_1": "alice", "ord_2": "alice", "ord_3": "carol"}
 

@@ -10,13 +10,13 @@ import threading
 import pytest
 from conftest import replicas_of
 
-from sidecar.audit.store import AuditQuery
-from sidecar.bundle import load_bundle
-from sidecar.errors import BundleError
-from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.store.ledger import Standing
-from sidecar.store.usage_rows import APPROVAL_HOLD_GRACE
-from sidecar.usage import CEILING
+from toolauthz.audit.store import AuditQuery
+from toolauthz.bundle import load_bundle
+from toolauthz.errors import BundleError
+from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.store.ledger import Standing
+from toolauthz.store.usage_rows import APPROVAL_HOLD_GRACE
+from toolauthz.usage.charges import CEILING
 
 BUDGET = 50_000
 WAIT = 30.0
@@ -160,7 +160,7 @@ def test_one_authorize_batch_of_calls_on_one_meter_never_overspends(sidecar):
     share one transaction, each decided on what the calls ahead of it took: exactly the
     first two fit, asking again replays the same answers and charges nothing more, and
     the meter is left at what was allowed."""
-    from sidecar.batch import DEFAULT_LIMITS, BatchCall, plan_batch
+    from toolauthz.batch import DEFAULT_LIMITS, BatchCall, plan_batch
 
     auth = sidecar.authorizer
     amounts = [20_000] * 4 + [15_000] * 4
@@ -264,7 +264,7 @@ def test_an_amount_past_the_ceiling_is_invalid_input(sidecar):
 
 def test_a_meter_at_its_ceiling_saturates_and_denies(bundle_dir):
     """Even a policy that would permit anything never sees a sum past the ceiling."""
-    from sidecar.engine import decide
+    from toolauthz.engine import decide
 
     (bundle_dir / "spend.cedar").write_text('permit (principal, action == Action::"tool:spend", resource);')
     bundle = load_bundle(bundle_dir)
@@ -339,8 +339,8 @@ def test_no_overspend_with_approvals_pending_then_approved(fleet):
 
 def _entry_of(car, principal: str, now: float):
     """A probe entry charging alice's spend meters (never written)."""
-    from sidecar.engine import prepare
-    from sidecar.store.ledger import CallEntry
+    from toolauthz.engine import prepare
+    from toolauthz.store.ledger import CallEntry
 
     prepared = prepare(car.bundles.current, ctx(principal), spend("probe", 0))
     return CallEntry("acme", "probe", "probe", "spend", prepared.digest, f'User::"{principal}"',

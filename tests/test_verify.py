@@ -12,11 +12,11 @@ import grpc
 import pytest
 from conftest import make_request, order_entity, verify_request
 
-from sidecar.audit.store import AuditQuery
-from sidecar.errors import StoreUnavailable
-from sidecar.model import Principal, ProposedCall, TrustedContext
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.tokens import CallClaims, verify_offline
+from toolauthz.audit.store import AuditQuery
+from toolauthz.errors import StoreUnavailable
+from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.tokens import CallClaims, verify_offline
 
 
 def allowed(stub, **kwargs):
@@ -83,12 +83,12 @@ def test_expired_token(stub, clock):
 
 
 def test_token_of_another_sidecar_is_unknown_key(stub, tmp_path, bundle_dir, clock):
-    from sidecar.server.build import build_sidecar
-    from sidecar.server.config import Settings
+    from toolauthz.server.build import build_sidecar
+    from toolauthz.server.config import Settings
 
     other = build_sidecar(Settings(bundle=bundle_dir, data_dir=tmp_path / "other"), clock=clock)
     try:
-        from sidecar.model import Principal, ProposedCall, TrustedContext
+        from toolauthz.model import Principal, ProposedCall, TrustedContext
         request = make_request()
         ctx = TrustedContext("acme", Principal("User", "alice"), "run-1", request.context.entities_json)
         foreign = other.authorizer.authorize(ctx, ProposedCall("toolu_1", "issue_refund", request.call.input_json))
@@ -160,7 +160,7 @@ def _code_of(stub, request):
 def _break_audit_inserts(monkeypatch, sidecar):
     """Every append to the audit trail fails as a full disk would, inside whatever
     transaction makes it."""
-    from sidecar.store.sqlite.transaction import SqliteTransaction
+    from toolauthz.store.sqlite.transaction import SqliteTransaction
 
     def disk_full(tx, events):
         raise sqlite3.OperationalError("database or disk is full")
@@ -228,8 +228,8 @@ def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar, mo
 
 
 def _race_verify(port: int, request_bytes: bytes, barrier, results) -> None:
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb2
-    from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb2_grpc
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb2
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb2_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = pb2_grpc.ToolAuthorizerStub(ch)
@@ -253,7 +253,7 @@ def test_same_token_raced_from_two_processes_verifies_once(stub, server):
 
 
 def _race_consume(path: str, barrier, results) -> None:
-    from sidecar.store import SqliteStore
+    from toolauthz.store import SqliteStore
 
     store = SqliteStore(path)
     barrier.wait(timeout=10)
@@ -261,7 +261,7 @@ def _race_consume(path: str, barrier, results) -> None:
 
 
 def test_two_sidecar_processes_sharing_a_ledger_consume_once(tmp_path):
-    from sidecar.store import CallEntry, SqliteStore
+    from toolauthz.store import CallEntry, SqliteStore
 
     path = str(tmp_path / "ledger.db")
     with SqliteStore(path) as store:
@@ -416,7 +416,7 @@ def test_audit_failure_of_an_outcome_records_neither(stub, sidecar, monkeypatch)
 def _forge(sidecar, request, raw: bytes) -> str:
     """A token for `raw` as a lax parser (json.loads) reads it, signed by the sidecar's
     own key: what Verify would accept if it parsed input other than Authorize does."""
-    from sidecar.digest import call_digest
+    from toolauthz.digest import call_digest
 
     ctx = request.context
     digest = call_digest(tool=request.call.name, input=json.loads(raw), principal_type=ctx.principal.type,
@@ -458,7 +458,7 @@ def test_a_real_token_with_unparseable_input_is_bad_signature(stub, raw):
 
 
 def test_a_token_of_a_tool_the_bundle_no_longer_has_verifies_for_the_identical_call(stub, sidecar, bundle_dir):
-    from sidecar.bundle import load_bundle
+    from toolauthz.bundle import load_bundle
 
     request, response = allowed(stub, tool="measure_runtime", entities=[],
                                 args={"prototype": "A", "metric": "runtime", "unit": "hours"})

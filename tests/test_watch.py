@@ -15,20 +15,20 @@ import grpc
 import pytest
 from conftest import make_request, order_entity
 
-from sidecar.approvals import ApprovalDesk
-from sidecar.errors import ResourceExhaustedError, ToolAuthzError
-from sidecar.model import Principal, TrustedContext
-from sidecar.proto.toolauthz.v1 import approvals_pb2 as apb
-from sidecar.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
-from sidecar.proto.toolauthz.v1 import audit_pb2 as aupb
-from sidecar.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.build import create_server
-from sidecar.server.config import Settings, load_settings
-from sidecar.service import watching
-from sidecar.service.callers import UNAUTHENTICATED
-from sidecar.service.watching import WatchLimits
+from toolauthz.approvals import ApprovalDesk
+from toolauthz.errors import ResourceExhaustedError, ToolAuthzError
+from toolauthz.model import Principal, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
+from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
+from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
+from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.build import create_server
+from toolauthz.server.config import Settings, load_settings
+from toolauthz.service import watching
+from toolauthz.service.callers import UNAUTHENTICATED
+from toolauthz.service.watching import WatchLimits
 
 OPEN = 500
 LARGE = {"order_id": "ord_1", "amount_cents": 6000, "reason": "parcel lost"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from sidecar.server.worker_status import StatusBoard
-from sidecar.service.status import PolicyStatus, PumpStatus, WorkerStatus
+from toolauthz.server.worker_status import StatusBoard
+from toolauthz.service.status import PolicyStatus, PumpStatus, WorkerStatus
 
 
 def test_changes_during_the_interval_wait_for_it_and_close_does_not(tmp_path):

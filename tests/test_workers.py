@@ -16,12 +16,12 @@ import grpc
 import pytest
 from conftest import ROOT, make_request, verify_request
 
-from sidecar.audit import verify_chain
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.server.config import DATABASE_FILE, ListenerSettings, Settings
-from sidecar.store import SqliteAuditLog
-from sidecar.tokens.keys import load_private_key_file
+from toolauthz.audit import verify_chain
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.config import DATABASE_FILE, ListenerSettings, Settings
+from toolauthz.store import SqliteAuditLog
+from toolauthz.tokens.keys import load_private_key_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc are Linux")
 
@@ -35,11 +35,11 @@ def free_port() -> int:
 
 
 class Workers:
-    """`python -m sidecar.server.workers` in a subprocess, with its output collected."""
+    """`python -m toolauthz.server.workers` in a subprocess, with its output collected."""
 
     def __init__(self, *args: str):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "sidecar.server.workers", *args], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "toolauthz.server.workers", *args], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.out: list[str] = []
         self.err: list[str] = []
@@ -212,7 +212,7 @@ def test_an_address_in_use_is_refused_before_any_worker_starts(workers_factory, 
 def test_a_worker_that_fails_to_start_stops_the_group_with_one_report(bundle_dir, tmp_path, capsys):
     """The parent's check passed, then every worker fails (here: the bundle broke in
     between): one report, the other workers stopped, exit status 1."""
-    from sidecar.server.worker_group import WorkerGroup as _WorkerGroup
+    from toolauthz.server.worker_group import WorkerGroup as _WorkerGroup
 
     (bundle_dir / "orders.cedar").write_text("permit (principal, action, resource")
     settings = Settings(bundle=bundle_dir, data_dir=tmp_path / "data", listen="127.0.0.1:0")
@@ -247,16 +247,16 @@ def test_one_worker_serves_in_this_process_like_serve(workers_factory, bundle_di
 
 
 def test_workers_must_be_positive(settings):
-    from sidecar.errors import ToolAuthzError
-    from sidecar.server.workers import serve_workers
+    from toolauthz.errors import ToolAuthzError
+    from toolauthz.server.workers import serve_workers
 
     with pytest.raises(ToolAuthzError, match="at least 1"):
         serve_workers(settings, 0)
 
 
 def test_listen_addresses_are_split_into_host_and_port():
-    from sidecar.errors import ToolAuthzError
-    from sidecar.server.workers import split_listen
+    from toolauthz.errors import ToolAuthzError
+    from toolauthz.server.workers import split_listen
 
     assert split_listen("127.0.0.1:50051") == ("127.0.0.1", 50051)
     assert split_listen("[::1]:0") == ("[::1]", 0)

@@ -18,9 +18,9 @@ import jsonschema
 import referencing
 import yaml
 
-from sidecar.proto.toolauthz.v1 import authorizer_pb2 as pb
-from sidecar.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from sidecar.service.failures import Status
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.service.failures import Status
 
 OPENAPI_FILE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
 _OPENAPI_URI = "urn:toolauthz:openapi"

@@ -19,7 +19,7 @@ BUNDLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle")
 
 
 def proxy_command(sidecar: str) -> StdioServerParameters:
-    args = ["-m", "sidecar.cli", "mcp-proxy", "--bundle", BUNDLE, "--sidecar", sidecar,
+    args = ["-m", "toolauthz.cli", "mcp-proxy", "--bundle", BUNDLE, "--sidecar", sidecar,
             "--tenant", "acme", "--principal", "User::alice",
             "--", sys.executable, "-m", "examples.mcp_gateway.upstream"]
     return StdioServerParameters(command=sys.executable, args=args, env=dict(os.environ))

@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sidecar.client import ProposedCall, ToolError, ToolInvocation, ToolSet, load_output_schemas, load_side_effects
+from toolauthz.client import ProposedCall, ToolError, ToolInvocation, ToolSet, load_output_schemas, load_side_effects
 
 
 @dataclass

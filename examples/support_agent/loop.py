@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.client import Guard
+from toolauthz.client import Guard
 
 
 @dataclass

@@ -31,10 +31,10 @@ import grpc
 from examples.support_agent.backend import Backend
 from examples.support_agent.loop import LoopResult, run_agent
 from examples.support_agent.model import ScriptedModel, text, tool_use
-from sidecar.bundle.catalog import load_catalog
-from sidecar.client import AuthzClient, CallResult, Guard, GuardEvent, Principal, TrustedContext
-from sidecar.server.build import build_sidecar, create_server
-from sidecar.server.config import Settings
+from toolauthz.bundle.catalog import load_catalog
+from toolauthz.client import AuthzClient, CallResult, Guard, GuardEvent, Principal, TrustedContext
+from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.server.config import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "policies"

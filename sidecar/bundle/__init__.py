@@ -1,6 +1,0 @@
-"""The policy bundle: tool catalog, Cedar schema and policies, loaded and checked once."""
-
-from sidecar.bundle.holder import BundleHolder
-from sidecar.bundle.loader import Bundle, load_bundle
-
-__all__ = ["Bundle", "BundleHolder", "load_bundle"]

@@ -1,4 +1,0 @@
-"""`toolauthz mcp-proxy`: an MCP gateway in front of one or more upstream MCP servers, which
-shows and runs only the upstream tools the bundle's catalog pinned, each call guarded by the
-sidecar through the SDK (sidecar.client). It loads no policy engine and no bundle
-loader: it reads the tool files (sidecar.tool_files) for the pins and output schemas."""

@@ -1,0 +1,20 @@
+"""The `toolauthz` console script (and `python -m toolauthz.cli`).
+
+SIGHUP is deferred before anything heavy is imported: `toolauthz serve` treats it as a
+request to reload the bundle, and the imports of the command line (grpc, cedarpy, the
+bundle loader...) take most of a second, during which the default action would end the
+process with status 129. `serve` takes the deferral over (and honours a SIGHUP that came
+meanwhile once its reloader runs); any other command gives it up, and a SIGHUP that came
+meanwhile then acts as it would have.
+"""
+
+from __future__ import annotations
+
+from toolauthz.server.reload_requests import install_early
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_early()
+    from toolauthz.cli.main import main as run  # the heavy imports
+
+    return run(argv)

@@ -1,0 +1,251 @@
+"""Hot reload: watch the bundle directory (and SIGHUP), load and validate a new bundle
+off the request path, then swap it in atomically. An invalid bundle never replaces a
+good one: the last good bundle keeps serving and the error is kept for GetStatus.
+
+A bundle directory may be published by swapping a symlink: Kubernetes projects a
+ConfigMap as `DIR/..data -> ..<timestamp>/` (the kubelet writes a new timestamped
+directory in full, then renames a new `..data` link over the old one, then deletes the
+old directory), and a deploy tool may swap `DIR` itself (`ln -sfn`). Every load reads
+one resolved snapshot (`bundle_snapshot`), so a half-written directory is never read
+and a swap in the middle of a load never mixes two versions."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import stat
+import threading
+from collections.abc import Callable, Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from toolauthz.audit.records import AuditEvent
+from toolauthz.audit.sink import AuditSink
+from toolauthz.bundle import Bundle, BundleHolder, load_bundle
+from toolauthz.bundle.signature import SIGNATURE_FILE, SignatureError, SignedManifest, bundle_files, verify_bundle
+from toolauthz.clock import Clock, SystemClock
+from toolauthz.errors import BundleError, Problem, StoreUnavailable
+from toolauthz.telemetry import metrics
+
+log = logging.getLogger("toolauthz.reload")
+
+# The link the kubelet swaps when it updates a projected ConfigMap or Secret volume.
+KUBERNETES_DATA_LINK = "..data"
+_SNAPSHOT_ATTEMPTS = 5
+BUNDLE_LOADED, BUNDLE_REFUSED = "loaded", "refused"  # results of `bundle` audit records
+
+
+def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
+    """The real directory that holds the bundle now: the target of `DIR/..data` when
+    there is one (a Kubernetes projected volume), else `DIR` with its symlinks resolved.
+    Neither changes once published: a new version arrives as a new directory."""
+    root = pathlib.Path(directory)
+    data = root / KUBERNETES_DATA_LINK
+    return pathlib.Path(os.path.realpath(data if os.path.lexists(data) else root))
+
+
+def load_bundle_snapshot(directory: str | os.PathLike[str], keys: Mapping[str, Ed25519PublicKey] | None = None,
+                         min_revision: int | None = None) -> Bundle:
+    """Load the bundle from one snapshot of `directory` (see `bundle_snapshot`); the
+    bundle keeps `directory` as its name. When the snapshot is replaced while it is read
+    (the kubelet deletes the old directory right after the swap), read the new one.
+    With `keys` (bundle_verification), the snapshot must verify against its signature
+    before it is loaded, and still match it once loaded; a revision below `min_revision`
+    (the one serving) is a rollback. A refusal is a BundleError on `.signatures.json`."""
+    for _attempt in range(_SNAPSHOT_ATTEMPTS):
+        snapshot = bundle_snapshot(directory)
+        try:
+            manifest = _verified(snapshot, keys, min_revision)
+            bundle = load_bundle(snapshot)
+            if manifest is not None and bundle_files_or_refuse(snapshot) != manifest.files:
+                raise BundleError([Problem(SIGNATURE_FILE, "the bundle changed while it was verified and loaded")])
+        except BundleError:
+            if bundle_snapshot(directory) != snapshot:
+                continue
+            raise
+        if bundle_snapshot(directory) != snapshot:
+            continue
+        return dataclasses.replace(bundle, directory=pathlib.Path(directory),
+                                   revision=manifest.revision if manifest is not None else None)
+    raise BundleError([Problem(str(directory), "the bundle directory kept being replaced while it was loaded")])
+
+
+def _verified(snapshot: pathlib.Path, keys: Mapping[str, Ed25519PublicKey] | None,
+              min_revision: int | None) -> SignedManifest | None:
+    if keys is None:
+        return None
+    try:
+        return verify_bundle(snapshot, keys, min_revision)
+    except (SignatureError, OSError) as exc:
+        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
+
+
+def bundle_files_or_refuse(snapshot: pathlib.Path) -> Mapping[str, str]:
+    try:
+        return bundle_files(snapshot)
+    except (SignatureError, OSError) as exc:
+        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
+
+
+def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
+    """Cheap change detection over what `load_bundle_snapshot` would read: the resolved
+    snapshot, and every file's path, size and modification time under it (symlinks
+    followed, each directory visited once). A timestamped directory that the kubelet is
+    still writing is not under the snapshot, so it is not seen until `..data` points to it."""
+    snapshot = bundle_snapshot(directory)
+    entries: list[tuple[str, int, int]] = []
+    visited: set[tuple[int, int]] = set()
+    pending = [snapshot]
+    while pending:
+        current = pending.pop()
+        try:
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) in visited:
+                continue  # a symlink loop, or two links to one directory
+            visited.add((st.st_dev, st.st_ino))
+            names = sorted(os.listdir(current))
+        except OSError:
+            continue  # removed while we looked; the next look sees the new state
+        for name in names:
+            path = current / name
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(path)
+            else:
+                entries.append((os.path.relpath(path, snapshot), st.st_size, st.st_mtime_ns))
+    return (str(snapshot), tuple(sorted(entries)))
+
+
+class BundleReloader:
+    def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
+                 keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
+                 clock: Clock | None = None):
+        """poll_seconds = 0: no polling; reload only when triggered (SIGHUP). `keys`: a
+        bundle loads only when its signature verifies with one of them, and its revision
+        is not older than the serving one. `audit`: where refusals and swaps are recorded."""
+        self._holder = holder
+        self._keys = keys
+        self._audit = audit
+        self._clock = clock or SystemClock()
+        self._directory = pathlib.Path(holder.current.directory)
+        self._poll = poll_seconds
+        self._lock = threading.Lock()  # one reload at a time (watcher and SIGHUP)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._seen = fingerprint(self._directory)
+        self.last_error = ""
+        self.reloads = 0
+        self.attempts = 0
+        self._attempted = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.after_swap: Callable[[], None] | None = None  # serving processes: heap.py
+        self.after_attempt: Callable[[], None] | None = None  # the worker's status board
+
+    def wait_for_attempt(self, after: int, timeout: float) -> bool:
+        """Block until more than `after` reload attempts have finished (for tests and
+        tools that must see the outcome of a change without sleeping)."""
+        with self._attempted:
+            return self._attempted.wait_for(lambda: self.attempts > after, timeout)
+
+    def reload(self) -> bool:
+        """Load, validate and swap. True when a new version is serving."""
+        try:
+            return self._reload()
+        finally:
+            if self.after_attempt is not None:
+                self.after_attempt()
+            with self._attempted:
+                self.attempts += 1
+                self._attempted.notify_all()
+
+    def _reload(self) -> bool:
+        with self._lock:
+            seen = fingerprint(self._directory)
+            serving = self._holder.current
+            try:
+                bundle = self._next(serving)
+            except BundleError as exc:
+                self.last_error = str(exc)
+                metrics.RELOAD_ERRORS.inc()
+                signature = any(p.file == SIGNATURE_FILE for p in exc.problems)
+                if signature:
+                    metrics.BUNDLE_SIGNATURE_REFUSALS.inc()
+                self._record(BUNDLE_REFUSED, serving, ("bundle_signature" if signature else "bundle_invalid",),
+                             {"reason": str(exc)[:2000]})
+                # One line; each problem an item of `problems` (never newlines in a message).
+                log.error("bundle reload refused; version %s keeps serving", serving.version,
+                          extra={"problems": [str(p) for p in exc.problems]})
+                return False
+            finally:
+                self._seen = seen
+            self.last_error = ""
+            if bundle.version == serving.version:
+                return False
+            previous = serving.version
+            self._holder.swap(bundle)
+            self._record(BUNDLE_LOADED, bundle, (), {"previous_version": previous, "revision": bundle.revision})
+            metrics.RELOADS.inc()
+            metrics.serving_version(bundle.version, previous)
+            if self.after_swap is not None:
+                self.after_swap()
+            self.reloads += 1
+            log.info("bundle reloaded: version %s", bundle.version)
+            return True
+
+    def _next(self, serving: Bundle) -> Bundle:
+        """The bundle to serve next. A signed one must not be older than the serving one,
+        and other content under the same revision is refused too: a revision names one
+        signed bundle, so only a newer signature may change what is enforced."""
+        bundle = load_bundle_snapshot(self._directory, self._keys, serving.revision)
+        if self._keys is not None and bundle.revision == serving.revision and bundle.version != serving.version:
+            raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
+                                                       "but the content differs; sign a new revision")])
+        return bundle
+
+    def _record(self, result: str, bundle: Bundle, codes: tuple[str, ...], detail: dict[str, object]) -> None:
+        """A `bundle` audit record of a reload: refused (with the version that keeps
+        serving) or loaded (with the new one)."""
+        if self._audit is None:
+            return
+        try:
+            self._audit.write(AuditEvent(kind="bundle", time=self._clock.now(), result=result,
+                                         policy_version=bundle.version, error_codes=codes, detail=detail))
+        except StoreUnavailable as exc:  # the reload stands; its record is what is lost, and said so
+            log.error("the audit record of a bundle reload (%s) could not be written: %s", result, exc)
+
+    def trigger(self) -> None:
+        """Ask the watcher thread to reload now (safe from a signal handler)."""
+        self._wake.set()
+
+    def start(self) -> BundleReloader:
+        self._thread = threading.Thread(target=self._run, name="bundle-reloader", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            triggered = self._wake.wait(self._poll or None)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            current = fingerprint(self._directory)
+            if not triggered and current == self._seen:
+                continue
+            if not triggered:
+                # An editor may still be writing: reload once the directory has held
+                # still for one poll interval (SIGHUP reloads at once).
+                self._stop.wait(self._poll)
+                if fingerprint(self._directory) != current:
+                    continue
+            self.reload()

@@ -1,0 +1,188 @@
+"""The PostgreSQL backend: one database shared by a fleet of sidecars.
+
+Connections come from a psycopg_pool pool (`pool_size`), each checked before use so
+that a connection the server dropped is replaced rather than failing a request, in
+autocommit for reads. Statements are prepared on the server from their first use
+(`prepare_threshold=0`). There is no lock over the whole database: a write transaction
+first takes a transaction-scoped advisory lock on each row key it writes under (a call,
+a run: `Transaction.lock`), all in one statement and in one order, so a run's counts
+read in it still hold at its commit and no two transactions wait for each other in a
+cycle; single use and one row per call id also rest on the unique keys. Its audit
+records are chained last, under row locks on their chains' heads (`audit_head`, `SELECT
+... FOR UPDATE` in name order, `store/chains.py`). PostgreSQL commits durably
+(synchronous_commit) before `transaction()` returns.
+
+Any error of the database, the network or the pool leaves as StoreUnavailable: the
+caller denies, and a transaction cut off midway (the server gone, the backend
+terminated) committed nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
+
+from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH
+from toolauthz.errors import StoreUnavailable
+from toolauthz.store.postgres.transaction import APPROVAL_CHANNEL, PgTransaction
+
+CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when lent
+
+log = logging.getLogger("toolauthz.store")
+
+
+def ensure_heads(url: str, chains: int, *, timeout: float) -> None:
+    """Gives each of the `chains` chains a head row (at genesis) if it has none, so that
+    appending only ever locks existing rows. A role that may not insert (an auditor
+    reading the trail) skips it: it appends nothing."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as conn:
+            conn.execute("INSERT INTO audit_head (chain, seq, hash) SELECT n::text, 0, %s "
+                         "FROM generate_series(0, %s - 1) AS n ON CONFLICT DO NOTHING", (GENESIS_HASH, chains))
+    except psycopg.errors.InsufficientPrivilege:
+        return
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"database `{shown_url(url)}`: cannot create the audit chains' heads: "
+                               f"{_first_line(exc)}") from exc
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PgUnit:
+    """`url`: a libpq URL (postgresql://user@host:port/dbname?options). `timeout`: how
+    long a request waits for a connection before it is refused as unavailable."""
+
+    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0, chains: int = DEFAULT_CHAINS):
+        self.url = url
+        self.chains = chains
+        self.label = f"database `{shown_url(url)}`"
+        self._closed = False
+        self._lock = threading.Lock()
+        self._listener: _Listener | None = None
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz",
+            kwargs={"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))},
+            check=self._check, reset=self._used)
+        self._pool.open(wait=False)
+        self._last_use: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+
+    def _used(self, conn: psycopg.Connection[Any]) -> None:
+        self._last_use[conn] = time.monotonic()
+
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """A connection handed back less than CHECK_AFTER seconds ago answered then: it is
+        lent without a check (a round trip). An older one is checked, so that one the
+        server dropped while idle is replaced rather than failing a request."""
+        if time.monotonic() - self._last_use.get(conn, float("-inf")) > CHECK_AFTER:
+            ConnectionPool.check_connection(conn)
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        if self._closed:
+            raise StoreUnavailable(f"{self.label} is closed")
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"{self.label}: {action} failed: {_first_line(exc)}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[PgTransaction]:
+        # BEGIN and COMMIT are sent as statements of the pipeline: BEGIN goes with the key
+        # locks and the reads ahead, COMMIT with the audit records, whose chains' heads are
+        # so held for one round trip and the commit (psycopg's transaction() would wait for
+        # each). Three round trips in all for a batch of reservations.
+        with self._errors("write"), self._pool.connection() as conn:
+            try:
+                with conn.pipeline() as pipeline:
+                    conn.execute("BEGIN")
+                    tx = PgTransaction(conn, self.chains, pipeline)
+                    yield tx
+                    tx.flush_audit()
+                    conn.execute("COMMIT")
+            except BaseException:
+                if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def reading(self) -> Iterator[PgTransaction]:
+        with self._errors("read"), self._pool.connection() as conn:
+            yield PgTransaction(conn)
+
+    def listen(self, on_approval: Callable[[str], None]) -> None:
+        with self._lock:
+            if self._closed or self._listener is not None:
+                return
+            self._listener = _Listener(self.url, on_approval)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            listener = self._listener
+        if listener is not None:
+            listener.close()
+        self._pool.close()
+
+
+class _Listener:
+    """LISTEN on the approvals channel on a connection of its own, on a thread that
+    calls `on_approval` for each notification (PostgreSQL delivers them at the
+    notifying transaction's commit). A lost connection is opened again, and every
+    watcher is woken then, since decisions made meanwhile were not heard."""
+
+    def __init__(self, url: str, on_approval: Callable[[str], None]):
+        self._url, self._on_approval = url, on_approval
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="approval-listener", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pause = 0.05
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=5) as conn:
+                    self._conn = conn
+                    conn.execute(f"LISTEN {APPROVAL_CHANNEL}")
+                    self._on_approval("")  # anything decided while not listening
+                    pause = 0.05
+                    while not self._stop.is_set():
+                        for notify in conn.notifies(timeout=0.5):
+                            self._on_approval(notify.payload)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("approval notifications: %s; listening again in %.2fs", _first_line(exc), pause)
+            self._stop.wait(pause)
+            pause = min(pause * 2, 2.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+

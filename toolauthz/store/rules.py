@@ -1,0 +1,345 @@
+"""The store's rules, written once over a backend's transactions (`store/unit.py`).
+
+`Store` is one database seen three ways: the call ledger, the approvals and the audit
+log. Whatever one request writes goes through one transaction of that database; many
+requests' writes share a transaction (and its fsync) through the group commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from toolauthz.audit.checkpoint import Checkpoint
+from toolauthz.audit.merkle import ChainHead, heads_root, records_in
+from toolauthz.audit.records import AuditEvent, AuditRecord
+from toolauthz.audit.store import AuditQuery, check_page
+from toolauthz.display.escape import shown
+from toolauthz.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
+from toolauthz.store.approvals import APPROVED, ApprovalRecord
+from toolauthz.store.group_commit import GroupCommit, ItemFailed
+from toolauthz.store.ledger import (
+    AppendAudit,
+    CallEntry,
+    CallOwner,
+    ConsumeToken,
+    LedgerOp,
+    RecordedDecision,
+    RecordOutcome,
+    Reservation,
+    ReserveCall,
+    Standing,
+    only_result,
+)
+from toolauthz.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit, iter_chains
+from toolauthz.store.usage_rows import APPROVAL_HOLD_GRACE
+
+AUDIT_PAGE = 1000  # records per read while streaming: bounded memory, short reads
+
+
+def reserve(tx: Transaction, op: ReserveCall) -> Reservation:
+    existing = tx.get_call(op.entry.tenant, op.entry.call_id)
+    if existing is not None:
+        return Reservation(existing)
+    if op.standing is not None:
+        standing = Standing(*tx.run_counts(op.entry), tx.meter_values(op.entry))
+        if standing != op.standing:
+            return Reservation(None, moved=standing)
+    decided = op.decision or RecordedDecision("", "", "")
+    tx.insert_call(op.entry, decided)
+    if decided.uses_run_budget and op.entry.charges:
+        # An allowed call's charges hold for good; a pending approval's until it could
+        # no longer be granted (usage_rows.py).
+        hold = None if decided.approval is None else decided.approval.expires_at + APPROVAL_HOLD_GRACE
+        tx.insert_charges(op.entry, hold)
+    if decided.approval is not None:
+        tx.erase_expired_inputs(decided.approval.created_at)
+        tx.create_approval(decided.approval)
+    if decided.audit is not None:
+        tx.append_audit([decided.audit])
+    return Reservation(None)
+
+
+def consume(tx: Transaction, op: ConsumeToken) -> str | ItemFailed:
+    entry = tx.get_call(op.tenant, op.call_id)
+    if entry is not None and (refusal := _unless_owner(tx, entry, op.owner, op.refused)) is not None:
+        return refusal
+    code = _consume_code(tx, op, entry)
+    if op.audit is not None:
+        tx.append_audit([op.audit(code)])
+    return code
+
+
+def _consume_code(tx: Transaction, op: ConsumeToken, entry: CallEntry | None) -> str:
+    if entry is None:
+        return "unknown_call"
+    if entry.outcome and not entry.verified_jti:
+        return "call_closed"  # reported as ended (e.g. cancelled) before it ran
+    # One execution per call, whichever of its tokens comes first.
+    return "ok" if tx.consume_token(op.tenant, op.call_id, op.jti, op.now) else "already_used"
+
+
+def _unless_owner(tx: Transaction, entry: CallEntry, owner: CallOwner | None,
+                  refused: Callable[[CallEntry], AuditEvent] | None) -> ItemFailed | None:
+    """None when `owner` (None: not checked) owns the call of `entry`; else the refusal,
+    its audit record (`refused`) appended: nothing else of the call changes."""
+    if owner is None or entry.owner == owner:
+        return None
+    if refused is not None:
+        tx.append_audit([refused(entry)])
+    return ItemFailed(ForbiddenError(f"call `{shown(entry.call_id)}` belongs to another caller, principal or run; "
+                                     "only they may act on it"))
+
+
+def record_outcome(tx: Transaction, op: RecordOutcome) -> CallEntry | ItemFailed:
+    entry = tx.get_call(op.tenant, op.call_id)
+    if entry is None:
+        return ItemFailed(NotFoundError(f"no call `{shown(op.call_id)}` in tenant `{shown(op.tenant)}`"))
+    if (refusal := _unless_owner(tx, entry, op.owner, op.refused)) is not None:
+        return refusal
+    if entry.outcome:
+        if (entry.outcome, entry.extra.get("error_code", ""), entry.extra.get("output_digest", "")) == \
+                (op.status, op.error_code, op.output_digest):
+            return entry  # a retry of the report that set it: its answer again, recorded once
+        return ItemFailed(ConflictError(f"call `{shown(op.call_id)}` already has the outcome `{entry.outcome}`"))
+    extra = {**entry.extra, "error_code": op.error_code, "output_digest": op.output_digest}
+    entry = replace(entry, outcome=op.status, outcome_at=op.now, extra=extra)
+    tx.set_outcome(entry)
+    if op.status == "cancelled" and not entry.verified_jti:
+        tx.release_charges(entry)  # never ran, and now never can (`call_closed`)
+    if op.audit is not None:
+        tx.append_audit([op.audit(entry)])
+    return entry
+
+
+def call_key(tenant: str, call_id: str) -> str:
+    """The lock key of a call's rows (its call row, its tokens, its approval)."""
+    return f"call\x00{tenant}\x00{call_id}"
+
+
+def lock_keys(ops: Sequence[object]) -> list[str]:
+    """What a batch of operations writes under (`Transaction.lock`): each call's key,
+    and for a reservation its run's and its meters', whose values the reservation checks
+    and adds to."""
+    keys = []
+    for op in ops:
+        if isinstance(op, ReserveCall):
+            keys.append(call_key(op.entry.tenant, op.entry.call_id))
+            keys.append(f"run\x00{op.entry.tenant}\x00{op.entry.request_id}")
+            keys.extend(f"meter\x00{op.entry.tenant}\x00{charge.lock_key}" for charge in op.entry.charges)
+        elif isinstance(op, (ConsumeToken, RecordOutcome)):
+            keys.append(call_key(op.tenant, op.call_id))
+    return keys
+
+
+def call_of_op(op: ReserveCall | ConsumeToken | RecordOutcome) -> tuple[str, str]:
+    """The call (tenant, call_id) an operation reads first."""
+    if isinstance(op, ReserveCall):
+        return op.entry.tenant, op.entry.call_id
+    return op.tenant, op.call_id
+
+
+def apply_op(tx: Transaction, op: object) -> Any:
+    """One operation in a transaction; a misuse fails that operation alone."""
+    if isinstance(op, ReserveCall):
+        return reserve(tx, op)
+    if isinstance(op, ConsumeToken):
+        return consume(tx, op)
+    if isinstance(op, RecordOutcome):
+        return record_outcome(tx, op)
+    if isinstance(op, AppendAudit):
+        tx.append_audit([op.event])
+        return None
+    return ItemFailed(TypeError(f"not a ledger operation: {op!r}"))
+
+
+class Ledger:
+    """The call ledger (`store/ledger.py` CallLedger) over any backend."""
+
+    def __init__(self, unit: UnitOfWork):
+        self._unit = unit
+        # The writes every decision and every verification make: concurrent ones share a
+        # transaction (group_commit.py) rather than queue on the write lock one by one.
+        self._writes: GroupCommit[LedgerOp, Any] = GroupCommit(self._run_batch, name=f"{unit.label} ledger")
+
+    def _run_batch(self, ops: Sequence[LedgerOp]) -> list[Any]:
+        with self._unit.transaction() as tx:
+            tx.lock(lock_keys(ops))
+            tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
+                          [op.entry for op in ops if isinstance(op, ReserveCall) and op.standing is not None])
+            return [apply_op(tx, op) for op in ops]
+
+    def apply(self, ops: Sequence[LedgerOp]) -> list[Any]:
+        return self._writes.submit_many(list(ops))
+
+    def reserve(self, entry: CallEntry, decision: RecordedDecision | None = None,
+                standing: Standing | None = None) -> Reservation:
+        reservation: Reservation = only_result(self.apply([ReserveCall(entry, decision, standing)]))
+        return reservation
+
+    def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        with self._unit.reading() as reads:
+            return reads.standing_of(entries)
+
+    def get(self, tenant: str, call_id: str) -> CallEntry | None:
+        with self._unit.reading() as reads:
+            return reads.get_call(tenant, call_id)
+
+    def consume(self, tenant: str, call_id: str, jti: str, now: float,
+                audit: Callable[[str], AuditEvent] | None = None) -> str:
+        code: str = only_result(self.apply([ConsumeToken(tenant, call_id, jti, now, audit)]))
+        return code
+
+    def record_outcome(self, tenant: str, call_id: str, status: str, error_code: str, output_digest: str,
+                       now: float) -> CallEntry:
+        entry: CallEntry = only_result(self.apply([RecordOutcome(tenant, call_id, status, error_code,
+                                                                 output_digest, now)]))
+        return entry
+
+    def close(self) -> None:
+        self._writes.close()
+
+
+class Approvals:
+    """The approval store (`store/approvals.py` ApprovalStore) over any backend."""
+
+    def __init__(self, unit: UnitOfWork):
+        self._unit = unit
+
+    def create(self, record: ApprovalRecord) -> None:
+        with self._unit.transaction() as tx:
+            tx.erase_expired_inputs(record.created_at)
+            tx.create_approval(record)
+
+    def get(self, approval_id: str) -> ApprovalRecord | None:
+        with self._unit.reading() as reads:
+            return reads.get_approval(approval_id)
+
+    def list(self, *, tenant: str = "", status: str = "", group: str = "", now: float,
+             limit: int = 100) -> list[ApprovalRecord]:
+        with self._unit.reading() as reads:
+            records = reads.list_approvals(tenant=tenant, status=status, group=group, now=now, limit=limit)
+        return [r.as_of(now) for r in records]
+
+    def count_pending(self, now: float) -> int:
+        """Approvals waiting for a decision and not yet expired (for the metrics)."""
+        with self._unit.reading() as reads:
+            return reads.count_pending_approvals(now)
+
+    def decide(self, approval_id: str, *, status: str, approver: str, reason: str, now: float,
+               token: str = "", token_jti: str = "", token_expires_at: float | None = None,
+               approved_version: str = "", audit: Callable[[bool], AuditEvent] | None = None) -> bool:
+        verdict = ApprovalVerdict(approval_id, status, approver, reason, now, token, token_jti,
+                                  token_expires_at, approved_version)
+        with self._unit.transaction() as tx:
+            won = tx.decide_approval(verdict)
+            if won:
+                tx.settle_charges(approval_id, approved=status == APPROVED)
+                tx.notify_approval(approval_id)
+            tx.erase_expired_inputs(now)
+            if audit is not None:
+                tx.append_audit([audit(won)])
+        return won
+
+
+class AuditLogOf:
+    """The audit log (`audit/store.py` AuditLog) over any backend."""
+
+    def __init__(self, unit: UnitOfWork):
+        self._unit = unit
+
+    def append(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        if not events:
+            return []
+        with self._unit.transaction() as tx:
+            tx.append_audit(events)
+            return tx.flush_audit()
+
+    def query(self, filters: AuditQuery, *, limit: int, after_seq: int = 0) -> list[AuditRecord]:
+        check_page(limit, after_seq)
+        with self._unit.reading() as reads:
+            return reads.audit_query(filters, limit=limit, after_seq=after_seq)
+
+    def iter_records(self, from_seq: int = 1) -> Iterator[AuditRecord]:
+        return iter_audit(self._unit, from_seq, AUDIT_PAGE)
+
+    def iter_chains(self) -> Iterator[AuditRecord]:
+        return iter_chains(self._unit, AUDIT_PAGE)
+
+    def heads(self) -> list[ChainHead]:
+        with self._unit.reading() as reads:
+            return reads.audit_heads()
+
+    def head(self) -> tuple[int, str]:
+        heads = self.heads()
+        return records_in(heads), heads_root(heads)
+
+    def add_checkpoint(self, token: str, checkpoint: Checkpoint) -> None:
+        with self._unit.transaction() as tx:
+            tx.add_checkpoint(token, checkpoint)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        with self._unit.reading() as reads:
+            return reads.checkpoints()
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        with self._unit.reading() as reads:
+            return reads.last_checkpoint()
+
+    def close(self) -> None:
+        self._unit.close()
+
+
+class Store:
+    """One database: the call ledger, the approvals and the audit log, whose writes
+    share transactions."""
+
+    def __init__(self, unit: UnitOfWork):
+        self.unit = unit
+        self.ledger = Ledger(unit)
+        self.approvals = Approvals(unit)
+        self.audit_log = AuditLogOf(unit)
+
+    def available(self) -> bool:
+        """One read reaches the database now (for health checks)."""
+        try:
+            with self.unit.reading() as reads:
+                reads.audit_heads()
+        except StoreUnavailable:
+            return False
+        return True
+
+    def prune(self, before: float, *, batch: int = 1000) -> int:
+        """Removes the ledger rows (call, consumed tokens, approval) of calls that ended
+        before `before`, `batch` calls per transaction so that serving replicas wait
+        for no long one; never an audit record. Returns how many calls were removed.
+        A pruned call id is forgotten: reused, it is a new call."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        removed = 0
+        while True:
+            with self.unit.transaction() as tx:
+                calls = tx.ended_calls(before, batch)
+                tx.lock([call_key(tenant, call_id) for tenant, call_id, _ in calls])
+                tx.delete_calls(calls)
+                if len(calls) < batch:
+                    tx.prune_charges(before)
+            removed += len(calls)
+            if len(calls) < batch:
+                return removed
+
+    def listen_for_approvals(self, on_approval: Callable[[str], None]) -> None:
+        """`on_approval(approval_id)` for each approval decided by another process."""
+        self.unit.listen(on_approval)
+
+    def close(self) -> None:
+        """Runs what is queued, then closes the database; later calls raise StoreUnavailable."""
+        self.ledger.close()
+        self.unit.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
