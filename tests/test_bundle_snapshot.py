@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.conftest import ROOT, make_request
 from toolauthz.bundle.signature import SIGNATURE_FILE, sign_bundle, verify_bundle
-from toolauthz.bundle.snapshot import BundleSnapshot, SnapshotLimits, read_snapshot
+from toolauthz.bundle.snapshot import DEFAULT_LIMITS, BundleSnapshot, SnapshotLimits, read_snapshot
 from toolauthz.bundle.verified import load_verified
 from toolauthz.errors import BundleError
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
@@ -212,7 +212,7 @@ def test_the_snapshot_is_immutable(bundle_dir):
     assert "tests/cases.yaml" not in snapshot and not any(name.startswith("tests/") for name in snapshot)
 
 
-def refused(directory: pathlib.Path, limits: SnapshotLimits = SnapshotLimits()) -> str:
+def refused(directory: pathlib.Path, limits: SnapshotLimits = DEFAULT_LIMITS) -> str:
     with pytest.raises(BundleError) as caught:
         read_snapshot(directory, limits)
     return str(caught.value)

@@ -30,7 +30,8 @@ import rfc8785
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from toolauthz.bundle.snapshot import SIGNATURE_FILE, UNSIGNED_DIRS, BundleSnapshot, read_snapshot
+from toolauthz.bundle.snapshot import SIGNATURE_FILE as SIGNATURE_FILE
+from toolauthz.bundle.snapshot import UNSIGNED_DIRS, BundleSnapshot, read_snapshot
 from toolauthz.errors import BundleError, ToolAuthzError
 
 ALGORITHM = "Ed25519"

@@ -5,6 +5,7 @@ bytes came from (a directory, an archive a bundle server serves)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from collections.abc import Mapping
 
@@ -17,7 +18,7 @@ from toolauthz.errors import BundleError, Problem
 
 
 def load_verified(snapshot: BundleSnapshot, keys: Mapping[str, Ed25519PublicKey] | None = None,
-                  min_revision: int | None = None, *, name: str | pathlib.Path | None = None) -> Bundle:
+                  min_revision: int | None = None, *, name: str | os.PathLike[str] | None = None) -> Bundle:
     """The bundle of `snapshot`, parsed from the bytes the signature was checked over.
     With `keys` (bundle_verification) the snapshot must verify with one of them and its
     revision must not be below `min_revision` (the floor); a refusal is a BundleError on

@@ -110,7 +110,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds,
         retainer=_retainer(settings, bundle, clock))
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
-                              clock=clock, floor=store.bundle_floor).start()
+                              clock=clock, floor=store.bundle_floor,
+                              retaining=authorizer.retainer is not None).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)

@@ -32,7 +32,7 @@ from toolauthz.bundle.signature import SIGNATURE_FILE
 from toolauthz.bundle.snapshot import BundleSnapshot, read_snapshot
 from toolauthz.bundle.verified import load_verified
 from toolauthz.clock import Clock, SystemClock
-from toolauthz.errors import BundleError, Problem
+from toolauthz.errors import BundleError, Problem, StoreUnavailable
 from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, floor_revision, hold_to_floor, record_bundle
 from toolauthz.store.rules import BundleFloor
 from toolauthz.telemetry import metrics
@@ -117,14 +117,18 @@ def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
 class BundleReloader:
     def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
                  keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
-                 clock: Clock | None = None, floor: BundleFloor | None = None):
+                 clock: Clock | None = None, floor: BundleFloor | None = None, retaining: bool = True):
         """poll_seconds = 0: no polling; reload only when triggered (SIGHUP). `keys`: a
         bundle loads only when its signature verifies with one of them, and its revision
         is not below the floor (`floor`, the store's; else the serving one's). `audit`:
-        where refusals and swaps are recorded."""
+        where refusals and swaps are recorded. `retaining`: whether this process started
+        with a retainer of inputs (`audit.retain_input` needs one, made only at start)."""
         self._holder = holder
         self._keys = keys
         self._floor = floor
+        self._retaining = retaining
+        # What a swapped bundle asks for that only a restart applies (shown in status).
+        self.restart_needed: tuple[str, ...] = ()
         self._audit = audit
         self._clock = clock or SystemClock()
         self._directory = pathlib.Path(holder.current.directory)
@@ -152,6 +156,7 @@ class BundleReloader:
         try:
             return self._reload()
         finally:
+            self.check_floor()
             if self.after_attempt is not None:
                 self.after_attempt()
             with self._attempted:
@@ -187,11 +192,48 @@ class BundleReloader:
                                                      serving.revision, "at": "reload"})
             metrics.RELOADS.inc()
             metrics.serving_version(bundle.version, previous)
+            self._note_restart_needed(bundle)
             if self.after_swap is not None:
                 self.after_swap()
             self.reloads += 1
             log.info("bundle reloaded: version %s", bundle.version)
             return True
+
+    def _note_restart_needed(self, bundle: Bundle) -> None:
+        """A process that started with no tool retaining its inputs has no retainer (and
+        maybe no retention key): a reloaded tool with `audit.retain_input` retains
+        nothing until a restart. Said in the log and in status, never silently."""
+        notices: list[str] = []
+        if not self._retaining:
+            asking = sorted(name for name, s in bundle.tools.items() if s.tool.retain_input_seconds)
+            if asking:
+                shown = ", ".join(f"`{name}`" for name in asking[:5]) + (" and more" if len(asking) > 5 else "")
+                notices.append(f"restart needed: {shown} set audit.retain_input, which applies only after a "
+                               "restart (inputs are not retained until then)")
+        for notice in notices:
+            if notice not in self.restart_needed:
+                log.warning("%s", notice)
+        self.restart_needed = tuple(notices)
+
+    def check_floor(self) -> None:
+        """Holds the serving bundle back (it decides nothing) while the fleet's floor is
+        above its revision: another process activated a newer one, and this one has none
+        to load. A store that cannot be read changes nothing: decisions need it anyway."""
+        serving = self._holder.current
+        if self._floor is None or self._keys is None or serving.revision is None:
+            return
+        try:
+            stored = self._floor.current()
+        except StoreUnavailable:
+            return
+        if stored is not None and stored.revision > serving.revision:
+            if not self._holder.held_back:
+                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
+                          "bundle at the floor loads", serving.revision, stored.revision)
+            self._holder.hold_back(f"revision {serving.revision} is below the fleet's floor, {stored.revision}: "
+                                   "no decision until a bundle at the floor loads")
+        else:
+            self._holder.release()
 
     def _next(self, serving: Bundle) -> Bundle:
         """The bundle to serve next. A signed one must not be older than the serving one,
@@ -236,6 +278,7 @@ class BundleReloader:
                 return
             current = fingerprint(self._directory)
             if not triggered and current == self._seen:
+                self.check_floor()  # another replica may have raised the floor
                 continue
             if not triggered:
                 # An editor may still be writing: reload once the directory has held
