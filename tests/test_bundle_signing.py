@@ -85,7 +85,7 @@ def test_an_unknown_key_a_bad_signature_and_a_rollback_are_refused(bundle_dir, k
     assert "does not verify with key `ci-1`" in refusal(bundle_dir, {"ci-1": other.public_key()})
     # rotation: either configured key verifies what it signed
     verify_bundle(bundle_dir, {"ci-0": other.public_key(), "ci-1": key.public_key()})
-    assert "revision 5 is older than the serving one, 6" in refusal(bundle_dir, {"ci-1": key.public_key()}, 6)
+    assert "revision 5 is below the floor, 6: a rollback" in refusal(bundle_dir, {"ci-1": key.public_key()}, 6)
     assert verify_bundle(bundle_dir, {"ci-1": key.public_key()}, 5).revision == 5
     signature = json.loads((bundle_dir / SIGNATURE_FILE).read_text())["signatures"][0]
     head, body, _sig = signature.split(".")

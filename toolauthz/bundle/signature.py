@@ -194,8 +194,8 @@ def verify_bundle(root: BundleSource, keys: Mapping[str, Ed25519PublicKey],
                                                                      else "")
             raise SignatureError(f"the bundle does not match its signature: {what}: {shown}")
     if min_revision is not None and manifest.revision < min_revision:
-        raise SignatureError(f"the bundle's revision {manifest.revision} is older than the serving one, "
-                             f"{min_revision}: a rollback is refused (toolauthz bundle allow-rollback)")
+        raise SignatureError(f"the bundle's revision {manifest.revision} is below the floor, {min_revision}: "
+                             "a rollback is refused (toolauthz bundle allow-rollback)")
     return manifest
 
 
