@@ -220,3 +220,26 @@ def test_a_reload_that_needs_a_restart_says_so_in_the_log_and_status(sidecar, bu
     [notice] = sidecar.status().policy.notices
     assert "restart needed" in notice and "`issue_refund`" in notice and "audit.retain_input" in notice
     assert any("restart needed" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_a_config_change_only_a_restart_applies_is_logged_and_in_status(tmp_path, bundle_dir, key, serve):
+    import json
+    import signal
+
+    import grpc
+
+    from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+
+    sign(bundle_dir, key, 1)
+    config = write_config(tmp_path, bundle_dir, public_key_file(tmp_path, key))
+    served = serve(config)
+    port = served.port()
+    values = json.loads(config.read_text())
+    config.write_text(json.dumps({**values, "listen": "127.0.0.1:1", "approvals_listen": "127.0.0.1:2"}))
+    served.proc.send_signal(signal.SIGHUP)
+    line = served.await_line("restart needed")
+    assert "`approvals_listen`, `listen` changed in" in line and "a reload applies only the bundle" in line
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        status = pb_grpc.ToolAuthorizerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert any("`approvals_listen`, `listen` changed" in notice for notice in status.notices)
+    assert status.bundle_revision == 1 and status.bundle_signer == "ci-1" and len(status.bundle_digest) == 64

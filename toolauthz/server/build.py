@@ -32,6 +32,7 @@ from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, floor_revision, hold_to_floor, record_bundle
 from toolauthz.server.config import SERVICES, ListenerSettings, Settings
+from toolauthz.server.config_changes import config_changes
 from toolauthz.server.listeners import (
     check_listener,
     open_listener,
@@ -111,7 +112,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
         retainer=_retainer(settings, bundle, clock))
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
                               clock=clock, floor=store.bundle_floor,
-                              retaining=authorizer.retainer is not None).start()
+                              retaining=authorizer.retainer is not None,
+                              settings_changes=lambda: config_changes(settings)).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)

@@ -117,18 +117,22 @@ def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
 class BundleReloader:
     def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
                  keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
-                 clock: Clock | None = None, floor: BundleFloor | None = None, retaining: bool = True):
+                 clock: Clock | None = None, floor: BundleFloor | None = None, retaining: bool = True,
+                 settings_changes: Callable[[], tuple[str, ...]] | None = None):
         """poll_seconds = 0: no polling; reload only when triggered (SIGHUP). `keys`: a
         bundle loads only when its signature verifies with one of them, and its revision
         is not below the floor (`floor`, the store's; else the serving one's). `audit`:
         where refusals and swaps are recorded. `retaining`: whether this process started
-        with a retainer of inputs (`audit.retain_input` needs one, made only at start)."""
+        with a retainer of inputs (`audit.retain_input` needs one, made only at start).
+        `settings_changes`: what changed in the config file since the start (notices)."""
         self._holder = holder
         self._keys = keys
         self._floor = floor
         self._retaining = retaining
+        self._settings_changes = settings_changes
         # What a swapped bundle asks for that only a restart applies (shown in status).
         self.restart_needed: tuple[str, ...] = ()
+        self.settings_changed: tuple[str, ...] = ()  # config keys changed since the start
         self._audit = audit
         self._clock = clock or SystemClock()
         self._directory = pathlib.Path(holder.current.directory)
@@ -157,6 +161,7 @@ class BundleReloader:
             return self._reload()
         finally:
             self.check_floor()
+            self._note_settings_changes()
             if self.after_attempt is not None:
                 self.after_attempt()
             with self._attempted:
@@ -214,6 +219,15 @@ class BundleReloader:
             if notice not in self.restart_needed:
                 log.warning("%s", notice)
         self.restart_needed = tuple(notices)
+
+    def _note_settings_changes(self) -> None:
+        if self._settings_changes is None:
+            return
+        notices = self._settings_changes()
+        for notice in notices:
+            if notice not in self.settings_changed:
+                log.warning("%s", notice)
+        self.settings_changed = notices
 
     def check_floor(self) -> None:
         """Holds the serving bundle back (it decides nothing) while the fleet's floor is

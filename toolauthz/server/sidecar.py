@@ -61,7 +61,8 @@ class Sidecar:
 
     def worker_status(self) -> WorkerStatus:
         bundle = self.bundles.current
-        notices = (*self.reloader.restart_needed, *((self.bundles.held_back,) if self.bundles.held_back else ()))
+        notices = (*self.reloader.restart_needed, *self.reloader.settings_changed,
+                   *((self.bundles.held_back,) if self.bundles.held_back else ()))
         policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
                               reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
                               shadow_effects=self.authorizer.shadow_effects(), revision=bundle.revision,
