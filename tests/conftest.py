@@ -217,6 +217,14 @@ def hold_ledger_writes(monkeypatch, sidecar):
     return entered, release
 
 
+def calls_audited(sidecar, limit: int = 50) -> list:
+    """The audit records of callers' requests: all but the sidecar's own `bundle` records
+    (the bundle loaded at start-up, reloads), which are in the tenant `_system`."""
+    from toolauthz.audit.store import AuditQuery
+
+    return [r for r in sidecar.audit_log.query(AuditQuery(), limit=limit) if r.event.kind != "bundle"]
+
+
 def order_entity(order_id: str, owner: str, refundable: int = 10_000, tenant: str | None = None) -> dict:
     entity = {"uid": {"type": "Order", "id": order_id},
               "attrs": {"owner": {"__entity": {"type": "User", "id": owner}}, "refundable_cents": refundable},

@@ -35,7 +35,8 @@ def test_a_trail_written_before_callers_still_verifies_and_continues(settings, c
 
     data_dir = ["audit", "--data-dir", str(settings.data_dir)]
     assert main([*data_dir, "verify"]) == 0
-    assert "ok: 3 records in 3 chains, 1 checkpoints" in capsys.readouterr().out
+    # 3 calls and the bundle loaded at start-up (kind `bundle`, tenant `_system`).
+    assert "ok: 4 records in 3 chains, 1 checkpoints" in capsys.readouterr().out
     car = build_sidecar(settings, clock=clock)
     authorize(car, "toolu_new", caller="spiffe://acme.example/agent")
     [new] = car.audit_log.query(AuditQuery(call_id="toolu_new"), limit=5)
@@ -80,6 +81,6 @@ def test_verify_of_a_store_elsewhere_says_how_to_pass_the_public_key(settings, c
     public = elsewhere / "audit-public.paserk"
     public.write_text(load_private_key_file(settings.audit_key_file).public_key.to_paserk())
     assert main([*store, "--public-key", str(public)]) == 0
-    assert "ok: 1 records in 1 chains, 1 checkpoints" in capsys.readouterr().out
+    assert "ok: 2 records in 2 chains, 1 checkpoints" in capsys.readouterr().out  # the call and the start-up
     assert main([*store, "--public-key", "missing.paserk"]) != 0
     assert "the public key file `missing.paserk` does not exist" in capsys.readouterr().err

@@ -85,7 +85,7 @@ def test_an_unknown_key_a_bad_signature_and_a_rollback_are_refused(bundle_dir, k
     assert "does not verify with key `ci-1`" in refusal(bundle_dir, {"ci-1": other.public_key()})
     # rotation: either configured key verifies what it signed
     verify_bundle(bundle_dir, {"ci-0": other.public_key(), "ci-1": key.public_key()})
-    assert "revision 5 is older than the serving one, 6" in refusal(bundle_dir, {"ci-1": key.public_key()}, 6)
+    assert "revision 5 is below the floor, 6: a rollback" in refusal(bundle_dir, {"ci-1": key.public_key()}, 6)
     assert verify_bundle(bundle_dir, {"ci-1": key.public_key()}, 5).revision == 5
     signature = json.loads((bundle_dir / SIGNATURE_FILE).read_text())["signatures"][0]
     head, body, _sig = signature.split(".")
@@ -226,9 +226,14 @@ def test_through_the_reload_path_a_signed_bundle_loads_and_an_altered_one_is_ref
             assert "missing: `zz.cedar`" in status.last_reload_error
             assert metrics.BUNDLE_SIGNATURE_REFUSALS._value.get() == refused_before + 1
             records = car.audit_log.query(AuditQuery(kind="bundle"), limit=10)
-            assert [(r.event.result, r.event.error_codes) for r in records] == \
-                [("loaded", ()), ("refused", ("bundle_signature",))]
-            assert records[1].event.policy_version == good and "missing" in records[1].event.detail["reason"]
+            assert [(r.event.result, r.event.error_codes, r.event.detail["at"] if "at" in r.event.detail else "")
+                    for r in records] == [("loaded", (), "start"), ("loaded", (), "reload"),
+                                          ("refused", ("bundle_signature",), "")]
+            started = records[0].event
+            assert {r.event.tenant for r in records} == {"_system"}
+            assert (started.detail["revision"], started.detail["signer"]) == (10, "ci-1")
+            assert len(started.detail["digest"]) == 64 and started.detail["digest"].startswith(started.policy_version)
+            assert records[2].event.policy_version == good and "missing" in records[2].event.detail["reason"]
             # The earlier revision, signed and intact, is a rollback.
             sign(bundle_dir, key, 10)
             assert car.reloader.reload() is False and "a rollback is refused" in car.reloader.last_error

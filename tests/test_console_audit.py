@@ -100,7 +100,8 @@ def test_filters_are_read_as_records_spell_them_and_pages_follow_on(sidecar, con
     assert len(rows(auditor.get("/audit", params={"approver": "User::bob"}).text)) == 1
     assert len(rows(auditor.get("/audit", params={"policy": "refund-own-order-large-needs-finance"}).text)) == 1
     assert len(rows(auditor.get("/audit", params={"caller": "console:dev"}).text)) == 1
-    for order, expected in (("newest", ["4", "3", "2", "1"]), ("oldest", ["1", "2", "3", "4"])):
+    # Record 1 is the bundle loaded at start-up: the refund's records are 2 to 5.
+    for order, expected in (("newest", ["5", "4", "3", "2"]), ("oldest", ["2", "3", "4", "5"])):
         seen, page = [], auditor.get("/audit", params={"limit": "3", "tool": "issue_refund", "order": order}).text
         while True:
             seen += rows(page)
@@ -109,7 +110,7 @@ def test_filters_are_read_as_records_spell_them_and_pages_follow_on(sidecar, con
                 break
             page = auditor.get(following.group(1).replace("&amp;", "&")).text
         assert seen == expected, order
-    assert rows(auditor.get("/audit", params={"tool": "issue_refund"}).text) == ["4", "3", "2", "1"]  # the default
+    assert rows(auditor.get("/audit", params={"tool": "issue_refund"}).text) == ["5", "4", "3", "2"]  # the default
 
 
 def test_an_auditor_sees_only_their_tenant(sidecar, console):
@@ -128,10 +129,11 @@ def test_the_chain_is_verified_on_demand_with_its_last_checkpoint(sidecar, conso
     assert 'data-testid="last-checkpoint">No checkpoint yet.<' in auditor.get("/audit").text
     assert sidecar.checkpointer.checkpoint() is not None
     explorer = auditor.get("/audit").text
-    assert 'data-testid="last-checkpoint">4\n  records at 2027-01-15T08:00:00Z<' in explorer
+    # The refund's 4 records and the bundle loaded at start-up.
+    assert 'data-testid="last-checkpoint">5\n  records at 2027-01-15T08:00:00Z<' in explorer
     assert 'id="verify-chain"' in explorer
     verified = post_form(auditor, "/audit", "/audit/verify")
-    assert verified.status_code == 200 and "Intact: 4 records" in verified.text
+    assert verified.status_code == 200 and "Intact: 5 records" in verified.text
     assert "Last verified at" in auditor.get("/audit").text
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 import grpc
 import pytest
-from conftest import ROOT, order_entity
+from conftest import ROOT, calls_audited, order_entity
 from pydantic import ValidationError
 from transports import Call, Context, HttpTransport, OpenApiSchemas, _body, openapi
 
@@ -95,7 +95,7 @@ def test_bad_bodies_are_400_invalid_argument_and_nothing_is_decided(http, sideca
     for body in cases:
         status, answer = http.exchange("POST", "/v1/authorize", body)
         assert (status, answer["error"]["code"]) == (400, "INVALID_ARGUMENT"), (body, answer)
-    assert sidecar.audit_log.query(AuditQuery(), limit=10) == []
+    assert calls_audited(sidecar) == []
 
 
 def test_http_only_refusals(http):
@@ -229,7 +229,7 @@ def test_with_callers_configured_the_unauthenticated_http_api_may_fetch_keys_alo
         status, answer = api.exchange("POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
         assert (status, answer["error"]["code"]) == (403, "PERMISSION_DENIED")
         assert api.exchange("GET", "/v1/keys", None)[0] == 200
-        refused = sidecar.audit_log.query(AuditQuery(), limit=10)
+        refused = calls_audited(sidecar)
         assert [(r.event.result, r.event.caller) for r in refused] == [("refused", "unauthenticated")]
     finally:
         server.stop(None).wait()
@@ -311,4 +311,4 @@ def test_a_refused_batch_over_http_is_400_and_decides_nothing(http, sidecar):
         status, answer = http.exchange("POST", "/v1/authorize-batch", body)
         http._schemas.check_response("POST", "/v1/authorize-batch", status, answer)
         assert (status, answer["error"]["code"]) == (400, "INVALID_ARGUMENT"), (body, answer)
-    assert sidecar.audit_log.query(AuditQuery(), limit=10) == []
+    assert calls_audited(sidecar) == []

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import order_entity
+from conftest import calls_audited, order_entity
 from transports import Call, Context, _body, exchange
 
 from tests.certs import CertificateAuthority
@@ -87,7 +87,7 @@ def test_an_mtls_http_listener_refuses_a_client_without_a_certificate_from_its_c
     # done: the server's refusal arrives as an alert on the first read.
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
         exchange(connection, "GET", "/healthz")
-    assert sidecar.audit_log.query(AuditQuery(), limit=10) == []
+    assert calls_audited(sidecar) == []
 
 
 def test_the_client_certificate_is_the_caller_and_the_roles_decide(mtls_http):
@@ -132,7 +132,7 @@ def test_a_unix_socket_http_listener_has_its_mode_and_identity_and_is_removed_at
         assert server.http_port is None
         status, allowed = exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
         assert (status, allowed["decision"]) == (200, "ALLOW")
-        [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
+        [record] = calls_audited(sidecar)
         assert record.event.caller == RUNTIME
     finally:
         server.stop(None).wait()
@@ -150,7 +150,7 @@ def test_a_unix_socket_http_listener_without_identity_is_unauthenticated(setting
     try:
         status, refused = exchange(_UnixConnection(path), "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND))
         assert (status, refused["error"]["code"]) == (403, "PERMISSION_DENIED")
-        [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
+        [record] = calls_audited(sidecar)
         assert (record.event.result, record.event.caller) == ("refused", "unauthenticated")
     finally:
         server.stop(None).wait()

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import order_entity
+from conftest import calls_audited, order_entity
 from transports import Call, Context, _body
 
 from toolauthz.batch import DEFAULT_LIMITS, BatchLimits
@@ -121,10 +121,9 @@ def test_an_unauthenticated_caller_is_refused_before_a_byte_of_its_4_mb_body_is_
 
 
 def test_the_refusal_before_the_body_is_audited_with_the_caller_alone(sidecar, never_parsed):
-    from toolauthz.audit.store import AuditQuery
 
     drive(Exchange(_api(sidecar, callers=True).app, "POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND)))
-    [record] = sidecar.audit_log.query(AuditQuery(), limit=10)
+    [record] = calls_audited(sidecar)
     # The caller is bound to no tenant: the system stream, never the tenant the body names.
     assert (record.event.result, record.event.caller, record.event.tenant, record.event.call_id) == \
         ("refused", "unauthenticated", "_system", "")

@@ -223,6 +223,9 @@ def test_a_drifted_tool_is_refused_until_the_catalog_is_updated(harness, sidecar
         path = harness.bundle / "tools" / "delete_note.yaml"
         digest = schema_sha256(harness.upstream.tools[1].input_schema)
         path.write_text(path.read_text() + f"mcp: {{input_schema_sha256: '{digest}'}}\n")
+        # The gateway routes by the sidecar's bundle (GetCatalog): the edit counts once it loads.
+        assert "delete_note" not in [t.name for t in (await client.list_tools()).tools]
+        assert sidecar.reloader.reload() is True
         assert "delete_note" in [t.name for t in (await client.list_tools()).tools]
 
     request_ids: list[str] = []

@@ -159,16 +159,16 @@ def test_a_swap_in_the_middle_of_a_load_reads_the_new_snapshot(volume, tmp_path,
     # The kubelet deletes the old directory right after the swap: a load that started on
     # it fails half-way, and must read the new snapshot instead of reporting an error.
     new = {**example_payload(), "zz_forbid.cedar": FORBID_MEASURE.encode()}
-    real_load = reload_module.load_bundle
+    real_read = reload_module.read_snapshot
     calls = []
 
-    def load_during_a_swap(directory):
+    def read_during_a_swap(directory):
         calls.append(pathlib.Path(directory))
         if len(calls) == 1:
-            volume.publish(new)  # the directory being loaded is gone now
-        return real_load(directory)
+            volume.publish(new)  # the directory being read is gone now
+        return real_read(directory)
 
-    monkeypatch.setattr(reload_module, "load_bundle", load_during_a_swap)
+    monkeypatch.setattr(reload_module, "read_snapshot", read_during_a_swap)
     bundle = load_bundle_snapshot(volume.root)
     assert len(calls) == 2 and calls[0] != calls[1]
     assert bundle.version == plain_version(new, tmp_path / "plain")

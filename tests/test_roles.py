@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import make_request, verify_request
+from conftest import calls_audited, make_request, verify_request
 
 from toolauthz.audit.store import AuditQuery
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -276,8 +276,9 @@ def test_an_auditor_of_acme_sees_nothing_of_globex(stub, audit, sidecar):
     [event] = refused(sidecar, tenant=SYSTEM_STREAM)  # an auditor of every tenant belongs to none
     assert (event.caller, event.detail["rpc"]) == (SEC_AUDITOR, "Authorize")
     system = aupb.QueryDecisionsRequest(tenant=SYSTEM_STREAM)  # read as any tenant, by an auditor of `*` only
-    assert [(r.caller, r.tenant) for r in audit.QueryDecisions(system, metadata=as_(SEC_AUDITOR))] == [
-        (SEC_AUDITOR, SYSTEM_STREAM)]
+    # The stream holds the sidecar's own records too: the bundle loaded at start-up.
+    assert [(r.kind, r.caller, r.tenant) for r in audit.QueryDecisions(system, metadata=as_(SEC_AUDITOR))] == [
+        ("bundle", "", SYSTEM_STREAM), ("authorize", SEC_AUDITOR, SYSTEM_STREAM)]
     denied(audit.QueryDecisions, system, metadata=as_(AUDITOR))
 
 
@@ -340,8 +341,8 @@ def test_a_development_server_admits_and_records_every_caller_as_unauthenticated
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             assert pb_grpc.ToolAuthorizerStub(channel).Authorize(make_request()).decision == pb.ALLOW
             records = list(aupb_grpc.AuditStub(channel).QueryDecisions(aupb.QueryDecisionsRequest()))
-        assert [r.event.caller for r in car.audit_log.query(AuditQuery(), limit=5)] == ["unauthenticated"]
-        assert [r.tenant for r in records] == ["acme"]
+        assert [r.event.caller for r in calls_audited(car)] == ["unauthenticated"]
+        assert [(r.kind, r.tenant) for r in records] == [("bundle", "_system"), ("authorize", "acme")]
     finally:
         server.stop(None)
         car.close()

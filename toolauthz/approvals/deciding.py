@@ -101,7 +101,7 @@ class ApprovalDecider:
             return self.read(approval_id)  # a second click: the same approval, the same single token
         if current.status != PENDING:
             refuse(PreconditionError(f"the approval is {current.status}"), f"approval_{current.status}")
-        bundle = self.bundles.current  # one bundle for the approver's check, the call's and the token
+        bundle = self.bundles.deciding  # one bundle for the approver's check, the call's and the token
         try:
             permitted = self._permitted(bundle, record, approver, person)
         except RequestError as exc:  # the approver's entities break a rule: refused, and audited as such

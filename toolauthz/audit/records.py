@@ -26,6 +26,11 @@ from typing import Any
 from toolauthz.canonical import canonical_json, read_back
 
 KINDS = ("authorize", "verify", "approval", "outcome", "bundle")  # bundle: a reload refused or loaded
+# The tenant of records that belong to the sidecar, not to a caller's tenant: `bundle`
+# records (loaded at start-up or reload, refused, a rollback allowed) and refusals of
+# callers that named no tenant. No tenant name can equal it: a tenant starts with
+# [A-Za-z0-9] (toolauthz/model.py).
+SYSTEM_TENANT = "_system"
 GENESIS_HASH = "0" * 64
 LEGACY_CHAIN = ""  # the records chained before the trail had several chains
 DEFAULT_CHAINS = 16  # chains a new record is spread over (`audit_chains`)

@@ -31,7 +31,7 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
     ctx.check()
     call.check()
     trace = tracing.current()
-    bundle = parts.bundles.current
+    bundle = parts.bundles.deciding  # refused while the bundle is below the fleet's floor
     record = replace(CallRecord.of("authorize", ctx, call.call_id, call.name, caller),
                      decision_id=parts.new_id(), policy_version=bundle.version)
     try:

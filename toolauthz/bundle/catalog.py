@@ -95,9 +95,11 @@ class Tool:
         return valid
 
 
-def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, Tool]:
+def load_catalog(tools_dir: pathlib.Path | Mapping[str, bytes], problems: list[Problem]) -> dict[str, Tool]:
+    """The tools of a bundle: from its tool files already read (`tools/<file>` -> bytes,
+    a snapshot's), or from a `tools/` directory."""
     tools: dict[str, Tool] = {}
-    if not tools_dir.is_dir():
+    if isinstance(tools_dir, pathlib.Path) and not tools_dir.is_dir():
         problems.append(Problem(str(tools_dir), "the bundle has no `tools/` directory"))
         return tools
     for rel, raw in tool_documents(tools_dir, problems):

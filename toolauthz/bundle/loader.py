@@ -6,12 +6,13 @@ Layout:
     *.cedar                policies
     entities.json          optional static entities (groups, ...)
     tools/*.yaml|json      the tool catalog
-Everything is parsed here, once per load, never per request.
+Everything is parsed here, once per load, never per request, from a `BundleSnapshot`
+(bundle/snapshot.py): the bytes read once, which a signature check covered when the
+bundle is signed. Nothing here reads the disk.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import re
@@ -45,6 +46,7 @@ from toolauthz.bundle.policies import (
     scope_actions,
     split_policies,
 )
+from toolauthz.bundle.snapshot import BundleSnapshot, read_snapshot
 from toolauthz.bundle.suggest import Names, did_you_mean, names_of, with_excerpts
 from toolauthz.display.hints import DisplayHint
 from toolauthz.errors import BundleError, Problem
@@ -69,8 +71,8 @@ class ToolSlice:
 
 @dataclass(frozen=True)
 class Bundle:
-    directory: pathlib.Path
-    version: str
+    directory: pathlib.Path  # where it came from, as configured (a name: never read again)
+    version: str  # the snapshot's digest, short
     loaded_at: float
     principal_types: tuple[str, ...]
     tools: dict[str, ToolSlice]
@@ -93,6 +95,14 @@ class Bundle:
     runtime_groups: frozenset[UID] = field(repr=False, default=frozenset())
     # The revision its signature gives (bundle/signature.py), when it was verified.
     revision: int | None = None
+    # The bytes it was parsed from: what the gateway's catalog is served from (GetCatalog).
+    snapshot: BundleSnapshot | None = field(repr=False, compare=False, default=None)
+    signer: str | None = None  # the key id of the signature verified, when it was
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the snapshot it was parsed from (every file, its signature included)."""
+        return self.snapshot.digest if self.snapshot is not None else ""
 
     def display_of(self, tool: str) -> Mapping[str, DisplayHint]:
         """The tool's display hints (none for a tool this bundle does not have)."""
@@ -109,26 +119,22 @@ class Bundle:
         return {m.name: display.get(m.sum) if m.sum is not None else None for m in sliced.tool.meters}
 
 
-def load_bundle(directory: str | pathlib.Path) -> Bundle:
-    """The bundle in `directory`, or BundleError naming every problem. If the files change
-    while they are read, it reads again, so the version always matches the content."""
-    for _attempt in range(5):
-        before = _version(pathlib.Path(directory)) if pathlib.Path(directory).is_dir() else ""
-        bundle = _load(directory, before)
-        if _version(bundle.directory) == before:
-            return bundle
-    raise BundleError([Problem(str(directory), "the bundle kept changing while it was loaded")])
+def load_bundle(source: str | pathlib.Path | BundleSnapshot) -> Bundle:
+    """The bundle of a snapshot, or of a directory read into one (bundle/snapshot.py), or
+    BundleError naming every problem. Its version is the digest of the bytes parsed."""
+    snapshot = source if isinstance(source, BundleSnapshot) else read_snapshot(source)
+    return _load(snapshot)
 
 
-def _load(directory: str | pathlib.Path, version: str) -> Bundle:
-    root = pathlib.Path(directory)
+def _load(files: BundleSnapshot) -> Bundle:
+    root = pathlib.Path(files.source)
     problems: list[Problem] = []
-    if not root.is_dir():
-        raise BundleError([Problem(str(root), "bundle directory does not exist")])
 
-    principal_types = _read_manifest(root, problems)
-    tools = load_catalog(root / "tools", problems)
-    user_schema = _read_text(root / SCHEMA_FILE, SCHEMA_FILE, problems) or ""
+    principal_types = _read_manifest(files, problems)
+    if not any(name.startswith("tools/") for name in files):
+        problems.append(Problem(str(root / "tools"), "the bundle has no `tools/` directory"))
+    tools = load_catalog(files.tool_files(), problems)
+    user_schema = _read_text(files, SCHEMA_FILE, problems) or ""
     declared = {name.strip() for m in _ENTITY_DECL.finditer(user_schema) for name in m.group(1).split(",")}
     names = names_of(user_schema, ("Tenant", "Tool", "Approval"), tools)
     sources = {SCHEMA_FILE: user_schema}
@@ -160,12 +166,11 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
     infos: list[PolicyInfo] = []
     seen: dict[str, str] = {}
     to_validate: list[tuple[str, SourcePolicy, dict[str, Any]]] = []
-    cedar_files = sorted(root.glob("*.cedar"))
+    cedar_files = sorted(name for name in files if "/" not in name and name.endswith(".cedar"))
     if not cedar_files:
         problems.append(Problem(str(root), "the bundle has no `*.cedar` policy files"))
-    for path in cedar_files:
-        rel = path.name
-        source = _read_text(path, rel, problems)
+    for rel in cedar_files:
+        source = _read_text(files, rel, problems)
         if source is None:
             continue
         sources[rel] = source
@@ -181,8 +186,8 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
                   tools, names, problems)
 
     entity_schema = cedarpy.Schema.from_str(user_schema + "\n" + prelude) if schema is not None else None
-    graph = _load_entities(root / "entities.json", schema, entity_schema, problems)
-    runtime_groups = _read_runtime_groups(root, graph, problems)
+    graph = _load_entities(files, schema, entity_schema, problems)
+    runtime_groups = _read_runtime_groups(files, graph, problems)
     if problems or schema is None:  # no schema means a problem was recorded
         raise BundleError(with_excerpts(problems, sources))
     # (position, policy) by action named; None: the policies that name no action.
@@ -192,19 +197,18 @@ def _load(directory: str | pathlib.Path, version: str) -> Bundle:
             by_action.setdefault(action, []).append((position, info))
     slices = {name: _slice(tool, by_action, graph) for name, tool in tools.items()}
     approvers = [i for i in infos if not i.shadow and (i.actions is None or APPROVE_ACTION in i.actions)]
-    return Bundle(root, version, time.time(), tuple(principal_types), slices,
+    return Bundle(root, files.version, time.time(), tuple(principal_types), slices,
                   {i.policy_id: i for i in infos}, schema_text, schema, graph,
                   policy_set(approvers) if approvers else None, _reach(graph, approvers), entity_schema,
-                  runtime_groups=runtime_groups)
+                  runtime_groups=runtime_groups, snapshot=files)
 
 
-def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
-    path = root / "bundle.yaml"
-    if not path.exists():
+def _read_manifest(files: BundleSnapshot, problems: list[Problem]) -> list[str]:
+    if "bundle.yaml" not in files:
         return ["User"]
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.safe_load(files.text("bundle.yaml")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         problems.append(Problem("bundle.yaml", f"cannot read: {exc}"))
         return ["User"]
     types = data.get("principal_types", ["User"]) if isinstance(data, dict) else None
@@ -219,15 +223,14 @@ def _read_manifest(root: pathlib.Path, problems: list[Problem]) -> list[str]:
 RUNTIME_GROUP = re.compile(r'([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)::"([^"\\]*)"')
 
 
-def _read_runtime_groups(root: pathlib.Path, graph: StaticGraph, problems: list[Problem]) -> frozenset[UID]:
+def _read_runtime_groups(files: BundleSnapshot, graph: StaticGraph, problems: list[Problem]) -> frozenset[UID]:
     """bundle.yaml `runtime_groups`: a list of `Type::"id"`, each a static entity (not a
     tenant) that the runtime's entities may name as a parent. A name that is no static
     entity is refused: such a group is open to the runtime already, so the entry could
     only be a typo."""
-    path = root / "bundle.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
-    except (OSError, yaml.YAMLError):
+        data = yaml.safe_load(files.text("bundle.yaml")) if "bundle.yaml" in files else None
+    except (UnicodeDecodeError, yaml.YAMLError):
         return frozenset()  # _read_manifest reports it
     entries = data.get("runtime_groups", []) if isinstance(data, dict) else []
     if not isinstance(entries, list):
@@ -252,12 +255,12 @@ def _read_runtime_groups(root: pathlib.Path, graph: StaticGraph, problems: list[
     return frozenset(groups)
 
 
-def _read_text(path: pathlib.Path, rel: str, problems: list[Problem]) -> str | None:
+def _read_text(files: BundleSnapshot, rel: str, problems: list[Problem]) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        return files.text(rel)
+    except KeyError:
         problems.append(Problem(rel, "file is missing"))
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         problems.append(Problem(rel, f"cannot read file: {exc}"))
     return None
 
@@ -322,11 +325,11 @@ def _validate(policies: list[tuple[str, SourcePolicy, dict[str, Any]]], schema: 
             problems.append(Problem(rel, message + names.for_cedar_message(message), line, col))
 
 
-def _load_entities(path: pathlib.Path, schema: cedarpy.Schema | None, entity_schema: cedarpy.Schema | None,
+def _load_entities(files: BundleSnapshot, schema: cedarpy.Schema | None, entity_schema: cedarpy.Schema | None,
                    problems: list[Problem]) -> StaticGraph:
     text = "[]"
-    if path.exists():
-        text = _read_text(path, "entities.json", problems) or "[]"
+    if "entities.json" in files:
+        text = _read_text(files, "entities.json", problems) or "[]"
     try:
         graph = StaticGraph(json.loads(text))
         if schema is not None:
@@ -360,14 +363,3 @@ def _slice(tool: Tool, by_action: dict[str | None, list[tuple[int, PolicyInfo]]]
         policy_reach=_reach(graph, applicable),
     )
 
-
-def _version(root: pathlib.Path) -> str:
-    """Content hash of every file that can change a decision (tests/ excluded)."""
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_file() and not rel.startswith("tests/"):
-            data = path.read_bytes()
-            h.update(f"{rel}\0{len(data)}\0".encode())
-            h.update(data)
-    return h.hexdigest()[:16]

@@ -9,9 +9,10 @@ protected header naming the key (`kid`). The payload is RFC 8785 canonical JSON:
 
 `files` names every file the sidecar could read: all of the bundle but `tests/` (never
 loaded) and the signature file itself. A bundle verifies when the JWS verifies with a
-configured key of its `kid`, the files on disk are exactly those named, each with its
-hash, and the revision is not older than the one serving (a rollback). Every file name
-is a plain relative path: no `..`, no absolute path, no backslash, none twice; a symlink
+configured key of its `kid`, the files of its snapshot (bundle/snapshot.py: the bytes
+read once, which the loader then parses) are exactly those named, each with its hash,
+and the revision is not below the floor (a rollback). Every file name is a plain
+relative path: no `..`, no absolute path, no backslash, none twice; a symlink
 must point to a regular file inside the bundle.
 """
 
@@ -20,27 +21,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pathlib
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import rfc8785
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from toolauthz.errors import ToolAuthzError
-from toolauthz.files.bounded import FileRefused, read_bounded
+from toolauthz.bundle.snapshot import SIGNATURE_FILE as SIGNATURE_FILE
+from toolauthz.bundle.snapshot import UNSIGNED_DIRS, BundleSnapshot, read_snapshot
+from toolauthz.errors import BundleError, ToolAuthzError
 
-SIGNATURE_FILE = ".signatures.json"
 ALGORITHM = "Ed25519"
 MAX_SIGNATURE_BYTES = 4 << 20  # a manifest of 20,000 files; anything larger is refused unread
 MAX_PUBLIC_KEY_BYTES = 16 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_UNSIGNED_DIRS = ("tests",)
+_UNSIGNED_DIRS = UNSIGNED_DIRS
 
 
 class SignatureError(ToolAuthzError):
@@ -54,43 +53,28 @@ class SignedManifest:
     kid: str
 
 
-def bundle_files(root: str | os.PathLike[str]) -> dict[str, str]:
-    """Relative path -> SHA-256 hex of every file of the bundle that is signed. Raises
-    SignatureError for what no manifest may cover: a symlink out of the bundle or to a
-    directory, a file that is neither regular nor a symlink to one."""
-    base = pathlib.Path(os.path.realpath(root))
-    out: dict[str, str] = {}
-    for directory, dirs, names in os.walk(base, followlinks=False):
-        here = pathlib.Path(directory)
-        rel_dir = here.relative_to(base)
-        if rel_dir == pathlib.Path("."):
-            dirs[:] = [d for d in dirs if d not in _UNSIGNED_DIRS]
-        for name in sorted([*names, *(d for d in dirs if (here / d).is_symlink())]):
-            path = here / name
-            rel = (rel_dir / name).as_posix()
-            if rel == SIGNATURE_FILE:
-                continue
-            out[rel] = _hash(base, path, rel)
-    return dict(sorted(out.items()))
+def bundle_files(source: BundleSource) -> dict[str, str]:
+    """Relative path -> SHA-256 hex of every file of the bundle that is signed: all of the
+    snapshot but the signature file. A directory is read into a snapshot first; what a
+    snapshot refuses (a symlink out of the bundle or to a directory, a file that is
+    neither regular nor a symlink to one, a bundle over its bounds) is a SignatureError."""
+    snapshot = as_snapshot(source)
+    return {name: hashlib.sha256(data).hexdigest() for name, data in snapshot.items() if name != SIGNATURE_FILE}
 
 
-def _hash(base: pathlib.Path, path: pathlib.Path, rel: str) -> str:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        target = pathlib.Path(os.path.realpath(path))
-        if not target.is_relative_to(base):
-            raise SignatureError(f"`{rel}` is a symlink out of the bundle")
-        st = os.stat(target)
-        if not stat.S_ISREG(st.st_mode):
-            raise SignatureError(f"`{rel}` is a symlink to something other than a file")
-        path = target
-    elif not stat.S_ISREG(st.st_mode):
-        raise SignatureError(f"`{rel}` is not a regular file")
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+BundleSource = Union[str, "os.PathLike[str]", BundleSnapshot]
+
+
+def as_snapshot(source: BundleSource) -> BundleSnapshot:
+    """`source` itself when it is a snapshot, else the directory read into one."""
+    if isinstance(source, BundleSnapshot):
+        return source
+    try:
+        return read_snapshot(source)
+    except BundleError as exc:
+        first = exc.problems[0]
+        raise SignatureError(f"`{first.file}` {first.message}" if first.file != str(source) else first.message) \
+            from None
 
 
 def key_id(key: Ed25519PublicKey) -> str:
@@ -100,8 +84,9 @@ def key_id(key: Ed25519PublicKey) -> str:
     return OKPKey.import_key(key).thumbprint()
 
 
-def sign_bundle(root: str | os.PathLike[str], key: Ed25519PrivateKey, kid: str, revision: int) -> bytes:
-    """The signature file's content for the bundle in `root` as it is now."""
+def sign_bundle(root: BundleSource, key: Ed25519PrivateKey, kid: str, revision: int) -> bytes:
+    """The signature file's content for the bundle in `root` (a snapshot, or a directory as
+    it is now)."""
     if not _KID.fullmatch(kid):
         raise SignatureError("a key id is 1 to 128 letters, digits, `.`, `_`, `:` or `-`")
     if isinstance(revision, bool) or not 0 <= revision < 2 ** 53:
@@ -117,19 +102,14 @@ def sign_bundle(root: str | os.PathLike[str], key: Ed25519PrivateKey, kid: str, 
     return json.dumps({"signatures": [token]}, indent=2).encode() + b"\n"
 
 
-def read_signature(root: str | os.PathLike[str]) -> bytes:
-    """The signature file, refused by its size before a byte of it is parsed."""
-    path = os.path.join(os.fspath(root), SIGNATURE_FILE)
-    try:
-        return read_bounded(path, MAX_SIGNATURE_BYTES)
-    except FileNotFoundError:
-        raise SignatureError(f"the bundle is not signed: no `{SIGNATURE_FILE}`") from None
-    except OSError as exc:
-        raise SignatureError(f"cannot open `{SIGNATURE_FILE}`: {exc.strerror}") from None
-    except FileRefused as refused:
-        problem = "is not a regular file" if refused.reason == "not_regular" else \
-            f"is larger than {MAX_SIGNATURE_BYTES} bytes"
-        raise SignatureError(f"`{SIGNATURE_FILE}` {problem}") from None
+def read_signature(source: BundleSource) -> bytes:
+    """The signature file of the bundle, refused by its size before a byte of it is parsed."""
+    data = as_snapshot(source).get(SIGNATURE_FILE)
+    if data is None:
+        raise SignatureError(f"the bundle is not signed: no `{SIGNATURE_FILE}`")
+    if len(data) > MAX_SIGNATURE_BYTES:
+        raise SignatureError(f"`{SIGNATURE_FILE}` is larger than {MAX_SIGNATURE_BYTES} bytes")
+    return data
 
 
 def verify_signature(data: bytes, keys: Mapping[str, Ed25519PublicKey]) -> SignedManifest:
@@ -196,13 +176,15 @@ def _plain_path(name: str) -> bool:
             and parts[0] not in _UNSIGNED_DIRS)
 
 
-def verify_bundle(root: str | os.PathLike[str], keys: Mapping[str, Ed25519PublicKey],
+def verify_bundle(root: BundleSource, keys: Mapping[str, Ed25519PublicKey],
                   min_revision: int | None = None) -> SignedManifest:
-    """The bundle in `root` checked against its signature, or SignatureError saying what
-    is wrong: no signature, an unknown key, a bad signature, a file missing, added or
-    altered, or a revision older than `min_revision` (the one serving)."""
-    manifest = verify_signature(read_signature(root), keys)
-    actual = bundle_files(root)
+    """The bundle `root` (a snapshot, or a directory read into one) checked against its
+    signature, or SignatureError saying what is wrong: no signature, an unknown key, a bad
+    signature, a file missing, added or altered, or a revision older than `min_revision`
+    (the floor). The check covers exactly the snapshot's bytes: load the same snapshot."""
+    snapshot = as_snapshot(root)
+    manifest = verify_signature(read_signature(snapshot), keys)
+    actual = bundle_files(snapshot)
     missing = sorted(set(manifest.files) - set(actual))
     added = sorted(set(actual) - set(manifest.files))
     altered = sorted(name for name in set(actual) & set(manifest.files) if actual[name] != manifest.files[name])
@@ -212,8 +194,8 @@ def verify_bundle(root: str | os.PathLike[str], keys: Mapping[str, Ed25519Public
                                                                      else "")
             raise SignatureError(f"the bundle does not match its signature: {what}: {shown}")
     if min_revision is not None and manifest.revision < min_revision:
-        raise SignatureError(f"the bundle's revision {manifest.revision} is older than the serving one, "
-                             f"{min_revision}: a rollback is refused")
+        raise SignatureError(f"the bundle's revision {manifest.revision} is below the floor, {min_revision}: "
+                             "a rollback is refused (toolauthz bundle allow-rollback)")
     return manifest
 
 

@@ -67,9 +67,14 @@ def status_remote(args: argparse.Namespace) -> int:
         return 0
     print(f"bundle          {display(status.bundle_dir)}")
     print(f"policy version  {display(status.policy_version)}  (loaded {_time(status.loaded_at)})")
+    if status.HasField("bundle_revision"):
+        print(f"revision        {status.bundle_revision}  (signed by {display(status.bundle_signer)}, "
+              f"digest {display(status.bundle_digest)})")
     print(f"reload error    {display(status.last_reload_error) or '-'}")
     print(f"decisions       {status.decisions} in {status.decision_batches} batches, {status.decisions_waiting} "
           f"waiting; {status.reloads} reloads")
+    for notice in status.notices:
+        print(f"notice          {display(notice)}")
     for policy_id, count in sorted(status.shadow_effects.items()):
         print(f"shadow effect   {display(policy_id)}: {count}")
     print()

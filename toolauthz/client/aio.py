@@ -139,6 +139,11 @@ class AsyncAuthzClient:
     async def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
         return (await self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout))[0]
 
+    async def get_catalog(self, known_digest: str = "", *, timeout: float | None = None) -> pb.GetCatalogResponse:
+        """The serving bundle's tool files (`unchanged` when `known_digest` is still the serving one's)."""
+        request = pb.GetCatalogRequest(known_digest=known_digest)
+        return (await self._unary("GetCatalog", self._authz.GetCatalog, request, timeout))[0]
+
     # -- Approvals ---------------------------------------------------------------------
 
     async def list_approvals(self, *, tenant: str = "", status="", group: str = "", limit: int = 0,

@@ -178,6 +178,11 @@ class AuthzClient:
     def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
         return self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout)[0]
 
+    def get_catalog(self, known_digest: str = "", *, timeout: float | None = None) -> pb.GetCatalogResponse:
+        """The serving bundle's tool files (`unchanged` when `known_digest` is still the serving one's)."""
+        request = pb.GetCatalogRequest(known_digest=known_digest)
+        return self._unary("GetCatalog", self._authz.GetCatalog, request, timeout)[0]
+
     # -- Approvals ---------------------------------------------------------------------
 
     def list_approvals(self, *, tenant: str = "", status="", group: str = "", limit: int = 0,

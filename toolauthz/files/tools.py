@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
@@ -25,22 +25,36 @@ UPSTREAM_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # an upstream of the MC
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
-def tool_documents(tools_dir: pathlib.Path, problems: list[Problem]) -> Iterator[tuple[str, dict[str, Any]]]:
+def tool_documents(tools: pathlib.Path | Mapping[str, bytes],
+                   problems: list[Problem]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(`tools/<file>`, its mapping) for each tool file in name order; a file that cannot
-    be read or parsed, or holds no mapping, is a problem instead. The caller checks that
-    `tools_dir` exists."""
-    for path in sorted(p for p in tools_dir.iterdir() if p.suffix in SUFFIXES):
-        rel = f"tools/{path.name}"
-        document = _read_document(path, rel, problems)
-        if document is not None:
-            yield rel, document
+    be read or parsed, or holds no mapping, is a problem instead. `tools` is the tool
+    files already read (`tools/<file>` -> bytes: a verified bundle snapshot's), or a
+    directory the caller checked exists, read here."""
+    if isinstance(tools, pathlib.Path):
+        for path in sorted(p for p in tools.iterdir() if p.suffix in SUFFIXES):
+            rel = f"tools/{path.name}"
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                problems.append(Problem(rel, f"cannot read file: {exc}"))
+                continue
+            document = _parse_document(data, rel, problems)
+            if document is not None:
+                yield rel, document
+        return
+    for rel in sorted(tools):
+        if rel.startswith("tools/") and rel.count("/") == 1 and rel.endswith(SUFFIXES):
+            document = _parse_document(tools[rel], rel, problems)
+            if document is not None:
+                yield rel, document
 
 
-def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
+def _parse_document(data: bytes, rel: str, problems: list[Problem]) -> dict[str, Any] | None:
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8")
+        parsed = json.loads(text) if rel.endswith(".json") else yaml.load(text, Loader=_YAML_LOADER)
+    except UnicodeDecodeError as exc:
         problems.append(Problem(rel, f"cannot read file: {exc}"))
         return None
     except yaml.YAMLError as exc:
@@ -51,10 +65,13 @@ def _read_document(path: pathlib.Path, rel: str, problems: list[Problem]) -> dic
     except json.JSONDecodeError as exc:
         problems.append(Problem(rel, f"cannot parse JSON: {exc.msg}", exc.lineno, exc.colno))
         return None
-    if not isinstance(data, dict):
+    except RecursionError:
+        problems.append(Problem(rel, "cannot parse: nested too deeply"))
+        return None
+    if not isinstance(parsed, dict):
         problems.append(Problem(rel, "a tool file must hold a mapping"))
         return None
-    return data
+    return parsed
 
 
 def check_mcp_block(raw: Any) -> list[tuple[str, str]]:

@@ -7,26 +7,33 @@ gateway has one upstream), and its catalog name must start with that upstream's 
 which server a tool is on. A tool file that names no configured upstream, or lacks the
 prefix, is never exposed (and logged). `tools/list` is the union over the upstreams;
 an upstream that is down or whose tool drifted hides only its own tools.
+
+The tool files come from the sidecar (`GetCatalog`, `sidecar_catalog`): the bytes of the
+bundle it verified and enforces, never the bundle directory, so the gateway can never
+route by a file the sidecar refused (a pin edited on disk, two pins swapped). Each
+refresh asks whether the serving bundle's digest moved (a small answer when it did
+not) and re-reads the pins when it did; when the sidecar cannot be asked, the pins held
+keep routing, and every call still needs the sidecar's Authorize.
 """
 
 from __future__ import annotations
 
 import logging
-import pathlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import grpc
 import mcp_types as types
 
-from toolauthz.client import ToolError, ToolSet
+from toolauthz.client import AsyncAuthzClient, ToolError, ToolSet
 from toolauthz.display.escape import display
-from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
+from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, drift, load_pins
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamLink, UpstreamSpec, UpstreamUnavailable
 
-__all__ = ["Catalog", "Drift"]
+__all__ = ["Catalog", "CatalogFiles", "Drift", "sidecar_catalog"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 
@@ -45,20 +52,47 @@ class Drift:
         return f"changed={self.changed} pinned={self.pin} advertised={self.advertised or '-'}"
 
 
+@dataclass(frozen=True)
+class CatalogFiles:
+    """The tool files of the bundle the sidecar serves, and which bundle that is."""
+
+    digest: str
+    revision: int | None
+    files: Mapping[str, bytes]  # `tools/<file>` -> bytes
+
+
+# Given the digest held (""), the sidecar's catalog, or None when it is still that one.
+CatalogSource = Callable[[str], Awaitable["CatalogFiles | None"]]
+
+
+def sidecar_catalog(authz: AsyncAuthzClient) -> CatalogSource:
+    """The catalog as the sidecar serves it (GetCatalog, role runtime)."""
+
+    async def fetch(known: str) -> CatalogFiles | None:
+        response = await authz.get_catalog(known)
+        if response.unchanged:
+            return None
+        return CatalogFiles(response.bundle_digest, response.revision if response.HasField("revision") else None,
+                            {f.name: f.content for f in response.files})
+
+    return fetch
+
+
 class Catalog:
-    def __init__(self, bundle: pathlib.Path, upstreams: Sequence[UpstreamSpec],
+    def __init__(self, source: CatalogSource, upstreams: Sequence[UpstreamSpec],
                  on_tools: Callable[[ToolSet], None], *, request_timeout: float = 10.0):
         names = [spec.name for spec in upstreams]
         if not names or len(set(names)) != len(names):
             raise ValueError("the gateway needs one or more upstreams with distinct names")
-        self.bundle = bundle
+        self._source = source
         self.links = {spec.name: UpstreamLink(spec, self._refresh_logged, request_timeout=request_timeout)
                       for spec in upstreams}
         self.pins: dict[str, PinnedTool] = {}
         self.drifted: dict[str, Drift] = {}  # catalog name -> the pin that the upstream broke
         self._bound: dict[str, UpstreamLink] = {}  # catalog name -> its upstream
         self._on_tools = on_tools
-        self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self.digest = ""  # the sidecar's bundle the pins were read from
+        self.revision: int | None = None
         self._lock = anyio.Lock()
 
     @asynccontextmanager
@@ -84,10 +118,10 @@ class Catalog:
         return self._bound.get(name)
 
     async def refresh(self) -> dict[str, types.Tool]:
-        """Re-reads the catalog (when a tool file changed) and every upstream's tools; the
-        catalogued tools whose upstream is up and advertises them as pinned."""
+        """Re-reads the catalog (when the sidecar's bundle changed) and every upstream's
+        tools; the catalogued tools whose upstream is up and advertises them as pinned."""
         async with self._lock:
-            self._reload()
+            await self._reload()
             exposed: dict[str, types.Tool] = {}
             for link in self.links.values():
                 try:
@@ -116,11 +150,18 @@ class Catalog:
         self.drifted.pop(name, None)
         return True
 
-    def _reload(self) -> None:
-        signature = catalog_signature(self.bundle)
-        if signature == self._signature:
+    async def _reload(self) -> None:
+        try:
+            fetched = await self._source(self.digest)
+        except grpc.RpcError as exc:
+            if not self.digest:
+                raise  # no catalog yet: nothing to route by
+            log.warning("the sidecar's catalog could not be read (%s); the pins of bundle %s keep routing",
+                        display(exc.code().name), self.digest[:16])
             return
-        pins = load_pins(self.bundle)
+        if fetched is None:
+            return
+        pins = load_pins(fetched.files)
         bound: dict[str, UpstreamLink] = {}
         tools = ToolSet()
         for pinned in pins.values():
@@ -129,7 +170,10 @@ class Catalog:
                 continue
             bound[pinned.name] = link
             tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema)
-        self.pins, self._bound, self._signature = pins, bound, signature
+        self.pins, self._bound = pins, bound
+        self.digest, self.revision = fetched.digest, fetched.revision
+        log.info("catalog of the sidecar's bundle %s (revision %s): %d pinned tools", fetched.digest[:16],
+                 fetched.revision if fetched.revision is not None else "unsigned", len(pins))
         self._on_tools(tools)
 
     def _binding(self, pinned: PinnedTool) -> UpstreamLink | None:

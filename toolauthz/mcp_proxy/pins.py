@@ -28,8 +28,7 @@ import rfc8785
 from toolauthz.errors import BundleError, Problem
 from toolauthz.files.tools import check_mcp_block, tool_documents
 
-__all__ = ["PinnedTool", "load_pins", "schema_sha256", "advertised_sha256", "drift", "catalog_signature",
-           "DRAFT_2020_12"]
+__all__ = ["PinnedTool", "load_pins", "schema_sha256", "advertised_sha256", "drift", "DRAFT_2020_12"]
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
@@ -80,21 +79,18 @@ def drift(tool: PinnedTool, description: str | None, input_schema: Mapping[str, 
         return "input_schema"
 
 
-def catalog_signature(bundle_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
-    """Changes whenever a tool file is added, removed or rewritten: when to read them again."""
-    tools_dir = bundle_dir / "tools"
-    try:
-        return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in tools_dir.iterdir()))
-    except OSError:
-        return ()
-
-
-def load_pins(bundle_dir: str | pathlib.Path) -> dict[str, PinnedTool]:
-    """The pinned tools of a bundle by catalog name; BundleError names every file it
-    cannot use (the sidecar checks the rest of each file when it loads the bundle)."""
-    tools_dir = pathlib.Path(bundle_dir) / "tools"
-    if not tools_dir.is_dir():
-        raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
+def load_pins(bundle: str | pathlib.Path | Mapping[str, bytes]) -> dict[str, PinnedTool]:
+    """The pinned tools of a bundle by catalog name: from its tool files as the sidecar
+    serves them (`tools/<file>` -> bytes, GetCatalog: the verified bytes it enforces), or
+    from a bundle directory (`catalog import-mcp`, tests). BundleError names every file
+    it cannot use (the sidecar checks the rest of each file when it loads the bundle)."""
+    tools_dir: pathlib.Path | Mapping[str, bytes]
+    if isinstance(bundle, Mapping):
+        tools_dir = bundle
+    else:
+        tools_dir = pathlib.Path(bundle) / "tools"
+        if not tools_dir.is_dir():
+            raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
     problems: list[Problem] = []
     pins: dict[str, PinnedTool] = {}
     upstream_names: dict[tuple[str | None, str], str] = {}

@@ -33,7 +33,7 @@ from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
-from toolauthz.mcp_proxy.catalog import Catalog, Drift
+from toolauthz.mcp_proxy.catalog import Catalog, Drift, sidecar_catalog
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
@@ -53,6 +53,7 @@ _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
 
 @dataclass(frozen=True)
 class ProxySettings:
+    # Not read for the catalog: the pins come from the sidecar (catalog.py sidecar_catalog).
     bundle: pathlib.Path
     tenant: str | None  # the configured identity: stdio, and HTTP without `oauth`
     principal: Principal | None
@@ -106,7 +107,7 @@ class McpProxy:
         """Keeps the upstreams connected: UpstreamSpecs, or one target (a URL,
         StdioServerParameters, or an in-process server) without a prefix."""
         specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
-        self.catalog = Catalog(self.settings.bundle, specs, self._use_tools,
+        self.catalog = Catalog(sidecar_catalog(self.authz), specs, self._use_tools,
                                request_timeout=self.settings.rpc_timeout or 10.0)
         async with self.catalog.connected():
             yield self

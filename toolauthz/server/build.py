@@ -8,9 +8,10 @@ import logging
 import os
 import pathlib
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -20,15 +21,18 @@ from toolauthz.audit.retention import load_retention_key
 from toolauthz.authorizer import Authorizer
 from toolauthz.authorizer.retainer import Retainer
 from toolauthz.bundle import Bundle, BundleHolder
+from toolauthz.bundle.signature import SIGNATURE_FILE
 from toolauthz.clock import Clock, SystemClock
-from toolauthz.errors import KeyFileError, StoreUnavailable
+from toolauthz.errors import BundleError, KeyFileError, Problem, StoreUnavailable
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
 from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, floor_revision, hold_to_floor, record_bundle
 from toolauthz.server.config import SERVICES, ListenerSettings, Settings
+from toolauthz.server.config_changes import config_changes
 from toolauthz.server.listeners import (
     check_listener,
     open_listener,
@@ -52,6 +56,7 @@ from toolauthz.service.watching import WatchLimits
 from toolauthz.store.audit_writer import AuditWriter, Checkpointer
 from toolauthz.store.open import open_store
 from toolauthz.store.retained import RetainedInputs
+from toolauthz.store.rules import Store
 from toolauthz.telemetry import metrics
 from toolauthz.tokens import TokenIssuer, TokenVerifier
 from toolauthz.tokens.keyring import MANIFEST, load_keyring
@@ -85,6 +90,11 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                        hang_seconds=settings.store_hang_seconds)
     audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
+    try:
+        bundle = _activate(bundle, settings, bundle_keys, store, writer, clock)
+    except BaseException:
+        store.close()
+        raise
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
                                 interval=settings.audit.checkpoint_interval_seconds)
     t = settings.tokens
@@ -102,7 +112,9 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds,
         retainer=_retainer(settings, bundle, clock))
     reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
-                              clock=clock).start()
+                              clock=clock, floor=store.bundle_floor,
+                              retaining=authorizer.retainer is not None,
+                              settings_changes=lambda: config_changes(settings)).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
@@ -111,6 +123,28 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, pump, reloader, watches, gate, notifier)
+
+
+def _activate(bundle: Bundle, settings: Settings, keys: Mapping[str, Ed25519PublicKey] | None, store: Store,
+              audit: AuditWriter, clock: Clock) -> Bundle:
+    """The bundle this process starts with, held to the store's revision floor (a restart,
+    a new replica or a fresh pod never serves an older signed revision), recorded in the
+    audit trail as a reload is. A bundle below the floor refuses the start, recorded too."""
+    if keys is not None:
+        try:
+            floor = floor_revision(store.bundle_floor, None)
+            if floor is not None and bundle.revision is not None and bundle.revision < floor:
+                raise BundleError([Problem(SIGNATURE_FILE, f"refused: the bundle's revision {bundle.revision} is "
+                                                           f"below the floor, {floor}: a rollback is refused "
+                                                           "(toolauthz bundle allow-rollback)")])
+            hold_to_floor(bundle, store.bundle_floor, clock.now())
+        except BundleError as exc:
+            record_bundle(audit, clock, BUNDLE_REFUSED, bundle, ("bundle_signature",),
+                          {"at": "start", "reason": str(exc)[:2000]})
+            metrics.BUNDLE_SIGNATURE_REFUSALS.inc()
+            raise
+    record_bundle(audit, clock, BUNDLE_LOADED, bundle, (), {"at": "start"})
+    return bundle
 
 
 def _retainer(settings: Settings, bundle: Bundle, clock: Clock) -> Retainer | None:

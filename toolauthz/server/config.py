@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from toolauthz.audit.records import DEFAULT_CHAINS, MAX_CHAINS
 from toolauthz.batch import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, BatchLimits
@@ -267,6 +267,10 @@ DATABASE_FILE = "toolauthz.db"
 
 
 class Settings(_Strict):
+    # The config file these settings were read from, and what it held: a reload compares
+    # the file with them to say what changed that only a restart applies (config_changes.py).
+    _config_file: pathlib.Path | None = PrivateAttr(default=None)
+    _config_values: dict[str, Any] = PrivateAttr(default_factory=dict)
     bundle: pathlib.Path = pathlib.Path("policies")
     # Verify every bundle against its signature before it loads (at start and each reload).
     bundle_verification: BundleVerificationSettings | None = None
@@ -462,8 +466,11 @@ def load_settings(config_file: str | os.PathLike | None = None, **overrides: Any
             data[key] = os.environ[env]
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
         problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg'].lower()}" if e["loc"] else
                              e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise ToolAuthzError(f"invalid config: {problems}") from None
+    if config_file is not None:
+        settings._config_file, settings._config_values = pathlib.Path(config_file), loaded
+    return settings

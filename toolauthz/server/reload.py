@@ -7,11 +7,16 @@ ConfigMap as `DIR/..data -> ..<timestamp>/` (the kubelet writes a new timestampe
 directory in full, then renames a new `..data` link over the old one, then deletes the
 old directory), and a deploy tool may swap `DIR` itself (`ln -sfn`). Every load reads
 one resolved snapshot (`bundle_snapshot`), so a half-written directory is never read
-and a swap in the middle of a load never mixes two versions."""
+and a swap in the middle of a load never mixes two versions.
+
+A load reads the snapshot once into memory (bundle/snapshot.py), verifies the signature
+over those bytes and parses them (bundle/verified.py): the disk is never read again, so
+a file swapped after the read cannot be enforced. A signed bundle is also held to the
+revision floor the store keeps (store/bundle_floor.py): the highest revision any process
+sharing the store activated; going below it takes `toolauthz bundle allow-rollback`."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pathlib
@@ -21,12 +26,15 @@ from collections.abc import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from toolauthz.audit.records import AuditEvent
 from toolauthz.audit.sink import AuditSink
-from toolauthz.bundle import Bundle, BundleHolder, load_bundle
-from toolauthz.bundle.signature import SIGNATURE_FILE, SignatureError, SignedManifest, bundle_files, verify_bundle
+from toolauthz.bundle import Bundle, BundleHolder
+from toolauthz.bundle.signature import SIGNATURE_FILE
+from toolauthz.bundle.snapshot import BundleSnapshot, read_snapshot
+from toolauthz.bundle.verified import load_verified
 from toolauthz.clock import Clock, SystemClock
 from toolauthz.errors import BundleError, Problem, StoreUnavailable
+from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, floor_revision, hold_to_floor, record_bundle
+from toolauthz.store.rules import BundleFloor
 from toolauthz.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")
@@ -34,7 +42,7 @@ log = logging.getLogger("toolauthz.reload")
 # The link the kubelet swaps when it updates a projected ConfigMap or Secret volume.
 KUBERNETES_DATA_LINK = "..data"
 _SNAPSHOT_ATTEMPTS = 5
-BUNDLE_LOADED, BUNDLE_REFUSED = "loaded", "refused"  # results of `bundle` audit records
+__all__ = ["BUNDLE_LOADED", "BUNDLE_REFUSED", "BundleReloader", "bundle_snapshot", "load_bundle_snapshot"]
 
 
 def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
@@ -48,45 +56,30 @@ def bundle_snapshot(directory: str | os.PathLike[str]) -> pathlib.Path:
 
 def load_bundle_snapshot(directory: str | os.PathLike[str], keys: Mapping[str, Ed25519PublicKey] | None = None,
                          min_revision: int | None = None) -> Bundle:
-    """Load the bundle from one snapshot of `directory` (see `bundle_snapshot`); the
-    bundle keeps `directory` as its name. When the snapshot is replaced while it is read
-    (the kubelet deletes the old directory right after the swap), read the new one.
-    With `keys` (bundle_verification), the snapshot must verify against its signature
-    before it is loaded, and still match it once loaded; a revision below `min_revision`
-    (the one serving) is a rollback. A refusal is a BundleError on `.signatures.json`."""
+    """Load the bundle from one snapshot of `directory` (see `bundle_snapshot`), read once
+    into memory; the bundle keeps `directory` as its name. When the snapshot is replaced
+    while it is read (the kubelet deletes the old directory right after the swap), read
+    the new one. With `keys` (bundle_verification), the bytes read must verify against
+    their signature, and are then parsed; a revision below `min_revision` (the floor) is a
+    rollback. A refusal is a BundleError on `.signatures.json`."""
+    return load_verified(read_bundle_files(directory), keys, min_revision, name=directory)
+
+
+def read_bundle_files(directory: str | os.PathLike[str]) -> BundleSnapshot:
+    """Every file of one published snapshot of `directory`, read once (a BundleError when
+    the snapshot is refused: bounds, a FIFO, a symlink out of the bundle)."""
     for _attempt in range(_SNAPSHOT_ATTEMPTS):
-        snapshot = bundle_snapshot(directory)
+        resolved = bundle_snapshot(directory)
         try:
-            manifest = _verified(snapshot, keys, min_revision)
-            bundle = load_bundle(snapshot)
-            if manifest is not None and bundle_files_or_refuse(snapshot) != manifest.files:
-                raise BundleError([Problem(SIGNATURE_FILE, "the bundle changed while it was verified and loaded")])
+            files = read_snapshot(resolved)
         except BundleError:
-            if bundle_snapshot(directory) != snapshot:
+            if bundle_snapshot(directory) != resolved:
                 continue
             raise
-        if bundle_snapshot(directory) != snapshot:
-            continue
-        return dataclasses.replace(bundle, directory=pathlib.Path(directory),
-                                   revision=manifest.revision if manifest is not None else None)
+        if bundle_snapshot(directory) != resolved:
+            continue  # replaced while it was read: a mix of two publications is never loaded
+        return files
     raise BundleError([Problem(str(directory), "the bundle directory kept being replaced while it was loaded")])
-
-
-def _verified(snapshot: pathlib.Path, keys: Mapping[str, Ed25519PublicKey] | None,
-              min_revision: int | None) -> SignedManifest | None:
-    if keys is None:
-        return None
-    try:
-        return verify_bundle(snapshot, keys, min_revision)
-    except (SignatureError, OSError) as exc:
-        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
-
-
-def bundle_files_or_refuse(snapshot: pathlib.Path) -> Mapping[str, str]:
-    try:
-        return bundle_files(snapshot)
-    except (SignatureError, OSError) as exc:
-        raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
 
 
 def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
@@ -124,12 +117,22 @@ def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
 class BundleReloader:
     def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
                  keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, floor: BundleFloor | None = None, retaining: bool = True,
+                 settings_changes: Callable[[], tuple[str, ...]] | None = None):
         """poll_seconds = 0: no polling; reload only when triggered (SIGHUP). `keys`: a
         bundle loads only when its signature verifies with one of them, and its revision
-        is not older than the serving one. `audit`: where refusals and swaps are recorded."""
+        is not below the floor (`floor`, the store's; else the serving one's). `audit`:
+        where refusals and swaps are recorded. `retaining`: whether this process started
+        with a retainer of inputs (`audit.retain_input` needs one, made only at start).
+        `settings_changes`: what changed in the config file since the start (notices)."""
         self._holder = holder
         self._keys = keys
+        self._floor = floor
+        self._retaining = retaining
+        self._settings_changes = settings_changes
+        # What a swapped bundle asks for that only a restart applies (shown in status).
+        self.restart_needed: tuple[str, ...] = ()
+        self.settings_changed: tuple[str, ...] = ()  # config keys changed since the start
         self._audit = audit
         self._clock = clock or SystemClock()
         self._directory = pathlib.Path(holder.current.directory)
@@ -157,6 +160,8 @@ class BundleReloader:
         try:
             return self._reload()
         finally:
+            self.check_floor()
+            self._note_settings_changes()
             if self.after_attempt is not None:
                 self.after_attempt()
             with self._attempted:
@@ -188,35 +193,81 @@ class BundleReloader:
                 return False
             previous = serving.version
             self._holder.swap(bundle)
-            self._record(BUNDLE_LOADED, bundle, (), {"previous_version": previous, "revision": bundle.revision})
+            self._record(BUNDLE_LOADED, bundle, (), {"previous_version": previous, "previous_revision":
+                                                     serving.revision, "at": "reload"})
             metrics.RELOADS.inc()
             metrics.serving_version(bundle.version, previous)
+            self._note_restart_needed(bundle)
             if self.after_swap is not None:
                 self.after_swap()
             self.reloads += 1
             log.info("bundle reloaded: version %s", bundle.version)
             return True
 
+    def _note_restart_needed(self, bundle: Bundle) -> None:
+        """A process that started with no tool retaining its inputs has no retainer (and
+        maybe no retention key): a reloaded tool with `audit.retain_input` retains
+        nothing until a restart. Said in the log and in status, never silently."""
+        notices: list[str] = []
+        if not self._retaining:
+            asking = sorted(name for name, s in bundle.tools.items() if s.tool.retain_input_seconds)
+            if asking:
+                shown = ", ".join(f"`{name}`" for name in asking[:5]) + (" and more" if len(asking) > 5 else "")
+                notices.append(f"restart needed: {shown} set audit.retain_input, which applies only after a "
+                               "restart (inputs are not retained until then)")
+        for notice in notices:
+            if notice not in self.restart_needed:
+                log.warning("%s", notice)
+        self.restart_needed = tuple(notices)
+
+    def _note_settings_changes(self) -> None:
+        if self._settings_changes is None:
+            return
+        notices = self._settings_changes()
+        for notice in notices:
+            if notice not in self.settings_changed:
+                log.warning("%s", notice)
+        self.settings_changed = notices
+
+    def check_floor(self) -> None:
+        """Holds the serving bundle back (it decides nothing) while the fleet's floor is
+        above its revision: another process activated a newer one, and this one has none
+        to load. A store that cannot be read changes nothing: decisions need it anyway."""
+        serving = self._holder.current
+        if self._floor is None or self._keys is None or serving.revision is None:
+            return
+        try:
+            stored = self._floor.current()
+        except StoreUnavailable:
+            return
+        if stored is not None and stored.revision > serving.revision:
+            if not self._holder.held_back:
+                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
+                          "bundle at the floor loads", serving.revision, stored.revision)
+            self._holder.hold_back(f"revision {serving.revision} is below the fleet's floor, {stored.revision}: "
+                                   "no decision until a bundle at the floor loads")
+        else:
+            self._holder.release()
+
     def _next(self, serving: Bundle) -> Bundle:
         """The bundle to serve next. A signed one must not be older than the serving one,
         and other content under the same revision is refused too: a revision names one
         signed bundle, so only a newer signature may change what is enforced."""
-        bundle = load_bundle_snapshot(self._directory, self._keys, serving.revision)
-        if self._keys is not None and bundle.revision == serving.revision and bundle.version != serving.version:
+        floor = floor_revision(self._floor, serving) if self._keys is not None else None
+        bundle = load_bundle_snapshot(self._directory, self._keys, floor)
+        if bundle.version == serving.version:
+            return bundle  # nothing new: the floor stays as it is
+        if self._keys is not None and bundle.revision == serving.revision:
             raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
                                                        "but the content differs; sign a new revision")])
+        if self._keys is not None:
+            hold_to_floor(bundle, self._floor, self._clock.now())
         return bundle
 
     def _record(self, result: str, bundle: Bundle, codes: tuple[str, ...], detail: dict[str, object]) -> None:
         """A `bundle` audit record of a reload: refused (with the version that keeps
         serving) or loaded (with the new one)."""
-        if self._audit is None:
-            return
-        try:
-            self._audit.write(AuditEvent(kind="bundle", time=self._clock.now(), result=result,
-                                         policy_version=bundle.version, error_codes=codes, detail=detail))
-        except StoreUnavailable as exc:  # the reload stands; its record is what is lost, and said so
-            log.error("the audit record of a bundle reload (%s) could not be written: %s", result, exc)
+        record_bundle(self._audit, self._clock, result, bundle, codes, detail)
 
     def trigger(self) -> None:
         """Ask the watcher thread to reload now (safe from a signal handler)."""
@@ -241,6 +292,7 @@ class BundleReloader:
                 return
             current = fingerprint(self._directory)
             if not triggered and current == self._seen:
+                self.check_floor()  # another replica may have raised the floor
                 continue
             if not triggered:
                 # An editor may still be writing: reload once the directory has held

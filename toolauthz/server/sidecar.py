@@ -61,9 +61,12 @@ class Sidecar:
 
     def worker_status(self) -> WorkerStatus:
         bundle = self.bundles.current
+        notices = (*self.reloader.restart_needed, *self.reloader.settings_changed,
+                   *((self.bundles.held_back,) if self.bundles.held_back else ()))
         policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
                               reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
-                              shadow_effects=self.authorizer.shadow_effects())
+                              shadow_effects=self.authorizer.shadow_effects(), revision=bundle.revision,
+                              digest=bundle.digest, signer=bundle.signer or "", notices=notices)
         pump = PumpStatus(answered=self.pump.answered, batches=self.pump.batches, waiting=self.pump.waiting)
         return WorkerStatus(self.worker_index, os.getpid(), policy, pump)
 

@@ -107,7 +107,8 @@ def _to_json(status: WorkerStatus) -> dict[str, object]:
     return {"index": status.index, "pid": status.pid, "version": policy.version, "loaded_at": policy.loaded_at,
             "bundle_dir": policy.bundle_dir, "reloads": policy.reloads, "last_reload_error": policy.last_reload_error,
             "shadow_effects": dict(policy.shadow_effects), "answered": pump.answered, "batches": pump.batches,
-            "waiting": pump.waiting}
+            "waiting": pump.waiting, "revision": policy.revision, "digest": policy.digest, "signer": policy.signer,
+            "notices": list(policy.notices)}
 
 
 def _read(path: pathlib.Path) -> WorkerStatus | None:
@@ -118,7 +119,10 @@ def _read(path: pathlib.Path) -> WorkerStatus | None:
         policy = PolicyStatus(version=str(data["version"]), loaded_at=float(data["loaded_at"]),
                               bundle_dir=str(data["bundle_dir"]), reloads=int(data["reloads"]),
                               last_reload_error=str(data["last_reload_error"]),
-                              shadow_effects={str(k): int(v) for k, v in dict(data["shadow_effects"]).items()})
+                              shadow_effects={str(k): int(v) for k, v in dict(data["shadow_effects"]).items()},
+                              revision=None if data.get("revision") is None else int(data["revision"]),
+                              digest=str(data.get("digest", "")), signer=str(data.get("signer", "")),
+                              notices=tuple(str(n) for n in data.get("notices", ())))
         pump = PumpStatus(answered=int(data["answered"]), batches=int(data["batches"]), waiting=int(data["waiting"]))
         return WorkerStatus(index=int(data["index"]), pid=int(data["pid"]), policy=policy, pump=pump)
     return None

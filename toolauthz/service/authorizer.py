@@ -160,7 +160,23 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             last_reload_error=policy.last_reload_error, bundle_dir=policy.bundle_dir,
             shadow_effects=dict(policy.shadow_effects), reloads=policy.reloads, decisions=pump.answered,
             decision_batches=pump.batches, decisions_waiting=pump.waiting,
-            workers=[_worker_message(w) for w in status.workers], answered_by_pid=status.answered_by)
+            workers=[_worker_message(w) for w in status.workers], answered_by_pid=status.answered_by,
+            bundle_revision=policy.revision, bundle_digest=policy.digest, bundle_signer=policy.signer,
+            notices=list(policy.notices))
+
+    @status_mapped
+    def GetCatalog(self, request, context) -> pb.GetCatalogResponse:
+        """The serving bundle's tool files, the bytes it was verified and parsed from."""
+        self._gate.admit(context, "GetCatalog")
+        bundle = self._authorizer.bundles.current
+        response = pb.GetCatalogResponse(bundle_digest=bundle.digest, policy_version=bundle.version,
+                                         revision=bundle.revision)
+        if request.known_digest and request.known_digest == bundle.digest:
+            response.unchanged = True
+            return response
+        files = bundle.snapshot.tool_files() if bundle.snapshot is not None else {}
+        response.files.extend(pb.CatalogFile(name=name, content=data) for name, data in files.items())
+        return response
 
 
 def _authorize_response(result: AuthorizeResult) -> pb.AuthorizeResponse:

@@ -4,7 +4,7 @@ Pure: no gRPC, no storage. `authorize_rpc` answers for one caller (the identity 
 transport proved, toolauthz/service/callers.py) and one RPC, with the tenant the request is
 about when it names one, and raises ForbiddenError otherwise.
 
-    runtime   Authorize, AuthorizeBatch, Verify, ReportOutcome, ReportRefusal, GetStatus, and
+    runtime   Authorize, AuthorizeBatch, Verify, ReportOutcome, ReportRefusal, GetStatus, GetCatalog, and
               GetApproval/WatchApproval of its own calls (the token only with the call's
               context; service/ownership.py)
     approver  ListApprovals, GetApproval/WatchApproval (never a token), DecideApproval
@@ -30,6 +30,7 @@ ROLES: tuple[Role, ...] = ("runtime", "approver", "auditor")
 ALL_TENANTS = "*"
 
 Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "GetKeys", "GetStatus",
+              "GetCatalog",
               "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
 # The roles that may call each RPC; an RPC missing here is refused to every listed role.
 RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
@@ -39,6 +40,8 @@ RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "ReportOutcome": frozenset({"runtime"}),
     "ReportRefusal": frozenset({"runtime"}),
     "GetStatus": frozenset({"runtime"}),
+    # The verified bundle's tool files: what the MCP gateway routes by (a runtime).
+    "GetCatalog": frozenset({"runtime"}),
     "GetKeys": frozenset(ROLES),
     "GetApproval": frozenset({"runtime", "approver"}),
     "WatchApproval": frozenset({"runtime", "approver"}),

@@ -22,6 +22,12 @@ class PolicyStatus:
     reloads: int
     last_reload_error: str  # empty when the last reload succeeded
     shadow_effects: Mapping[str, int]  # @shadow policy id -> calls it would have changed
+    revision: int | None = None  # the signed revision (None: not signed)
+    digest: str = ""  # SHA-256 of the bundle's snapshot
+    signer: str = ""  # the key id of its signature
+    # What needs the operator: a reload that changed what only a restart applies, a
+    # bundle held back below the fleet's revision floor (one line each).
+    notices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +72,11 @@ def aggregate(workers: Sequence[WorkerStatus], answered_by: int) -> SidecarStatu
     for worker in ordered:
         shadow.update(worker.policy.shadow_effects)
     error = next((w.policy.last_reload_error for w in ordered if w.policy.last_reload_error), "")
+    notices = tuple(dict.fromkeys(n for w in ordered for n in w.policy.notices))  # each once, in worker order
     policy = PolicyStatus(version=newest.version, loaded_at=newest.loaded_at, bundle_dir=newest.bundle_dir,
                           reloads=max(w.policy.reloads for w in ordered), last_reload_error=error,
-                          shadow_effects=dict(shadow))
+                          shadow_effects=dict(shadow), revision=newest.revision, digest=newest.digest,
+                          signer=newest.signer, notices=notices)
     pump = PumpStatus(answered=sum(w.pump.answered for w in ordered), batches=sum(w.pump.batches for w in ordered),
                       waiting=sum(w.pump.waiting for w in ordered))
     return SidecarStatus(policy, pump, ordered, answered_by)

@@ -18,6 +18,7 @@ from toolauthz.audit.store import AuditQuery, check_page
 from toolauthz.display.escape import shown
 from toolauthz.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailable
 from toolauthz.store.approvals import APPROVED, ApprovalRecord
+from toolauthz.store.bundle_floor import Floor
 from toolauthz.store.group_commit import GroupCommit, ItemFailed
 from toolauthz.store.ledger import (
     AppendAudit,
@@ -291,6 +292,31 @@ class AuditLogOf:
         self._unit.close()
 
 
+class BundleFloor:
+    """The revision floor of the bundles every process sharing the database may activate
+    (store/bundle_floor.py)."""
+
+    def __init__(self, unit: UnitOfWork):
+        self._unit = unit
+
+    def current(self) -> Floor | None:
+        with self._unit.reading() as reads:
+            return reads.bundle_floor()
+
+    def lift(self, revision: int, digest: str, now: float) -> Floor:
+        """Raises the floor to `revision` unless it is higher: the floor as it then stands
+        (above `revision`: another process activated a newer bundle first)."""
+        with self._unit.transaction() as tx:
+            return tx.lift_bundle_floor(revision, digest, now)
+
+    def lower(self, revision: int, now: float, record: AuditEvent) -> None:
+        """Sets the floor to `revision` (an operator's rollback), with its audit record in
+        the same transaction: no rollback without its record."""
+        with self._unit.transaction() as tx:
+            tx.lower_bundle_floor(revision, now)
+            tx.append_audit([record])
+
+
 class Store:
     """One database: the call ledger, the approvals and the audit log, whose writes
     share transactions."""
@@ -300,6 +326,7 @@ class Store:
         self.ledger = Ledger(unit)
         self.approvals = Approvals(unit)
         self.audit_log = AuditLogOf(unit)
+        self.bundle_floor = BundleFloor(unit)
 
     def available(self) -> bool:
         """One read reaches the database now (for health checks)."""

@@ -21,6 +21,7 @@ from toolauthz.audit.merkle import ChainHead
 from toolauthz.audit.records import AuditEvent, AuditRecord
 from toolauthz.audit.store import AuditQuery
 from toolauthz.store.approvals import ApprovalRecord
+from toolauthz.store.bundle_floor import Floor
 from toolauthz.store.deliveries import Delivery
 from toolauthz.store.ledger import CallEntry, RecordedDecision, Standing
 
@@ -48,6 +49,8 @@ class Reads(Protocol):
     def due_deliveries(self, now: float, limit: int) -> list[Delivery]: ...
 
     def list_deliveries(self, status: str, limit: int) -> list[Delivery]: ...
+
+    def bundle_floor(self) -> Floor | None: ...
 
     def get_call(self, tenant: str, call_id: str) -> CallEntry | None: ...
 
@@ -172,6 +175,12 @@ class Transaction(Reads, Protocol):
                         error: str = "") -> None: ...
 
     def prune_deliveries(self, done_before: float, keep_dead: int) -> None: ...
+
+    # The bundle revision floor (store/bundle_floor.py): one for every process sharing the store.
+    def lift_bundle_floor(self, revision: int, digest: str, now: float) -> Floor:
+        """Raises the floor to `revision` unless it is higher; the floor as it then stands."""
+
+    def lower_bundle_floor(self, revision: int, now: float) -> None: ...
 
 
 class UnitOfWork(Protocol):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from toolauthz.audit.records import KINDS
 from toolauthz.store.audit_rows import EQUALITY_FILTERS, EVENT_COLUMNS, JSON_COLUMNS
+from toolauthz.store.bundle_floor import FLOOR_TABLE
+from toolauthz.store.bundle_floor import SCHEMA as FLOOR_SCHEMA
 from toolauthz.store.deliveries import DELIVERY_TABLE
 from toolauthz.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 from toolauthz.store.usage_rows import SCHEMA as USAGE_SCHEMA
@@ -22,7 +24,8 @@ MIGRATION_LOCK = 0x746F6F6C617574  # "toolaut"
 AUDIT_TABLES = ("audit_record", "audit_checkpoint")
 # The chains' heads: rows the serving role updates (under a row lock) as it appends.
 HEAD_TABLE = "audit_head"
-LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE, "retained_inputs", USAGE_TABLE)
+LEDGER_TABLES = ("calls", "consumed_tokens", "approvals", DELIVERY_TABLE, "retained_inputs", USAGE_TABLE,
+                 FLOOR_TABLE)
 
 _V1_LEDGER = """
 CREATE TABLE calls (
@@ -183,6 +186,8 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     # Usage meters: each call's charges (store/usage_rows.py), and the values an
     # approval's call was decided on.
     (6, USAGE_SCHEMA + "ALTER TABLE approvals ADD COLUMN usage_seen TEXT NOT NULL DEFAULT '{}';\n"),
+    # The bundle revision floor the fleet shares (store/bundle_floor.py).
+    (7, FLOOR_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -30,6 +30,7 @@ from toolauthz.store.audit_rows import (
     order_by,
     to_row,
 )
+from toolauthz.store.bundle_floor import FloorRows, FloorSql
 from toolauthz.store.chains import ChainedAppends
 from toolauthz.store.deliveries import DeliveryRows, DeliverySql
 from toolauthz.store.ledger import CallEntry, RecordedDecision, Standing
@@ -81,12 +82,13 @@ _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' A
 APPROVAL_CHANNEL = "toolauthz_approval"
 
 
-class PgTransaction(ChainedAppends, DeliveryRows, UsageRows):
+class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
     """The backend's reads and writes on one connection (inside a transaction, or in
     autocommit for reads)."""
 
     _delivery_sql = DeliverySql.with_mark("%s")
     _usage_sql = UsageSql.with_mark("%s")
+    _floor_sql = FloorSql.with_mark("%s")
 
     def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS,
                  pipeline: psycopg.Pipeline | None = None):

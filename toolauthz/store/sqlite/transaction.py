@@ -27,6 +27,7 @@ from toolauthz.store.audit_rows import (
     heads_text,
     to_row,
 )
+from toolauthz.store.bundle_floor import FloorRows, FloorSql
 from toolauthz.store.chains import ChainedAppends
 from toolauthz.store.deliveries import DeliveryRows, DeliverySql
 from toolauthz.store.ledger import CallEntry, RecordedDecision
@@ -66,12 +67,13 @@ _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' A
           "OR (decision = 'DENY' AND created_at < ?) LIMIT ?")
 
 
-class SqliteTransaction(ChainedAppends, DeliveryRows, UsageRows):
+class SqliteTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
     """The backend's reads and writes on one connection (inside BEGIN IMMEDIATE for a
     transaction, in autocommit for reads)."""
 
     _delivery_sql = DeliverySql.with_mark("?")
     _usage_sql = UsageSql.with_mark("?")
+    _floor_sql = FloorSql.with_mark("?")
 
     def __init__(self, db: sqlite3.Connection, chains: int = DEFAULT_CHAINS):
         super().__init__(chains)

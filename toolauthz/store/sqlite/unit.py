@@ -21,6 +21,7 @@ from toolauthz.audit.merkle import ChainHead
 from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditEvent, AuditRecord
 from toolauthz.audit.store import AuditQuery
 from toolauthz.errors import StoreUnavailable
+from toolauthz.store.bundle_floor import SCHEMA as FLOOR_SCHEMA
 from toolauthz.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 from toolauthz.store.rules import Store
 from toolauthz.store.sqlite.audit_sql import (
@@ -66,7 +67,8 @@ class SqliteUnit:
                 logged = {row[1] for row in conn.execute("PRAGMA table_info(audit_record)")}
                 for statement in chains_migration(logged):
                     conn.execute(statement)
-                for statement in _statements(LEDGER_SCHEMA + DELIVERY_SCHEMA + USAGE_SCHEMA + audit_schema()):
+                schema = LEDGER_SCHEMA + DELIVERY_SCHEMA + USAGE_SCHEMA + FLOOR_SCHEMA + audit_schema()
+                for statement in _statements(schema):
                     conn.execute(statement)
                 for table, added in ADDED_COLUMNS.items():
                     present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}

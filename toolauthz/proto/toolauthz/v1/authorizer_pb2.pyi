@@ -233,7 +233,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads", "decisions", "decision_batches", "decisions_waiting", "workers", "answered_by_pid")
+    __slots__ = ("policy_version", "loaded_at", "last_reload_error", "bundle_dir", "shadow_effects", "reloads", "decisions", "decision_batches", "decisions_waiting", "workers", "answered_by_pid", "bundle_revision", "bundle_digest", "bundle_signer", "notices")
     class ShadowEffectsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,10 @@ class GetStatusResponse(_message.Message):
     DECISIONS_WAITING_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_PID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_SIGNER_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     policy_version: str
     loaded_at: _timestamp_pb2.Timestamp
     last_reload_error: str
@@ -263,7 +267,39 @@ class GetStatusResponse(_message.Message):
     decisions_waiting: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     answered_by_pid: int
-    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., answered_by_pid: _Optional[int] = ...) -> None: ...
+    bundle_revision: int
+    bundle_digest: str
+    bundle_signer: str
+    notices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policy_version: _Optional[str] = ..., loaded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_reload_error: _Optional[str] = ..., bundle_dir: _Optional[str] = ..., shadow_effects: _Optional[_Mapping[str, int]] = ..., reloads: _Optional[int] = ..., decisions: _Optional[int] = ..., decision_batches: _Optional[int] = ..., decisions_waiting: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., answered_by_pid: _Optional[int] = ..., bundle_revision: _Optional[int] = ..., bundle_digest: _Optional[str] = ..., bundle_signer: _Optional[str] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetCatalogRequest(_message.Message):
+    __slots__ = ("known_digest",)
+    KNOWN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    known_digest: str
+    def __init__(self, known_digest: _Optional[str] = ...) -> None: ...
+
+class CatalogFile(_message.Message):
+    __slots__ = ("name", "content")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    content: bytes
+    def __init__(self, name: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class GetCatalogResponse(_message.Message):
+    __slots__ = ("bundle_digest", "policy_version", "revision", "unchanged", "files")
+    BUNDLE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    bundle_digest: str
+    policy_version: str
+    revision: int
+    unchanged: bool
+    files: _containers.RepeatedCompositeFieldContainer[CatalogFile]
+    def __init__(self, bundle_digest: _Optional[str] = ..., policy_version: _Optional[str] = ..., revision: _Optional[int] = ..., unchanged: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[CatalogFile, _Mapping]]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("index", "pid", "policy_version", "loaded_at", "reloads", "last_reload_error", "decisions", "decision_batches", "decisions_waiting", "shadow_effects")

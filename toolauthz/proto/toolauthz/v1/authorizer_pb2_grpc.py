@@ -69,6 +69,11 @@ class ToolAuthorizerStub:
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.GetCatalog = channel.unary_unary(
+                '/toolauthz.v1.ToolAuthorizer/GetCatalog',
+                request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogRequest.SerializeToString,
+                response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogResponse.FromString,
+                _registered_method=True)
 
 
 class ToolAuthorizerServicer:
@@ -134,6 +139,15 @@ class ToolAuthorizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCatalog(self, request, context):
+        """The serving bundle's tool files, as the bytes the sidecar verified and parsed: the
+        MCP gateway's catalog and pins, so that it routes by what the sidecar enforces and
+        never reads the bundle directory itself (runtime role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolAuthorizerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +185,11 @@ def add_ToolAuthorizerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusRequest.FromString,
                     response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'GetCatalog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCatalog,
+                    request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogRequest.FromString,
+                    response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -362,6 +381,33 @@ class ToolAuthorizer:
             '/toolauthz.v1.ToolAuthorizer/GetStatus',
             toolauthz_dot_v1_dot_authorizer__pb2.GetStatusRequest.SerializeToString,
             toolauthz_dot_v1_dot_authorizer__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCatalog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolauthz.v1.ToolAuthorizer/GetCatalog',
+            toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogRequest.SerializeToString,
+            toolauthz_dot_v1_dot_authorizer__pb2.GetCatalogResponse.FromString,
             options,
             channel_credentials,
             insecure,
