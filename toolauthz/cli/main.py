@@ -16,9 +16,10 @@ from toolauthz.cli.audit import add_audit_command
 from toolauthz.cli.bundle import add_bundle_command
 from toolauthz.cli.impact import add_policy_command
 from toolauthz.cli.mcp import add_mcp_commands
+from toolauthz.cli.operator import add_operator_commands
 from toolauthz.cli.options import add_server_options, parse_principal
 from toolauthz.cli.policytest import add_test_command
-from toolauthz.cli.remote import add_status_command, decision_json
+from toolauthz.cli.remote import add_status_command, decision_json, deny_status
 from toolauthz.cli.store import add_store_command
 from toolauthz.clock import SystemClock
 from toolauthz.display.escape import bounded_message, use_escaping_formatter
@@ -94,7 +95,7 @@ def cmd_authorize(args) -> int:
     verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
     print(decision_json(verdict.decision.value, verdict.reasons, [(e.code, e.message) for e in verdict.errors],
                         bundle.version, approval_group=verdict.approval_group, detail=verdict.detail))
-    return 0
+    return deny_status(args, verdict.decision.value)
 
 
 def cmd_keys(args) -> int:
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     authorize.add_argument("--tool", required=True)
     authorize.add_argument("--input", required=True, help="the arguments as JSON")
     authorize.add_argument("--entities", help="a file with trusted Cedar entities (JSON array)")
+    authorize.add_argument("--fail-on-deny", action="store_true", help="exit 2 when the decision is DENY")
     authorize.set_defaults(func=cmd_authorize)
 
     keys = sub.add_parser("keys", help="token signing keys")
@@ -226,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_command(sub)
     add_bundle_command(sub)
     add_policy_command(sub)
+    add_operator_commands(parser, sub)
     return parser
 
 
@@ -235,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.func is not cmd_serve:
         release_early()  # the console script's SIGHUP deferral is for `serve` only
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away is noticed here, not at exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except BundleError as exc:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
@@ -246,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"toolauthz: {exc.code().name.lower()}: {bounded_message(exc.details() or '')}", file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """`toolauthz status | head`: the reader closed the pipe. Quiet, as `cat` is; what
+    is still buffered goes nowhere instead of raising again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
 
 
 if __name__ == "__main__":

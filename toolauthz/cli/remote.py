@@ -13,6 +13,7 @@ from typing import Any
 
 from toolauthz.cli.approvals import DEFAULT_SERVER, RPC_TIMEOUT, SERVER_ENV, client_tls, server_address
 from toolauthz.cli.options import add_server_options
+from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.cli.table import table
 from toolauthz.client import AuthzClient
 from toolauthz.display.escape import display
@@ -39,7 +40,12 @@ def authorize_remote(args: argparse.Namespace) -> int:
                         [(e.code, e.message) for e in answer.errors], answer.policy_version,
                         decision_id=answer.decision_id, call_id=call_id, approval_id=answer.approval_id,
                         token=answer.token, replayed=answer.replayed))
-    return 0
+    return deny_status(args, pb.Decision.Name(answer.decision))
+
+
+def deny_status(args: argparse.Namespace, decision: str) -> int:
+    """`--fail-on-deny`: exit 2 when the answer is DENY (as OPA's `eval --fail`), else 0."""
+    return 2 if getattr(args, "fail_on_deny", False) and decision == "DENY" else 0
 
 
 def decision_json(decision: str, reasons: Iterable[str], errors: Iterable[tuple[str, str]], policy_version: str,
@@ -61,7 +67,7 @@ def status_remote(args: argparse.Namespace) -> int:
     """GetStatus: the sidecar's totals, then one row per worker process."""
     with _client(args) as client:
         status = client.get_status()
-    if args.json:
+    if wants_json(args):
         from google.protobuf.json_format import MessageToDict
         print(json.dumps(MessageToDict(status), indent=2))
         return 0
@@ -88,5 +94,5 @@ def add_status_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     status = sub.add_parser("status", help="a running sidecar's status (GetStatus): bundle, reloads, every worker")
     add_server_options(status, [], f"HOST:PORT or unix:///path of the sidecar (default: ${SERVER_ENV}, "
                                    f"else {DEFAULT_SERVER})")
-    status.add_argument("--json", action="store_true", help="print the GetStatus answer as JSON")
+    add_output_option(status, json_alias=True)
     status.set_defaults(func=status_remote)

@@ -23,7 +23,8 @@ def add_store_command(sub) -> None:
                               "the audit tables")
     prune = verbs.add_parser("prune", help="remove the ledger rows of calls that ended before a date (never "
                                            "audit records)")
-    prune.add_argument("--before", required=True, type=_moment, help="ISO 8601 date or time (UTC if no zone)")
+    prune.add_argument("--before", required=True, type=_moment,
+                       help="a duration ago (`7d`, `12h`, `30m`) or an ISO 8601 date or time (UTC if no zone)")
     prune.add_argument("--batch", type=int, default=1000, help="calls removed per transaction")
     every = [migrate, prune]
     add_anywhere(store, every, "--store", help="sqlite:///path or postgresql://...; default: "
@@ -43,10 +44,17 @@ def store_url_of(args: argparse.Namespace) -> str:
 
 
 def _moment(text: str) -> float:
+    """`7d` (that long ago) or an ISO 8601 moment, as Unix seconds."""
+    from toolauthz.bundle.tool_fields import parse_duration
+
+    ago = parse_duration(text)
+    if ago is not None:
+        return time.time() - ago
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"`{shown(text)}` is not an ISO 8601 date or time") from None
+        raise argparse.ArgumentTypeError(f"`{shown(text)}` is neither a duration such as `7d` nor an ISO 8601 "
+                                         "date or time") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
