@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import UTC, datetime
 
-from toolauthz.cli.options import add_anywhere
+from toolauthz.cli.options import add_anywhere, moment
 from toolauthz.display.escape import shown
 from toolauthz.errors import ToolAuthzError
 
@@ -23,7 +22,7 @@ def add_store_command(sub) -> None:
                               "the audit tables")
     prune = verbs.add_parser("prune", help="remove the ledger rows of calls that ended before a date (never "
                                            "audit records)")
-    prune.add_argument("--before", required=True, type=_moment,
+    prune.add_argument("--before", required=True, type=moment,
                        help="a duration ago (`7d`, `12h`, `30m`) or an ISO 8601 date or time (UTC if no zone)")
     prune.add_argument("--batch", type=int, default=1000, help="calls removed per transaction")
     every = [migrate, prune]
@@ -41,21 +40,6 @@ def store_url_of(args: argparse.Namespace) -> str:
     settings = load_settings(getattr(args, "config", None), data_dir=getattr(args, "data_dir", None),
                              store=getattr(args, "store", None))
     return settings.store_url
-
-
-def _moment(text: str) -> float:
-    """`7d` (that long ago) or an ISO 8601 moment, as Unix seconds."""
-    from toolauthz.bundle.tool_fields import parse_duration
-
-    ago = parse_duration(text)
-    if ago is not None:
-        return time.time() - ago
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"`{shown(text)}` is neither a duration such as `7d` nor an ISO 8601 "
-                                         "date or time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def run(args: argparse.Namespace) -> int:

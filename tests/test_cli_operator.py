@@ -1,0 +1,268 @@
+"""Day one for an operator, through the installed console script: every command's happy
+path and one mistake (an error with a suggestion, never a traceback), version, the
+configuration reference and schema, and the HTTP probes of a served sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import EXAMPLE_BUNDLE, ROOT
+
+import toolauthz
+from toolauthz.server.config.loading import ENVIRONMENT, load_settings
+from toolauthz.server.config.reference import json_schema, render_reference, undescribed
+from toolauthz.server.observability import start_metrics_server
+from toolauthz.server.probes import Readiness
+
+TOOLAUTHZ = pathlib.Path(sys.executable).parent / "toolauthz"
+CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
+RUN_TIMEOUT = 60
+
+
+def toolauthz_cli(*argv: str, cwd: pathlib.Path | None = None, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_COLOR": "1"}
+    for variable in ENVIRONMENT:
+        env.pop(variable, None)
+    return subprocess.run([str(TOOLAUTHZ), *argv], cwd=cwd or ROOT, env=env, input=stdin, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    """A bundle, a good and a bad config, and a policy suite with a misspelled key."""
+    where = tmp_path_factory.mktemp("operator")
+    shutil.copytree(EXAMPLE_BUNDLE, where / "policies")
+    (where / "good.yaml").write_text(f"bundle: {where / 'policies'}\nmetrics_listen: 127.0.0.1:0\n")
+    (where / "bad.yaml").write_text("metric_listen: 127.0.0.1:9100\n")
+    suites = where / "suites"
+    shutil.copytree(where / "policies", suites)
+    shutil.rmtree(suites / "tests")
+    (suites / "tests").mkdir()
+    (suites / "tests" / "typo.yaml").write_text(textwrap.dedent("""\
+        cases:
+          - name: a typo in expect
+            tenant: acme
+            principal: User::alice
+            tool: lookup_order
+            input: {order_id: ord_alice1}
+            expect: {decison: ALLOW}
+        """))
+    return where
+
+
+# -- every command: its happy path and one mistake ------------------------------------------
+# (argv, exit status, a fragment of the output) with `{w}` the work directory. A mistake must
+# exit non-zero with a one-line `toolauthz:` or argparse error, and never a traceback.
+
+HAPPY = [
+    (["version"], 0, "toolauthz " + toolauthz.__version__),
+    (["--version"], 0, "commit: "),
+    (["version", "--output", "json"], 0, '"cedar"'),
+    (["config", "check", "{w}/good.yaml"], 0, "valid"),
+    (["config", "schema"], 0, '"$schema"'),
+    (["config", "reference"], 0, "| `metrics_listen` |"),
+    (["completion", "bash"], 0, "toolauthz"),
+    (["completion", "zsh"], 0, "toolauthz"),
+    (["check", "{w}/policies"], 0, "ok:"),
+    (["schema", "{w}/policies"], 0, "entity"),
+    (["authorize", "--bundle", "{w}/policies", "--tenant", "acme", "--principal", "User::alice", "--tool",
+      "lookup_order", "--input", '{{"order_id": "ord_1"}}'], 0, '"decision"'),
+    (["keys", "generate", "--keys-dir", "{w}/keys"], 0, "active"),
+    (["keys", "list", "--keys-dir", "{w}/keys"], 0, "verifies=yes"),
+    (["test", "{w}/policies"], 0, "passed"),
+    (["store", "migrate", "--store", "sqlite:///{w}/store.db"], 0, "schema version"),
+    (["store", "prune", "--before", "7d", "--store", "sqlite:///{w}/store.db"], 0, "removed"),
+    (["audit", "--data-dir", "{w}/data", "verify"], None, ""),
+    (["bundle", "verify", "{w}/policies", "--public-key", "kid=/nonexistent.pem"], 1, "toolauthz:"),
+    (["help-me"], 2, "invalid choice"),
+]
+
+MISTAKES = [
+    (["config", "check", "{w}/bad.yaml"], 1, "did you mean `metrics_listen`?"),
+    (["config", "check", "{w}/missing.yaml"], 1, "cannot read config"),
+    (["config", "frobnicate"], 2, "invalid choice"),
+    (["completion", "fish"], 2, "invalid choice"),
+    (["check", "{w}/nowhere"], 1, ""),
+    (["schema", "{w}/nowhere"], 1, ""),
+    (["authorize", "--tenant", "acme", "--principal", "alice", "--tool", "x", "--input", "{{}}"], 2,
+     'principal must look like `User::"alice"`'),
+    (["authorize", "--bundle", "{w}/policies", "--tenant", "acme", "--principal", "User::alice", "--tool",
+      "issue_refund", "--input", "{{}}", "--fail-on-deny"], 2, '"DENY"'),
+    (["keys", "rotate"], 2, "invalid choice"),
+    (["test", "{w}/suites"], 1, "did you mean `decision`?"),
+    (["store", "prune", "--before", "last tuesday", "--store", "sqlite:///{w}/store.db"], 2,
+     "neither a duration such as `7d`"),
+    (["store", "prune", "--before", "5m", "--store", "sqlite:///{w}/store.db"], 1, "at least an hour ago"),
+    (["audit", "--data-dir", "{w}/data", "query", "--since", "yesterday"], 2, ""),
+    (["approvals", "--server", "127.0.0.1:1", "list"], 1, "toolauthz:"),
+    (["status", "--server", "127.0.0.1:1"], 1, "toolauthz:"),
+    (["health", "--server", "127.0.0.1:1", "--timeout", "1"], 1, "toolauthz:"),
+    (["bundle", "sign", "{w}/policies"], 2, "--signing-key"),
+    (["policy", "impact"], 2, "--candidate"),
+    (["mcp-proxy", "--config", "{w}/missing.yaml"], 1, "toolauthz:"),
+    (["serve", "--config", "{w}/bad.yaml"], 1, "did you mean `metrics_listen`?"),
+]
+
+
+@pytest.mark.parametrize("argv, status, fragment", HAPPY + MISTAKES,
+                         ids=[" ".join(case[0])[:60] for case in HAPPY + MISTAKES])
+def test_every_command_answers_without_a_traceback(workdir, argv, status, fragment):
+    done = toolauthz_cli(*[part.format(w=workdir) for part in argv], cwd=workdir)
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output
+    if status is not None:
+        assert done.returncode == status, output
+    assert fragment in output, output
+
+
+def test_an_old_flag_spelling_still_works_and_warns(workdir):
+    done = toolauthz_cli("bundle", "verify", str(workdir / "policies"), "--key", "kid=/nonexistent.pem")
+    assert "`--key` is deprecated here; use `--public-key`" in done.stderr
+    assert "Traceback" not in done.stderr and done.returncode == 1
+
+
+def test_json_is_an_alias_of_output_json(workdir):
+    done = toolauthz_cli("status", "--json", "--server", "127.0.0.1:1")
+    assert "unrecognized" not in done.stderr and done.returncode == 1
+
+
+def test_a_closed_pipe_is_quiet(workdir):
+    """`toolauthz config reference | head -1`: the reader leaves, the writer says nothing."""
+    done = subprocess.run(f"'{TOOLAUTHZ}' config reference | head -1", shell=True, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, cwd=workdir)
+    assert done.stdout == "# Configuration reference\n"
+    assert done.stderr == ""
+
+
+def test_version_names_what_runs():
+    done = toolauthz_cli("version", "--output", "json")
+    info = json.loads(done.stdout)
+    assert info["version"] == toolauthz.__version__
+    assert info["proto"] == "toolauthz.v1"
+    assert info["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert info["commit"] != "" and info["cedar"] != "unknown"
+
+
+# -- the configuration reference ------------------------------------------------------------
+
+def test_the_configuration_page_is_the_models_reference():
+    assert CONFIGURATION_PAGE.read_text() == render_reference(ENVIRONMENT), \
+        "docs/configuration.md is stale: run `toolauthz config reference > docs/configuration.md`"
+
+
+def test_every_key_is_described():
+    assert undescribed() == []
+
+
+def test_the_schema_refuses_what_the_loader_refuses():
+    schema = json_schema()
+    assert schema["additionalProperties"] is False
+    assert "metrics_listen" in schema["properties"]
+    assert schema["properties"]["metrics_listen"]["description"].startswith("HOST:PORT")
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"metric_listen": "x"}, "`metric_listen`: unknown key; did you mean `metrics_listen`?"),
+    ({"tokens": {"lifetme_seconds": 3}}, "`tokens.lifetme_seconds`: unknown key; did you mean `lifetime_seconds`?"),
+    # One bad sink kind is one error (not also "sinks should have at least 1 item").
+    ({"notifications": {"sinks": [{"name": "a", "kind": "slak", "url": "https://x"}]}},
+     "`notifications.sinks[0].kind`: input should be 'webhook' or 'slack'"),
+    # A misspelled required key is one error (not also "`key`: field required").
+    ({"listeners": [{"address": "127.0.0.1:1", "tls": {"cert": "c.pem", "kye": "k.pem"}}]},
+     "`listeners[0].tls.kye`: unknown key; did you mean `key`?"),
+])
+def test_one_mistake_is_one_error_with_a_suggestion(tmp_path, config, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(config))
+    with pytest.raises(Exception) as info:
+        load_settings(path)
+    assert str(info.value) == f"invalid config: {expected}"
+
+
+def test_a_key_that_is_not_a_string_or_holds_escapes_is_refused_inert(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text('1: 2\n"evil\\e[31m": 3\n')
+    done = toolauthz_cli("config", "check", str(path))
+    assert done.returncode == 1
+    assert "\x1b" not in done.stderr and "`evil\\x1b[31m`: unknown key" in done.stderr
+    assert "keys should be strings" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- HTTP probes ------------------------------------------------------------------------------
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_readiness_follows_serving_the_store_and_the_drain():
+    healthy = [True]
+    readiness = Readiness()
+    server = start_metrics_server("127.0.0.1", 0, None, readiness)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        assert _get(f"{base}/readyz") == (503, "NOT_SERVING\n")  # not yet serving
+        readiness.serving(lambda: healthy[0])
+        assert _get(f"{base}/readyz") == (200, "SERVING\n")
+        healthy[0] = False  # the store cannot be read
+        assert _get(f"{base}/readyz") == (503, "NOT_SERVING\n")
+        healthy[0] = True
+        readiness.draining()
+        assert _get(f"{base}/readyz") == (503, "NOT_SERVING\n")
+        assert _get(f"{base}/health")[0] == 404  # no longer the metrics
+        assert _get(f"{base}/metrics")[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_probe_that_raises_is_not_ready():
+    readiness = Readiness()
+
+    def broken() -> bool:
+        raise RuntimeError("the store's driver failed")
+
+    readiness.serving(broken)
+    assert readiness.ready() is False
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_served_sidecar_answers_its_probes_over_http(workdir, tmp_path, workers):
+    config = tmp_path / "serve.yaml"
+    config.write_text(json.dumps({"bundle": str(workdir / "policies"), "listen": "127.0.0.1:0",
+                                  "data_dir": str(tmp_path / "data"), "generate_missing_keys": True,
+                                  "metrics_listen": "127.0.0.1:0"}))
+    env = {key: value for key, value in os.environ.items() if key not in ENVIRONMENT}
+    proc = subprocess.Popen([str(TOOLAUTHZ), "serve", "--config", str(config), "--workers", workers],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        url = ""
+        for line in proc.stdout:  # blocks until the sidecar says where its metrics are
+            if "metrics on " in line:
+                url = line.split("metrics on ")[1].split()[0].removesuffix("/metrics")
+                break
+        assert url, "the sidecar never announced its metrics listener"
+        assert _get(f"{url}/healthz") == (200, "ok\n")
+        assert _get(f"{url}/readyz") == (200, "SERVING\n")
+        assert _get(f"{url}/health")[0] == 404
+        status, metrics = _get(f"{url}/metrics")
+        assert status == 200
+        if workers == "1":  # in the multi-process sum once a worker has sampled: not awaited here
+            assert 'toolauthz_build_info{cedar="' in metrics and f'version="{toolauthz.__version__}"' in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=RUN_TIMEOUT)
