@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from toolauthz.errors import BundleError, ToolAuthzError
 from toolauthz.server.config import ListenerSettings, Settings
 from toolauthz.server.cpu import available_cpus
+from toolauthz.server.decision_shipping import configure_decision_log
 from toolauthz.server.heap import keep_bundles_frozen
 from toolauthz.server.listener_notices import listener_notices
 from toolauthz.server.listeners import (
@@ -54,7 +55,6 @@ from toolauthz.server.ports import reserved_address, with_reserved_port
 from toolauthz.server.probes import Readiness
 from toolauthz.server.reload_requests import ReloadRequests
 from toolauthz.server.worker_group import WorkerGroup, forwarded_signals
-from toolauthz.telemetry import decision_log
 
 if TYPE_CHECKING:
     from toolauthz.server.sidecar import Sidecar
@@ -69,7 +69,7 @@ SIGNAL_CHECK_SECONDS = 0.2
 def configure_process_logging(settings: Settings, worker: int | None = None) -> None:
     """Logging and the decision log of this process, from the settings."""
     configure_logging(settings.log_format, worker, settings.log_level, settings.decision_log.enabled)
-    decision_log.configure(settings.decision_log.arguments)
+    configure_decision_log(settings.decision_log)
 
 
 def drain(serving, sidecar) -> None:
