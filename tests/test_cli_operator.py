@@ -250,8 +250,10 @@ def test_a_served_sidecar_answers_its_probes_over_http(workdir, tmp_path, worker
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     try:
         assert proc.stdout is not None
-        url = ""
+        url = grpc_address = ""
         for line in proc.stdout:  # blocks until the sidecar says where its metrics are
+            if "serving bundle" in line:
+                grpc_address = line.split(" on ")[1].split(",")[0]
             if "metrics on " in line:
                 url = line.split("metrics on ")[1].split()[0].removesuffix("/metrics")
                 break
@@ -263,6 +265,25 @@ def test_a_served_sidecar_answers_its_probes_over_http(workdir, tmp_path, worker
         assert status == 200
         if workers == "1":  # in the multi-process sum once a worker has sampled: not awaited here
             assert 'toolauthz_build_info{cedar="' in metrics and f'version="{toolauthz.__version__}"' in metrics
+            _the_remote_commands_answer(workdir, grpc_address)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=RUN_TIMEOUT)
+
+
+def _the_remote_commands_answer(workdir: pathlib.Path, address: str) -> None:
+    """The commands that ask a running sidecar: happy paths, and a policy error explained."""
+    assert toolauthz_cli("health", "--server", address).stdout == "SERVING\n"
+    status = toolauthz_cli("status", "--server", address, "--output", "json")
+    assert status.returncode == 0 and json.loads(status.stdout)["workers"]
+    assert toolauthz_cli("approvals", "--server", address, "list", "--tenant", "acme").returncode == 0
+    ask = ["authorize", "--server", address, "--tenant", "acme", "--principal", "User::alice", "--tool",
+           "issue_refund", "--input", '{"order_id": "ord_1", "amount_cents": 5}']
+    # No --entities: the policies cannot read the order. The answer says why, as the local form does.
+    explained = toolauthz_cli(*ask, "--bundle", str(workdir / "policies"), "--fail-on-deny")
+    assert explained.returncode == 2, explained.stderr
+    answer = json.loads(explained.stdout)
+    assert answer["decision"] == "DENY"
+    assert any("does not have the attribute `owner`" in e for e in answer["detail"]["policy_errors"])
+    hinted = json.loads(toolauthz_cli(*ask, "--bundle", str(workdir / "nowhere")).stdout)
+    assert "no --entities were given" in hinted["detail"]["hint"]

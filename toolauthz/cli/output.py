@@ -28,7 +28,7 @@ def renamed_option(command: argparse.ArgumentParser, new: str, old: str, **optio
     options.pop("action", None)
 
     class Deprecated(base):  # type: ignore[misc,valid-type]
-        def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        def __call__(self, parser, namespace, values, option_string=None):
             if option_string == old:
                 print(f"toolauthz: warning: `{old}` is deprecated here; use `{new}`", file=sys.stderr)
             super().__call__(parser, namespace, values, option_string)

@@ -36,11 +36,40 @@ def authorize_remote(args: argparse.Namespace) -> int:
     call = pb.ToolCall(call_id=call_id, name=args.tool, input_json=args.input.encode())
     with _client(args) as client:
         answer = client.authorize(context, call)
-    print(decision_json(pb.Decision.Name(answer.decision), answer.reasons,
-                        [(e.code, e.message) for e in answer.errors], answer.policy_version,
+    errors = [(e.code, e.message) for e in answer.errors]
+    detail = explained(args, entities, answer.policy_version) if any(c == "policy_error" for c, _ in errors) else {}
+    print(decision_json(pb.Decision.Name(answer.decision), answer.reasons, errors, answer.policy_version,
                         decision_id=answer.decision_id, call_id=call_id, approval_id=answer.approval_id,
-                        token=answer.token, replayed=answer.replayed))
+                        token=answer.token, replayed=answer.replayed, detail=detail))
     return deny_status(args, pb.Decision.Name(answer.decision))
+
+
+def explained(args: argparse.Namespace, entities: bytes, policy_version: str) -> dict[str, Any]:
+    """Why policies could not be evaluated, as the local form says it: the sidecar answers
+    a runtime without Cedar's diagnostics, so the same call is decided here with `--bundle`
+    when that bundle is the version the sidecar served; otherwise a hint says where to look."""
+    from toolauthz.bundle import load_bundle
+    from toolauthz.engine import decide
+    from toolauthz.errors import BundleError, RequestError
+    from toolauthz.model import ProposedCall, TrustedContext
+
+    hint = {"hint": "the sidecar's policies could not be evaluated on what was sent" +
+            ("" if entities else " (no --entities were given: policies that read the resource's attributes "
+                                 "fail without them)") +
+            f"; for Cedar's detail run the same command with `--bundle DIR` of version {policy_version} and "
+            "without --server, or `toolauthz audit show CALL_ID` on the sidecar"}
+    try:
+        bundle = load_bundle(args.bundle)
+    except (BundleError, OSError):
+        return hint
+    if bundle.version != policy_version:
+        return hint
+    try:
+        verdict = decide(bundle, TrustedContext(args.tenant, args.principal, args.request_id, entities),
+                         ProposedCall("cli", args.tool, args.input.encode()))
+    except RequestError:
+        return hint
+    return {**verdict.detail, "explained_by": f"the local bundle `{args.bundle}` (the version the sidecar served)"}
 
 
 def deny_status(args: argparse.Namespace, decision: str) -> int:
