@@ -287,3 +287,12 @@ def _the_remote_commands_answer(workdir: pathlib.Path, address: str) -> None:
     assert any("does not have the attribute `owner`" in e for e in answer["detail"]["policy_errors"])
     hinted = json.loads(toolauthz_cli(*ask, "--bundle", str(workdir / "nowhere")).stdout)
     assert "no --entities were given" in hinted["detail"]["hint"]
+
+
+def test_the_readme_config_block_is_a_valid_config(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("The common ones:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "readme.yaml"
+    path.write_text(block)
+    done = toolauthz_cli("config", "check", str(path))
+    assert done.returncode == 0, done.stderr
