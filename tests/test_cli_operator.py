@@ -4,6 +4,7 @@ configuration reference and schema, and the HTTP probes of a served sidecar."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -17,6 +18,8 @@ import urllib.request
 
 import pytest
 from conftest import EXAMPLE_BUNDLE, ROOT
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 import toolauthz
 from toolauthz.server.config.loading import ENVIRONMENT, load_settings
@@ -57,6 +60,13 @@ def workdir(tmp_path_factory) -> pathlib.Path:
             input: {order_id: ord_alice1}
             expect: {decison: ALLOW}
         """))
+    shutil.copytree(ROOT / "examples" / "mcp_gateway" / "bundle", where / "mcpbundle")
+    private = ed25519.Ed25519PrivateKey.generate()
+    (where / "signing.pem").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (where / "signing.pem").chmod(0o600)  # a private key readable by others is refused
+    (where / "signing.pub").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return where
 
 
@@ -74,16 +84,25 @@ HAPPY = [
     (["completion", "bash"], 0, "toolauthz"),
     (["completion", "zsh"], 0, "toolauthz"),
     (["check", "{w}/policies"], 0, "ok:"),
+    (["check", "{w}/policies", "--output", "json"], 0, '"policies"'),
     (["schema", "{w}/policies"], 0, "entity"),
     (["authorize", "--bundle", "{w}/policies", "--tenant", "acme", "--principal", "User::alice", "--tool",
       "lookup_order", "--input", '{{"order_id": "ord_1"}}'], 0, '"decision"'),
     (["keys", "generate", "--keys-dir", "{w}/keys"], 0, "active"),
     (["keys", "list", "--keys-dir", "{w}/keys"], 0, "verifies=yes"),
+    (["keys", "list", "--keys-dir", "{w}/keys", "--output", "json"], 0, '"verifies": true'),
     (["test", "{w}/policies"], 0, "passed"),
     (["store", "migrate", "--store", "sqlite:///{w}/store.db"], 0, "schema version"),
-    (["store", "prune", "--before", "7d", "--store", "sqlite:///{w}/store.db"], 0, "removed"),
-    (["audit", "--data-dir", "{w}/data", "verify"], None, ""),
-    (["bundle", "verify", "{w}/policies", "--public-key", "kid=/nonexistent.pem"], 1, "toolauthz:"),
+    (["store", "prune", "--before", "7d", "--store", "sqlite:///{w}/store.db", "--output", "json"], 0,
+     '{"removed": 0}'),
+    (["audit", "--store", "sqlite:///{w}/store.db", "query", "--since", "1h", "--output", "json"], 0, ""),
+    (["bundle", "sign", "{w}/policies", "--signing-key", "{w}/signing.pem", "--kid", "ci-1", "--revision", "3"], 0,
+     "revision 3"),
+    # after `bundle sign` just above (the cases run in this order)
+    (["bundle", "verify", "{w}/policies", "--public-key", "ci-1={w}/signing.pub", "--output", "json"], 0,
+     '"revision": 3'),
+    (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle", "--", sys.executable,
+      str(ROOT / "examples" / "mcp_gateway" / "upstream.py")], 0, ""),
     (["help-me"], 2, "invalid choice"),
 ]
 
@@ -110,6 +129,8 @@ MISTAKES = [
     (["bundle", "sign", "{w}/policies"], 2, "--signing-key"),
     (["policy", "impact"], 2, "--candidate"),
     (["mcp-proxy", "--config", "{w}/missing.yaml"], 1, "toolauthz:"),
+    (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle"], 1, "toolauthz:"),
+    (["bundle", "verify", "{w}/policies", "--public-key", "ci-1={w}/nonexistent.pub"], 1, "toolauthz:"),
     (["serve", "--config", "{w}/bad.yaml"], 1, "did you mean `metrics_listen`?"),
 ]
 
@@ -151,6 +172,7 @@ def test_version_names_what_runs():
     assert info["proto"] == "toolauthz.v1"
     assert info["python"] == ".".join(map(str, sys.version_info[:3]))
     assert info["commit"] != "" and info["cedar"] != "unknown"
+    assert importlib.metadata.version("toolauthz") == toolauthz.__version__  # the one source
 
 
 # -- the configuration reference ------------------------------------------------------------

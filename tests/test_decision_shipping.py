@@ -132,7 +132,8 @@ def test_a_stalled_receiver_never_holds_a_decision_and_the_buffer_stays_bounded(
         # With the sender stuck for a minute, forty decisions are all answered (each with a
         # deadline far below the sender's stall): the decision path never waits for it.
         for i in range(40):
-            assert stub.Authorize(make_request(call_id=f"toolu_stall_{i}", request_id=f"run-{i}"), timeout=10).decision == pb.ALLOW
+            request = make_request(call_id=f"toolu_stall_{i}", request_id=f"run-{i}")
+            assert stub.Authorize(request, timeout=10).decision == pb.ALLOW
         assert shipper.buffered()[0] == 5  # the bound holds
         assert counted("dropped_buffer_full") - dropped_before == 35
     finally:

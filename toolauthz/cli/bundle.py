@@ -14,6 +14,7 @@ run before loading, offline: with the keys given, or those of the config's
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -27,7 +28,7 @@ from toolauthz.bundle.signature import (
     sign_bundle,
     verify_bundle,
 )
-from toolauthz.cli.output import renamed_option
+from toolauthz.cli.output import add_output_option, renamed_option, wants_json
 from toolauthz.display.escape import shown
 from toolauthz.errors import ToolAuthzError
 
@@ -44,7 +45,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
     temporary = root / f"{SIGNATURE_FILE}.tmp"
     temporary.write_bytes(data)
     os.replace(temporary, target)  # a watcher never reads half a signature
-    print(f"signed {root} with key {kid}, revision {revision}")
+    if wants_json(args):
+        print(json.dumps({"bundle": str(root), "kid": kid, "revision": revision}))
+    else:
+        print(f"signed {root} with key {kid}, revision {revision}")
     return 0
 
 
@@ -57,7 +61,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except SignatureError as exc:
         print(f"{args.bundle}: refused: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
+    if wants_json(args):
+        print(json.dumps({"ok": True, "files": len(manifest.files), "kid": manifest.kid,
+                          "revision": manifest.revision}))
+    else:
+        print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
     return 0
 
 
@@ -87,6 +95,7 @@ def add_bundle_command(subparsers) -> None:
                    help="the Ed25519 private key file (PKCS#8 PEM or k4.secret)")
     sign.add_argument("--kid", help="the key id the sidecar's bundle_verification names (default: thumbprint)")
     sign.add_argument("--revision", type=int, help="a number above the last signed one (default: Unix time)")
+    add_output_option(sign)
     sign.set_defaults(func=cmd_sign)
     verify = sub.add_parser("verify", help="check a bundle against its signature, as serve and reload do")
     verify.add_argument("bundle", nargs="?", default="policies")
@@ -94,4 +103,5 @@ def add_bundle_command(subparsers) -> None:
                    help="a public key (repeat for several)")
     verify.add_argument("--config", help="take the keys from this config's bundle_verification")
     verify.add_argument("--min-revision", type=int, help="refuse a revision below this one (the one serving)")
+    add_output_option(verify)
     verify.set_defaults(func=cmd_verify)

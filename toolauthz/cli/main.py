@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pathlib
@@ -18,6 +19,7 @@ from toolauthz.cli.impact import add_policy_command
 from toolauthz.cli.mcp import add_mcp_commands
 from toolauthz.cli.operator import add_operator_commands
 from toolauthz.cli.options import add_server_options, parse_principal
+from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.cli.policytest import add_test_command
 from toolauthz.cli.remote import add_status_command, decision_json, deny_status
 from toolauthz.cli.store import add_store_command
@@ -72,6 +74,10 @@ def cmd_check(args) -> int:
     if verification is None:
         print("warning: `bundle_verification` is not configured: whoever can write the bundle directory changes "
               "what is enforced (see `toolauthz bundle sign`)", file=sys.stderr)
+    if wants_json(args):
+        print(json.dumps({"ok": True, "tools": len(bundle.tools), "policies": len(bundle.policies),
+                          "version": bundle.version, "revision": bundle.revision}))
+        return 0
     signed = f", signed revision {bundle.revision}" if bundle.revision is not None else ""
     print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}{signed}")
     return 0
@@ -116,8 +122,13 @@ def cmd_keys(args) -> int:
         keys.activate_key(directory, args.kid, clock=clock)
         print(f"{args.kid} active")
     else:
-        for info in keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds()):
-            print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
+        listed = keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds())
+        if wants_json(args):
+            print(json.dumps([{"kid": info.kid, "state": info.state, "verifies": info.verifies} for info in listed],
+                             indent=2))
+        else:
+            for info in listed:
+                print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
     return 0
 
 
@@ -153,7 +164,7 @@ def cmd_health(args) -> int:
         answer = stub.Check(health_pb2.HealthCheckRequest(service=args.service),  # type: ignore[attr-defined]
                             timeout=args.timeout)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
-    print(status)
+    print(json.dumps({"status": status}) if wants_json(args) else status)
     return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
@@ -182,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("bundle", nargs="?", help="the bundle directory (default: policies)")
     check.add_argument("--bundle", dest="bundle_option", metavar="DIR", help="the same, as `serve` takes it")
     check.add_argument("--config", help="verify the bundle's signature with this config's bundle_verification")
+    add_output_option(check)
     check.set_defaults(func=cmd_check)
 
     schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
@@ -212,12 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--audit", action="store_true",
                       help="generate: only the audit checkpoint key "
                            "(`keys generate` alone also creates it when missing)")
+    add_output_option(keys)
     keys.set_defaults(func=cmd_keys)
 
     health = sub.add_parser("health", help="ask a running sidecar's gRPC health service; exit 0 when serving")
     health.add_argument("--server", help=f"HOST:PORT or unix:///path (default: ${SERVER_ENV}, else {DEFAULT_SERVER})")
     health.add_argument("--service", default="", help="a service name (default: the whole server)")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    add_output_option(health)
     health.set_defaults(func=cmd_health)
 
     add_approvals_command(sub, parse_principal)

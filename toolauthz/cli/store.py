@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from toolauthz.cli.options import add_anywhere, moment
+from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.display.escape import shown
 from toolauthz.errors import ToolAuthzError
 
@@ -26,6 +28,8 @@ def add_store_command(sub) -> None:
                        help="a duration ago (`7d`, `12h`, `30m`) or an ISO 8601 date or time (UTC if no zone)")
     prune.add_argument("--batch", type=int, default=1000, help="calls removed per transaction")
     every = [migrate, prune]
+    for verb in every:
+        add_output_option(verb)
     add_anywhere(store, every, "--store", help="sqlite:///path or postgresql://...; default: "
                                                    "$TOOLAUTHZ_STORE, else the config's, else <data-dir>/toolauthz.db")
     add_anywhere(store, every, "--data-dir")
@@ -60,7 +64,10 @@ def _prune(args: argparse.Namespace) -> int:
         removed = store.prune(args.before, batch=args.batch)
     finally:
         store.close()
-    print(f"removed the ledger rows of {removed} ended calls (audit records are kept)")
+    if wants_json(args):
+        print(json.dumps({"removed": removed}))
+    else:
+        print(f"removed the ledger rows of {removed} ended calls (audit records are kept)")
     return 0
 
 
@@ -71,6 +78,9 @@ def _migrate(args: argparse.Namespace) -> int:
     url = store_url_of(args)
     before, after = migrate_store(url, serving_role=args.serving_role)
     what = "created" if before == 0 else "already current" if before == after else f"upgraded from {before}"
+    if wants_json(args):
+        print(json.dumps({"store": shown_url(url), "schema_version": after, "previous_version": before}))
+        return 0
     print(f"{shown(shown_url(url))}: schema version {after} ({what})")
     if args.serving_role:
         print(f"granted `{shown(args.serving_role)}` the serving privileges")
