@@ -104,10 +104,13 @@ HAPPY = [
     (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle", "--", sys.executable,
       str(ROOT / "examples" / "mcp_gateway" / "upstream.py")], 0, ""),
     (["help-me"], 2, "invalid choice"),
+    (["stauts"], 2, "did you mean `status`?"),
+    (["audit", "qurey"], 2, "did you mean `query`?"),
+    (["status", "--jsn"], 2, "did you mean `--json`?"),
 ]
 
 MISTAKES = [
-    (["config", "check", "{w}/bad.yaml"], 1, "did you mean `metrics_listen`?"),
+    (["config", "check", "{w}/bad.yaml"], 1, "`metric_listen`: unknown key; did you mean `metrics_listen`?\n"),
     (["config", "check", "{w}/missing.yaml"], 1, "cannot read config"),
     (["config", "frobnicate"], 2, "invalid choice"),
     (["completion", "fish"], 2, "invalid choice"),

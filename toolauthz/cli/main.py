@@ -20,6 +20,7 @@ from toolauthz.cli.mcp import add_mcp_commands
 from toolauthz.cli.operator import add_operator_commands
 from toolauthz.cli.options import add_server_options, parse_principal
 from toolauthz.cli.output import add_output_option, wants_json
+from toolauthz.cli.parser import SuggestingParser
 from toolauthz.cli.policytest import add_test_command
 from toolauthz.cli.remote import add_status_command, decision_json, deny_status
 from toolauthz.cli.store import add_store_command
@@ -169,7 +170,7 @@ def cmd_health(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolauthz", description=__doc__)
+    parser = SuggestingParser(prog="toolauthz", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the sidecar")

@@ -8,6 +8,7 @@ import json
 import sys
 
 from toolauthz.cli.output import add_output_option, wants_json
+from toolauthz.display.escape import display
 
 
 def version_text() -> str:
@@ -39,7 +40,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from toolauthz.server.config.loading import ENVIRONMENT, read_config_file, validated
+    from toolauthz.server.config.loading import ENVIRONMENT, problems_of, read_config_file
     from toolauthz.server.config.reference import json_schema_text, render_reference
 
     if args.config_command == "reference":
@@ -48,7 +49,13 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(json_schema_text(), end="")
     else:
         # The file alone: neither the environment nor defaults of the development setup.
-        validated({"generate_missing_keys": False, **read_config_file(args.file)})
+        found = problems_of({"generate_missing_keys": False, **read_config_file(args.file)})
+        if found and wants_json(args):
+            print(json.dumps({"file": args.file, "valid": False, "problems": found}))
+        for problem in found:  # one per line: each is one mistake
+            print(f"{display(args.file)}: {problem}", file=sys.stderr)
+        if found:
+            return 1
         if wants_json(args):
             print(json.dumps({"file": args.file, "valid": True}))
         else:

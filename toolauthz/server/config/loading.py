@@ -61,6 +61,15 @@ def validated(data: dict[str, Any]) -> Settings:
         raise ToolAuthzError(f"invalid config: {'; '.join(problems(exc.errors()))}") from None
 
 
+def problems_of(data: dict[str, Any]) -> list[str]:
+    """Every mistake in `data`, once each; [] when it is a valid configuration."""
+    try:
+        Settings.model_validate(data)
+    except ValidationError as exc:
+        return problems(exc.errors())
+    return []
+
+
 def problems(errors: Iterable[ErrorDetails]) -> list[str]:
     return [_problem(error) for error in _without_echoes(list(errors))]
 
