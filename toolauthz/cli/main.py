@@ -170,7 +170,8 @@ def cmd_health(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = SuggestingParser(prog="toolauthz", description=__doc__)
+    # Declared as its base: the add_*_command helpers take any parser's sub-commands.
+    parser: argparse.ArgumentParser = SuggestingParser(prog="toolauthz", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the sidecar")
