@@ -12,9 +12,9 @@ their JSON Schema.
 from __future__ import annotations
 
 from toolauthz.server.config.listening import SERVICES, ListenerSettings, Service, TlsSettings
-from toolauthz.server.config.loading import load_settings
+from toolauthz.server.config.loading import ENVIRONMENT, load_settings
 from toolauthz.server.config.notifications import NotificationSettings, NotificationSinkSettings
-from toolauthz.server.config.observing import DecisionLogSettings, TracingSettings
+from toolauthz.server.config.observing import DecisionLogHttpSettings, DecisionLogSettings, TracingSettings
 from toolauthz.server.config.people import (
     ApproverSettings,
     CallerSettings,
@@ -34,8 +34,8 @@ from toolauthz.server.config.sections import (
 )
 from toolauthz.server.config.settings import DATABASE_FILE, Settings
 
-__all__ = ["SERVICES", "DATABASE_FILE", "ApprovalSettings", "ApproverSettings", "AuditSettings", "BatchSettings",
-           "BundleKeySettings", "BundleVerificationSettings", "CallerSettings", "ConsoleOidcSettings",
-           "ConsoleProxySettings", "ConsoleSettings", "DecisionLogSettings", "ListenerSettings",
-           "NotificationSettings", "NotificationSinkSettings", "OidcApproverSettings", "Role", "Service",
-           "Settings", "TlsSettings", "TokenSettings", "TracingSettings", "load_settings"]
+__all__ = ["SERVICES", "DATABASE_FILE", "ENVIRONMENT", "ApprovalSettings", "ApproverSettings", "AuditSettings",
+           "BatchSettings", "BundleKeySettings", "BundleVerificationSettings", "CallerSettings", "ConsoleOidcSettings",
+           "ConsoleProxySettings", "ConsoleSettings", "DecisionLogHttpSettings", "DecisionLogSettings",
+           "ListenerSettings", "NotificationSettings", "NotificationSinkSettings", "OidcApproverSettings", "Role",
+           "Service", "Settings", "TlsSettings", "TokenSettings", "TracingSettings", "load_settings"]

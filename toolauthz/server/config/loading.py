@@ -28,7 +28,6 @@ ENVIRONMENT = {"TOOLAUTHZ_LOG_LEVEL": "log_level",
                "TOOLAUTHZ_BUNDLE": "bundle", "TOOLAUTHZ_LISTEN": "listen", "TOOLAUTHZ_DATA_DIR": "data_dir",
                "TOOLAUTHZ_HTTP_LISTEN": "http_listen", "TOOLAUTHZ_CONSOLE_LISTEN": "console_listen",
                "TOOLAUTHZ_STORE": "store"}
-_ENV = ENVIRONMENT  # the name other modules used before
 
 
 def read_config_file(config_file: str | os.PathLike) -> dict[str, Any]:
