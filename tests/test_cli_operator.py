@@ -88,6 +88,8 @@ HAPPY = [
     (["schema", "{w}/policies"], 0, "entity"),
     (["authorize", "--bundle", "{w}/policies", "--tenant", "acme", "--principal", "User::alice", "--tool",
       "lookup_order", "--input", '{{"order_id": "ord_1"}}'], 0, '"decision"'),
+    (["authorize", "--bundle", "{w}/policies", "--tenant", "acme", "--principal", "User::alice", "--tool",
+      "lookup_order", "--input", '{{"order_id": "ord_1"}}', "--output", "text"], 0, "reasons: "),
     (["keys", "generate", "--keys-dir", "{w}/keys"], 0, "active"),
     (["keys", "list", "--keys-dir", "{w}/keys"], 0, "verifies=yes"),
     (["keys", "list", "--keys-dir", "{w}/keys", "--output", "json"], 0, '"verifies": true'),
@@ -153,6 +155,14 @@ def test_an_old_flag_spelling_still_works_and_warns(workdir):
     done = toolauthz_cli("bundle", "verify", str(workdir / "policies"), "--key", "kid=/nonexistent.pem")
     assert "`--key` is deprecated here; use `--public-key`" in done.stderr
     assert "Traceback" not in done.stderr and done.returncode == 1
+
+
+def test_a_decision_printed_as_text_shows_a_model_written_tool_name_inert(workdir):
+    done = toolauthz_cli("authorize", "--bundle", str(workdir / "policies"), "--tenant", "acme", "--principal",
+                         "User::alice", "--tool", "drop\x1b[2J\nALLOW", "--input", "{}", "--output", "text")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and done.stdout.startswith("DENY")
+    assert not any(line.startswith("ALLOW") for line in done.stdout.splitlines())
 
 
 def test_json_is_an_alias_of_output_json(workdir):

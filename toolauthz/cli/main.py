@@ -22,7 +22,7 @@ from toolauthz.cli.options import add_server_options, parse_principal
 from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.cli.parser import SuggestingParser
 from toolauthz.cli.policytest import add_test_command
-from toolauthz.cli.remote import add_status_command, decision_json, deny_status
+from toolauthz.cli.remote import add_status_command, decision_json, deny_status, print_decision
 from toolauthz.cli.store import add_store_command
 from toolauthz.clock import SystemClock
 from toolauthz.display.escape import bounded_message, use_escaping_formatter
@@ -100,8 +100,9 @@ def cmd_authorize(args) -> int:
     ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
     ctx.check()
     verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
-    print(decision_json(verdict.decision.value, verdict.reasons, [(e.code, e.message) for e in verdict.errors],
-                        bundle.version, approval_group=verdict.approval_group, detail=verdict.detail))
+    print_decision(args, decision_json(verdict.decision.value, verdict.reasons,
+                                       [(e.code, e.message) for e in verdict.errors], bundle.version,
+                                       approval_group=verdict.approval_group, detail=verdict.detail))
     return deny_status(args, verdict.decision.value)
 
 
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     authorize.add_argument("--input", required=True, help="the arguments as JSON")
     authorize.add_argument("--entities", help="a file with trusted Cedar entities (JSON array)")
     authorize.add_argument("--fail-on-deny", action="store_true", help="exit 2 when the decision is DENY")
+    add_output_option(authorize, default="json")
     authorize.set_defaults(func=cmd_authorize)
 
     keys = sub.add_parser("keys", help="token signing keys")

@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 
-def add_output_option(command: argparse.ArgumentParser, *, json_alias: bool = False) -> None:
+def add_output_option(command: argparse.ArgumentParser, *, json_alias: bool = False, default: str = "text") -> None:
     """`--output text|json` (default text); with `json_alias`, `--json` means `--output json`."""
-    command.add_argument("--output", "-o", choices=["text", "json"], default="text",
-                         help="text for people (default) or JSON for programs")
+    command.add_argument("--output", "-o", choices=["text", "json"], default=default,
+                         help=f"text for people or JSON for programs (default {default})")
     if json_alias:
         command.add_argument("--json", dest="output", action="store_const", const="json",
                              help="the same as `--output json`")

@@ -38,9 +38,10 @@ def authorize_remote(args: argparse.Namespace) -> int:
         answer = client.authorize(context, call)
     errors = [(e.code, e.message) for e in answer.errors]
     detail = explained(args, entities, answer.policy_version) if any(c == "policy_error" for c, _ in errors) else {}
-    print(decision_json(pb.Decision.Name(answer.decision), answer.reasons, errors, answer.policy_version,
-                        decision_id=answer.decision_id, call_id=call_id, approval_id=answer.approval_id,
-                        token=answer.token, replayed=answer.replayed, detail=detail))
+    print_decision(args, decision_json(pb.Decision.Name(answer.decision), answer.reasons, errors,
+                                       answer.policy_version, decision_id=answer.decision_id, call_id=call_id,
+                                       approval_id=answer.approval_id, token=answer.token, replayed=answer.replayed,
+                                       detail=detail))
     return deny_status(args, pb.Decision.Name(answer.decision))
 
 
@@ -70,6 +71,28 @@ def explained(args: argparse.Namespace, entities: bytes, policy_version: str) ->
     except RequestError:
         return hint
     return {**verdict.detail, "explained_by": f"the local bundle `{args.bundle}` (the version the sidecar served)"}
+
+
+def print_decision(args: argparse.Namespace, text: str) -> None:
+    """The decision as JSON (the default, for programs), or as lines for a person: each
+    value on one line with its control characters escaped (a message names things in
+    backticks, so those and quotes are kept as they are)."""
+    if wants_json(args):
+        print(text)
+        return
+    answer = json.loads(text)
+
+    def line(value: Any) -> str:
+        return display(value if isinstance(value, str) else json.dumps(value), quotes=False)
+
+    print(f"{answer.pop('decision')}  (policy version {line(answer.pop('policy_version'))})")
+    print(f"reasons: {', '.join(line(r) for r in answer.pop('reasons')) or '-'}")
+    for error in answer.pop("errors"):
+        print(f"error {line(error['code'])}: {line(error['message'])}")
+    detail = answer.pop("detail", {})
+    for name, value in [*answer.items(), *detail.items()]:
+        for item in value if isinstance(value, list) else [value]:
+            print(f"{name}: {line(item)}")
 
 
 def deny_status(args: argparse.Namespace, decision: str) -> int:

@@ -48,9 +48,10 @@ class DecisionLogHttpSettings(StrictModel):
     flush_interval_seconds: float = Field(1.0, gt=0, le=60)
     """The longest an event waits for its batch to fill before it is sent."""
     buffer_max_events: int = Field(10_000, ge=1, le=1_000_000)
-    """Events waiting to be sent, at most; a new one beyond is dropped and counted."""
+    """Events waiting to be sent, at most, in each worker process; a new one beyond is dropped and counted."""
     buffer_max_bytes: int = Field(16 << 20, ge=1024, le=1 << 30)
-    """Bytes of encoded events waiting to be sent, at most; a new one beyond is dropped and counted."""
+    """Bytes of encoded events waiting to be sent, at most, in each worker process; a new one beyond is dropped
+    and counted."""
     timeout_seconds: float = Field(5.0, gt=0, le=60)
     """The deadline of each read and write of one request."""
     max_attempts: int = Field(5, ge=1, le=100)
