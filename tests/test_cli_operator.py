@@ -301,6 +301,7 @@ def test_a_served_sidecar_answers_its_probes_over_http(workdir, tmp_path, worker
         if workers == "1":  # in the multi-process sum once a worker has sampled: not awaited here
             assert 'toolauthz_build_info{cedar="' in metrics and f'version="{toolauthz.__version__}"' in metrics
             _the_remote_commands_answer(workdir, grpc_address)
+            _the_audit_trail_reads_as_json(tmp_path / "data")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=RUN_TIMEOUT)
@@ -331,3 +332,11 @@ def test_the_readme_config_block_is_a_valid_config(tmp_path):
     path.write_text(block)
     done = toolauthz_cli("config", "check", str(path))
     assert done.returncode == 0, done.stderr
+
+
+def _the_audit_trail_reads_as_json(data: pathlib.Path) -> None:
+    verified = toolauthz_cli("audit", "--data-dir", str(data), "verify", "--output", "json")
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["ok"] is True and json.loads(verified.stdout)["records"] >= 2
+    shadow = toolauthz_cli("audit", "--data-dir", str(data), "shadow", "--since", "1h", "--output", "json")
+    assert json.loads(shadow.stdout)["decisions"] >= 2

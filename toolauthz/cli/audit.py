@@ -71,7 +71,9 @@ def add_audit_command(sub) -> None:
         if name == "query":
             p.add_argument("--limit", type=int, default=100)
             add_output_option(p, json_alias=True)
-        elif name != "shadow":
+        elif name == "shadow":
+            add_output_option(p)
+        else:
             renamed_option(p, "--out", "--output", dest="out", help="a file; default standard output")
             p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
                            help="JSON lines (default) or CSV with a header row")
@@ -86,6 +88,7 @@ def add_audit_command(sub) -> None:
                                              "default: derived from <data-dir>/audit-key.pem")
     verify.add_argument("--checkpoints", help="a file written by `audit checkpoints --out`: verify against "
                                               "these signed checkpoints only, not those in the store")
+    add_output_option(verify)
     checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one per line")
     checkpoints.add_argument("--out", required=True, help="the file to write")
     every = [*parsers, show, verify, checkpoints]
@@ -246,6 +249,9 @@ def _show_resource(log, args) -> int:
 def _shadow(log, args) -> int:
     """Counts per @shadow policy over the matching decisions (toolauthz/audit/shadow.py)."""
     total, counts = shadow_counts(_pages(log, replace(_filters(args), kind="authorize")))
+    if wants_json(args):
+        print(json.dumps({"decisions": total, "disagreements": dict(sorted(counts.items()))}, indent=2))
+        return 0
     print(f"{sum(counts.values())} shadow disagreements in {total} decisions")
     for policy, count in sorted(counts.items()):
         print(f"  {count:8d}  {display(policy)}")
@@ -335,9 +341,14 @@ def _verify(log, args) -> int:
     heads = log.heads()  # before the records: a record appended meanwhile is past its head
     findings = verify_chain(log.iter_chains(), checkpoints, keys, heads=heads)
     count, root = records_in(heads), heads_root(heads)
+    chains = sum(1 for h in heads if h.seq)
+    if wants_json(args):
+        print(json.dumps({"ok": not findings, "records": count, "chains": chains, "checkpoints": len(checkpoints),
+                          "root": root, "findings": [{"where": f.where, "kind": f.kind, "message": f.message}
+                                                     for f in findings]}, indent=2))
+        return 1 if findings else 0
     if not findings:
         source = f"exported in `{shown(args.checkpoints)}`" if args.checkpoints else "stored"
-        chains = sum(1 for h in heads if h.seq)
         print(f"ok: {count} records in {chains} chains, {len(checkpoints)} checkpoints ({source}), "
               f"root {root[:16]}…")
         return 0
