@@ -401,7 +401,7 @@ def test_the_central_listener_requires_client_certificates(tmp_path):
 
 
 def test_environment_overrides_are_ones_the_sidecar_reads(tmp_path):
-    known = set(config_module._ENV) | {"TOOLAUTHZ_SERVER"}
+    known = set(config_module.ENVIRONMENT) | {"TOOLAUTHZ_SERVER"}
     for name in KUSTOMIZATIONS:
         for resource in built(name):
             if resource["kind"] not in ("Deployment", "Job"):

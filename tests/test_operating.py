@@ -75,7 +75,7 @@ def test_metrics_and_status_cover_every_worker(bundle_dir, tmp_path, monkeypatch
         pids = workers.wait_serving()
         serving = next(x for x in workers.out if "serving" in x)
         port = int(re.search(r"on 127\.0\.0\.1:(\d+),", serving).group(1))
-        metrics_url = re.search(r"metrics on (http://\S+)", workers.await_line("metrics on")).group(1)
+        metrics_url = re.search(r"metrics on (http://[^\s\"]+)", workers.await_line("metrics on")).group(1)
         assert [p.name for p in run_root.iterdir()][0].startswith("toolauthz-run-")
 
         # One channel is one connection, held by one worker: find a channel per worker.

@@ -226,8 +226,10 @@ def test_query_decisions_rejects_a_bad_page_token(channel):
 
 def test_audit_commands_refuse_bad_input_clearly(history, tmp_path, capsys):
     data = closed(history)
-    assert main(["audit", "--data-dir", data, "query", "--since", "yesterday"]) == 1
-    assert "`yesterday` is not an ISO 8601 time" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # an argparse error, as every bad option value
+        main(["audit", "--data-dir", data, "query", "--since", "yesterday"])
+    assert refused.value.code == 2
+    assert "`yesterday` is neither a duration such as `7d` nor an ISO 8601" in capsys.readouterr().err
     assert main(["audit", "--data-dir", str(tmp_path / "nowhere"), "verify"]) == 1
     assert "no audit store at" in capsys.readouterr().err
     (tmp_path / "old").mkdir()

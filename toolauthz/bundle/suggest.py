@@ -30,8 +30,14 @@ _TOKEN = re.compile(r"[A-Za-z0-9_]+(?::[A-Za-z0-9_]+)?")
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """`; did you mean `x`?` for the closest candidate, or "" when none is close."""
+    close = closest(name, candidates)
+    return f"; did you mean `{close}`?" if close else ""
+
+
+def closest(name: str, candidates: Iterable[str]) -> str:
+    """The candidate closest to `name` (other than itself), or "" when none is close."""
     close = difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=1, cutoff=0.6)
-    return f"; did you mean `{close[0]}`?" if close else ""
+    return close[0] if close else ""
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,15 @@ or a field that a person reads before approving.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
 
+from google.protobuf.json_format import MessageToDict
+
 from toolauthz.cli.options import TLS_ENV, TLS_HELP
+from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.cli.table import table
 from toolauthz.client import AuthzClient, ClientTls, Principal, TrustedContext
 from toolauthz.display.escape import display, display_uid
@@ -71,6 +75,7 @@ def add_approvals_command(sub: argparse._SubParsersAction[argparse.ArgumentParse
                                  f"identity provider (default: ${ID_TOKEN_ENV})")
         verb_parsers.append(decide)
     for verb_parser in verb_parsers:
+        add_output_option(verb_parser)
         # Also after the verb; SUPPRESS keeps a value given before it when this one is absent.
         verb_parser.add_argument("--server", default=argparse.SUPPRESS, help=server_help)
         for name, env in TLS_ENV.items():
@@ -147,10 +152,13 @@ def run(args: argparse.Namespace) -> int:
     with client:
         if args.approvals_command == "list":
             listed = client.list_approvals(tenant=args.tenant, status=args.status, group=args.group)
-            print(table(LIST_HEADER, [summary(approval) for approval in listed]))
+            if wants_json(args):
+                print(json.dumps([MessageToDict(approval) for approval in listed], indent=2))
+            else:
+                print(table(LIST_HEADER, [summary(approval) for approval in listed]))
             return 0
         if args.approvals_command == "show":
-            print(describe(client.get_approval(args.approval_id)))
+            _print_approval(args, client.get_approval(args.approval_id))
             return 0
         try:
             approver = TrustedContext(args.tenant, Principal(args.approver.type, args.approver.id), "cli")
@@ -158,9 +166,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"toolauthz: invalid_argument: {display(str(exc))}", file=sys.stderr)
             return 1
-        print(describe(client.decide_approval(args.approval_id, approver, args.approvals_command, args.reason,
-                                              id_token=id_token)))
+        _print_approval(args, client.decide_approval(args.approval_id, approver, args.approvals_command, args.reason,
+                                                     id_token=id_token))
         return 0
+
+
+def _print_approval(args: argparse.Namespace, approval: apb.Approval) -> None:
+    # json.dumps escapes every control character a model or a runtime may have written.
+    print(json.dumps(MessageToDict(approval), indent=2) if wants_json(args) else describe(approval))
 
 
 def read_id_token(path: str | None) -> str:

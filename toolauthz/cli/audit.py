@@ -27,7 +27,8 @@ from toolauthz.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_resu
 from toolauthz.audit.timeline import Summary, build_timeline
 from toolauthz.cli.approvals import RPC_TIMEOUT, client_tls
 from toolauthz.cli.audit_remote import RemoteAuditLog
-from toolauthz.cli.options import add_anywhere, add_server_options, principal_filter, resource_filter
+from toolauthz.cli.options import add_anywhere, add_server_options, moment, principal_filter, resource_filter
+from toolauthz.cli.output import add_output_option, renamed_option, wants_json
 from toolauthz.client import AuthzClient
 from toolauthz.display.escape import bounded_message, display, display_uid, shown
 from toolauthz.errors import RequestError, ToolAuthzError
@@ -65,13 +66,15 @@ def add_audit_command(sub) -> None:
         parsers.append(p)
         for f in _FILTERS:
             p.add_argument(_FLAGS.get(f, f"--{f.replace('_', '-')}"), dest=f, type=_FILTER_TYPES.get(f, str))
-        p.add_argument("--since", help="ISO 8601 time, inclusive")
-        p.add_argument("--until", help="ISO 8601 time, exclusive")
+        p.add_argument("--since", type=moment, help="a duration ago (`7d`, `12h`) or an ISO 8601 time, inclusive")
+        p.add_argument("--until", type=moment, help="a duration ago or an ISO 8601 time, exclusive")
         if name == "query":
             p.add_argument("--limit", type=int, default=100)
-            p.add_argument("--json", action="store_true")
-        elif name != "shadow":
-            p.add_argument("--output", help="a file; default standard output")
+            add_output_option(p, json_alias=True)
+        elif name == "shadow":
+            add_output_option(p)
+        else:
+            renamed_option(p, "--out", "--output", dest="out", help="a file; default standard output")
             p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
                            help="JSON lines (default) or CSV with a header row")
     show = verbs.add_parser("show", help="one call's whole story, or that of every call on a resource")
@@ -85,6 +88,7 @@ def add_audit_command(sub) -> None:
                                              "default: derived from <data-dir>/audit-key.pem")
     verify.add_argument("--checkpoints", help="a file written by `audit checkpoints --out`: verify against "
                                               "these signed checkpoints only, not those in the store")
+    add_output_option(verify)
     checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one per line")
     checkpoints.add_argument("--out", required=True, help="the file to write")
     every = [*parsers, show, verify, checkpoints]
@@ -126,17 +130,7 @@ def run(args) -> int:
 
 def _filters(args) -> AuditQuery:
     values = {f: getattr(args, f) for f in _FILTERS}
-    return AuditQuery(**values, time_from=_time(args.since), time_to=_time(args.until))
-
-
-def _time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ToolAuthzError(f"`{text}` is not an ISO 8601 time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return AuditQuery(**values, time_from=args.since, time_to=args.until)
 
 
 def _pages(log: AuditLog, query: AuditQuery, limit: int | None = None):
@@ -174,7 +168,7 @@ def _row(record: AuditRecord) -> str:
 
 def _query(log, args) -> int:
     records = _pages(log, _filters(args), args.limit)
-    if args.json:
+    if wants_json(args):
         for record in records:
             print(json.dumps(as_json(record), sort_keys=True))
         return 0
@@ -186,7 +180,7 @@ def _query(log, args) -> int:
 
 
 def _export(log, args) -> int:
-    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
+    out = open(args.out, "w", encoding="utf-8", newline="") if args.out else sys.stdout
     try:
         records = _pages(log, _filters(args))
         if args.format == "csv":
@@ -195,7 +189,7 @@ def _export(log, args) -> int:
         for record in records:
             out.write(json.dumps(as_json(record), sort_keys=True) + "\n")
     finally:
-        if args.output:
+        if args.out:
             out.close()
     return 0
 
@@ -255,6 +249,9 @@ def _show_resource(log, args) -> int:
 def _shadow(log, args) -> int:
     """Counts per @shadow policy over the matching decisions (toolauthz/audit/shadow.py)."""
     total, counts = shadow_counts(_pages(log, replace(_filters(args), kind="authorize")))
+    if wants_json(args):
+        print(json.dumps({"decisions": total, "disagreements": dict(sorted(counts.items()))}, indent=2))
+        return 0
     print(f"{sum(counts.values())} shadow disagreements in {total} decisions")
     for policy, count in sorted(counts.items()):
         print(f"  {count:8d}  {display(policy)}")
@@ -344,9 +341,14 @@ def _verify(log, args) -> int:
     heads = log.heads()  # before the records: a record appended meanwhile is past its head
     findings = verify_chain(log.iter_chains(), checkpoints, keys, heads=heads)
     count, root = records_in(heads), heads_root(heads)
+    chains = sum(1 for h in heads if h.seq)
+    if wants_json(args):
+        print(json.dumps({"ok": not findings, "records": count, "chains": chains, "checkpoints": len(checkpoints),
+                          "root": root, "findings": [{"where": f.where, "kind": f.kind, "message": f.message}
+                                                     for f in findings]}, indent=2))
+        return 1 if findings else 0
     if not findings:
         source = f"exported in `{shown(args.checkpoints)}`" if args.checkpoints else "stored"
-        chains = sum(1 for h in heads if h.seq)
         print(f"ok: {count} records in {chains} chains, {len(checkpoints)} checkpoints ({source}), "
               f"root {root[:16]}…")
         return 0

@@ -34,6 +34,7 @@ from toolauthz.bundle.signature import (
     sign_bundle,
     verify_bundle,
 )
+from toolauthz.cli.output import add_output_option, renamed_option, wants_json
 from toolauthz.display.escape import shown
 from toolauthz.errors import ToolAuthzError
 
@@ -41,7 +42,7 @@ from toolauthz.errors import ToolAuthzError
 def cmd_sign(args: argparse.Namespace) -> int:
     from toolauthz.tokens.keys import load_ed25519_private_key
 
-    key = load_ed25519_private_key(args.key)
+    key = load_ed25519_private_key(args.signing_key)
     kid = args.kid or key_id(key.public_key())
     revision = args.revision if args.revision is not None else int(time.time())
     root = pathlib.Path(args.bundle)
@@ -55,7 +56,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
     temporary = root / f"{SIGNATURE_FILE}.tmp"
     temporary.write_bytes(data)
     os.replace(temporary, target)  # a watcher never reads half a signature
-    print(f"signed {root} with key {kid}, revision {revision}")
+    if wants_json(args):
+        print(json.dumps({"bundle": str(root), "kid": kid, "revision": revision}))
+    else:
+        print(f"signed {root} with key {kid}, revision {revision}")
     return 0
 
 
@@ -134,14 +138,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except SignatureError as exc:
         print(f"{args.bundle}: refused: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
+    if wants_json(args):
+        print(json.dumps({"ok": True, "files": len(manifest.files), "kid": manifest.kid,
+                          "revision": manifest.revision}))
+    else:
+        print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
     return 0
 
 
 def _keys(args: argparse.Namespace) -> dict:
-    if args.key:
+    if args.public_key:
         keys = {}
-        for item in args.key:
+        for item in args.public_key:
             kid, sep, path = item.partition("=")
             if not sep or not kid or not path:
                 raise ToolAuthzError(f"--key takes KID=PEM_FILE, not `{shown(item)}`")
@@ -151,7 +159,7 @@ def _keys(args: argparse.Namespace) -> dict:
 
     settings = load_settings(args.config)
     if settings.bundle_verification is None:
-        raise ToolAuthzError("no keys: give --key KID=PEM_FILE, or --config with `bundle_verification`")
+        raise ToolAuthzError("no keys: give --public-key KID=PEM_FILE, or --config with `bundle_verification`")
     return settings.bundle_verification.public_keys()
 
 
@@ -160,17 +168,21 @@ def add_bundle_command(subparsers) -> None:
     sub = bundle.add_subparsers(dest="bundle_command", required=True)
     sign = sub.add_parser("sign", help=f"write BUNDLE/{SIGNATURE_FILE}")
     sign.add_argument("bundle", nargs="?", default="policies")
-    sign.add_argument("--key", required=True, help="the Ed25519 private key file (PKCS#8 PEM or k4.secret)")
+    renamed_option(sign, "--signing-key", "--key", dest="signing_key", required=True,
+                   help="the Ed25519 private key file (PKCS#8 PEM or k4.secret)")
     sign.add_argument("--kid", help="the key id the sidecar's bundle_verification names (default: thumbprint)")
     sign.add_argument("--revision", type=int, help="a number above the last signed one (default: Unix time)")
     sign.add_argument("--force", action="store_true",
                       help="sign even when the revision is not above the one of the signature it replaces")
+    add_output_option(sign)
     sign.set_defaults(func=cmd_sign)
     verify = sub.add_parser("verify", help="check a bundle against its signature, as serve and reload do")
     verify.add_argument("bundle", nargs="?", default="policies")
-    verify.add_argument("--key", action="append", metavar="KID=PEM_FILE", help="a public key (repeat for several)")
+    renamed_option(verify, "--public-key", "--key", dest="public_key", action="append", metavar="KID=PEM_FILE",
+                   help="a public key (repeat for several)")
     verify.add_argument("--config", help="take the keys from this config's bundle_verification")
     verify.add_argument("--min-revision", type=int, help="refuse a revision below this one (the one serving)")
+    add_output_option(verify)
     verify.set_defaults(func=cmd_verify)
     rollback = sub.add_parser("allow-rollback", help="lower the fleet's revision floor to N (audited), so that "
                                                      "an older signed revision may serve again")

@@ -29,6 +29,7 @@ from toolauthz.audit.retention import RetentionError, unseal
 from toolauthz.bundle import Bundle
 from toolauthz.bundle.catalog import resolve_pointer
 from toolauthz.bundle.tool_fields import parse_duration
+from toolauthz.cli.output import add_output_option, renamed_option, wants_json
 from toolauthz.display.escape import SHOWN_PREFIX_CHARS, shown
 from toolauthz.engine import RunCounts, decide
 from toolauthz.errors import RequestError, ToolAuthzError
@@ -198,8 +199,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
         raise ToolAuthzError(f"--since takes a duration such as `7d`, not `{shown(args.since)}`")
     keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
     base = load_bundle_snapshot(args.base or settings.bundle, keys)
-    new = load_bundle_snapshot(args.bundle)
-    key = load_retention_key(args.key or settings.retention_key_file)
+    new = load_bundle_snapshot(args.candidate)
+    key = load_retention_key(args.retention_key or settings.retention_key_file)
     store = RetainedInputs(args.store or settings.store_url)
     now = time.time()
     report = Report(max_examples=args.examples)
@@ -209,7 +210,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
             report.add(row, change)
     finally:
         store.close()
-    if args.format == "json":
+    if wants_json(args):
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(report.text())
@@ -221,15 +222,18 @@ def cmd_impact(args: argparse.Namespace) -> int:
 def add_policy_command(subparsers) -> None:
     policy = subparsers.add_parser("policy", help="policy lifecycle: the impact of a bundle on served calls")
     sub = policy.add_subparsers(dest="policy_command", required=True)
-    impact = sub.add_parser("impact", help="re-decide retained calls under the current bundle and under --bundle")
-    impact.add_argument("--bundle", required=True, help="the bundle to deploy (NEW)")
+    impact = sub.add_parser("impact", help="re-decide retained calls under the current bundle and under --candidate")
+    renamed_option(impact, "--candidate", "--bundle", dest="candidate", required=True,
+                   help="the bundle to deploy (NEW); `--bundle` is its old spelling")
     impact.add_argument("--base", help="the current bundle (default: the configured `bundle`)")
     impact.add_argument("--since", default="7d", help="replay calls decided since this long ago (default 7d)")
     impact.add_argument("--tenant", help="only this tenant's calls")
     impact.add_argument("--store", help="the store URL (default: the configured one)")
-    impact.add_argument("--key", help="the retention key file (default: <data_dir>/retention-key)")
+    renamed_option(impact, "--retention-key", "--key", dest="retention_key",
+                   help="the retention key file (default: <data_dir>/retention-key)")
     impact.add_argument("--config", help="the sidecar's config file")
-    impact.add_argument("--format", choices=["text", "json"], default="text")
+    add_output_option(impact)
+    impact.add_argument("--format", dest="output", choices=["text", "json"], help="the same as --output")
     impact.add_argument("--junit", metavar="FILE", help="also write JUnit XML: one testcase per tool")
     impact.add_argument("--examples", type=int, default=10, help="changed calls shown (default 10)")
     impact.add_argument("--fail-on-change", action="store_true", help="exit 1 when any call changes")

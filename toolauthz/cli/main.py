@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pathlib
@@ -16,9 +17,12 @@ from toolauthz.cli.audit import add_audit_command
 from toolauthz.cli.bundle import add_bundle_command
 from toolauthz.cli.impact import add_policy_command
 from toolauthz.cli.mcp import add_mcp_commands
+from toolauthz.cli.operator import add_operator_commands
 from toolauthz.cli.options import add_server_options, parse_principal
+from toolauthz.cli.output import add_output_option, wants_json
+from toolauthz.cli.parser import SuggestingParser
 from toolauthz.cli.policytest import add_test_command
-from toolauthz.cli.remote import add_status_command, decision_json
+from toolauthz.cli.remote import add_status_command, decision_json, deny_status, print_decision
 from toolauthz.cli.store import add_store_command
 from toolauthz.clock import SystemClock
 from toolauthz.display.escape import bounded_message, use_escaping_formatter
@@ -71,6 +75,10 @@ def cmd_check(args) -> int:
     if verification is None:
         print("warning: `bundle_verification` is not configured: whoever can write the bundle directory changes "
               "what is enforced (see `toolauthz bundle sign`)", file=sys.stderr)
+    if wants_json(args):
+        print(json.dumps({"ok": True, "tools": len(bundle.tools), "policies": len(bundle.policies),
+                          "version": bundle.version, "revision": bundle.revision}))
+        return 0
     signed = f", signed revision {bundle.revision}" if bundle.revision is not None else ""
     print(f"ok: {len(bundle.tools)} tools, {len(bundle.policies)} policies, version {bundle.version}{signed}")
     return 0
@@ -92,9 +100,10 @@ def cmd_authorize(args) -> int:
     ctx = TrustedContext(args.tenant, args.principal, "cli", entities)
     ctx.check()
     verdict = decide(bundle, ctx, ProposedCall("cli", args.tool, args.input.encode()))
-    print(decision_json(verdict.decision.value, verdict.reasons, [(e.code, e.message) for e in verdict.errors],
-                        bundle.version, approval_group=verdict.approval_group, detail=verdict.detail))
-    return 0
+    print_decision(args, decision_json(verdict.decision.value, verdict.reasons,
+                                       [(e.code, e.message) for e in verdict.errors], bundle.version,
+                                       approval_group=verdict.approval_group, detail=verdict.detail))
+    return deny_status(args, verdict.decision.value)
 
 
 def cmd_keys(args) -> int:
@@ -115,8 +124,13 @@ def cmd_keys(args) -> int:
         keys.activate_key(directory, args.kid, clock=clock)
         print(f"{args.kid} active")
     else:
-        for info in keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds()):
-            print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
+        listed = keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds())
+        if wants_json(args):
+            print(json.dumps([{"kid": info.kid, "state": info.state, "verifies": info.verifies} for info in listed],
+                             indent=2))
+        else:
+            for info in listed:
+                print(f"{info.kid}  {info.state:9}  verifies={'yes' if info.verifies else 'no'}")
     return 0
 
 
@@ -152,12 +166,13 @@ def cmd_health(args) -> int:
         answer = stub.Check(health_pb2.HealthCheckRequest(service=args.service),  # type: ignore[attr-defined]
                             timeout=args.timeout)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
-    print(status)
+    print(json.dumps({"status": status}) if wants_json(args) else status)
     return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolauthz", description=__doc__)
+    # Declared as its base: the add_*_command helpers take any parser's sub-commands.
+    parser: argparse.ArgumentParser = SuggestingParser(prog="toolauthz", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the sidecar")
@@ -181,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("bundle", nargs="?", help="the bundle directory (default: policies)")
     check.add_argument("--bundle", dest="bundle_option", metavar="DIR", help="the same, as `serve` takes it")
     check.add_argument("--config", help="verify the bundle's signature with this config's bundle_verification")
+    add_output_option(check)
     check.set_defaults(func=cmd_check)
 
     schema = sub.add_parser("schema", help="print the Cedar schema generated for a bundle")
@@ -199,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     authorize.add_argument("--tool", required=True)
     authorize.add_argument("--input", required=True, help="the arguments as JSON")
     authorize.add_argument("--entities", help="a file with trusted Cedar entities (JSON array)")
+    authorize.add_argument("--fail-on-deny", action="store_true", help="exit 2 when the decision is DENY")
+    add_output_option(authorize, default="json")
     authorize.set_defaults(func=cmd_authorize)
 
     keys = sub.add_parser("keys", help="token signing keys")
@@ -210,12 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--audit", action="store_true",
                       help="generate: only the audit checkpoint key "
                            "(`keys generate` alone also creates it when missing)")
+    add_output_option(keys)
     keys.set_defaults(func=cmd_keys)
 
     health = sub.add_parser("health", help="ask a running sidecar's gRPC health service; exit 0 when serving")
     health.add_argument("--server", help=f"HOST:PORT or unix:///path (default: ${SERVER_ENV}, else {DEFAULT_SERVER})")
     health.add_argument("--service", default="", help="a service name (default: the whole server)")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    add_output_option(health)
     health.set_defaults(func=cmd_health)
 
     add_approvals_command(sub, parse_principal)
@@ -226,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_command(sub)
     add_bundle_command(sub)
     add_policy_command(sub)
+    add_operator_commands(parser, sub)
     return parser
 
 
@@ -235,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.func is not cmd_serve:
         release_early()  # the console script's SIGHUP deferral is for `serve` only
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away is noticed here, not at exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except BundleError as exc:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
@@ -246,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"toolauthz: {exc.code().name.lower()}: {bounded_message(exc.details() or '')}", file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """`toolauthz status | head`: the reader closed the pipe. Quiet, as `cat` is; what
+    is still buffered goes nowhere instead of raising again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                           help="overwrite tool files that exist (default: merge, keeping what a person wrote)")
     importer.add_argument("--upstream", help="bind the tools to this upstream of the gateway (mcp.upstream)")
     importer.add_argument("--prefix", help="the catalog names' prefix (default with --upstream: NAME__)")
-    importer.add_argument("upstream", nargs=argparse.REMAINDER, help="a URL, or the command that starts the server")
+    # Its own dest: `--upstream NAME` above is another value (a REMAINDER sharing it overwrote it).
+    importer.add_argument("command", nargs=argparse.REMAINDER, metavar="UPSTREAM",
+                          help="a URL, or the command that starts the server")
     importer.set_defaults(func=run_import)
 
 
@@ -167,7 +169,7 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
 def run_import(args: argparse.Namespace) -> int:
     from toolauthz.mcp_proxy.importer import list_upstream_tools, write_drafts
 
-    target = upstream_target(list(args.upstream))
+    target = upstream_target(list(args.command))
     tools = anyio.run(list_upstream_tools, target)
     upstream = args.upstream
     if upstream is not None and not UPSTREAM_NAME.fullmatch(upstream):

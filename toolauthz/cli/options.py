@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from toolauthz.display.escape import shown
@@ -68,3 +70,18 @@ def resource_filter(text: str) -> str:
 def principal_filter(text: str) -> str:
     """An audit filter on the principal, in the form the audit trail records it."""
     return str(parse_principal(text))
+
+
+def moment(text: str) -> float:
+    """`7d` (that long ago) or an ISO 8601 moment, as Unix seconds."""
+    from toolauthz.bundle.tool_fields import parse_duration
+
+    ago = parse_duration(text)
+    if ago is not None:
+        return time.time() - ago
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{shown(text)}` is neither a duration such as `7d` nor an ISO 8601 "
+                                         "date or time") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
-from datetime import UTC, datetime
 
-from toolauthz.cli.options import add_anywhere
+from toolauthz.cli.options import add_anywhere, moment
+from toolauthz.cli.output import add_output_option, wants_json
 from toolauthz.display.escape import shown
 from toolauthz.errors import ToolAuthzError
 
@@ -23,9 +24,12 @@ def add_store_command(sub) -> None:
                               "the audit tables")
     prune = verbs.add_parser("prune", help="remove the ledger rows of calls that ended before a date (never "
                                            "audit records)")
-    prune.add_argument("--before", required=True, type=_moment, help="ISO 8601 date or time (UTC if no zone)")
+    prune.add_argument("--before", required=True, type=moment,
+                       help="a duration ago (`7d`, `12h`, `30m`) or an ISO 8601 date or time (UTC if no zone)")
     prune.add_argument("--batch", type=int, default=1000, help="calls removed per transaction")
     every = [migrate, prune]
+    for verb in every:
+        add_output_option(verb)
     add_anywhere(store, every, "--store", help="sqlite:///path or postgresql://...; default: "
                                                    "$TOOLAUTHZ_STORE, else the config's, else <data-dir>/toolauthz.db")
     add_anywhere(store, every, "--data-dir")
@@ -40,14 +44,6 @@ def store_url_of(args: argparse.Namespace) -> str:
     settings = load_settings(getattr(args, "config", None), data_dir=getattr(args, "data_dir", None),
                              store=getattr(args, "store", None))
     return settings.store_url
-
-
-def _moment(text: str) -> float:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"`{shown(text)}` is not an ISO 8601 date or time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +64,10 @@ def _prune(args: argparse.Namespace) -> int:
         removed = store.prune(args.before, batch=args.batch)
     finally:
         store.close()
-    print(f"removed the ledger rows of {removed} ended calls (audit records are kept)")
+    if wants_json(args):
+        print(json.dumps({"removed": removed}))
+    else:
+        print(f"removed the ledger rows of {removed} ended calls (audit records are kept)")
     return 0
 
 
@@ -79,6 +78,9 @@ def _migrate(args: argparse.Namespace) -> int:
     url = store_url_of(args)
     before, after = migrate_store(url, serving_role=args.serving_role)
     what = "created" if before == 0 else "already current" if before == after else f"upgraded from {before}"
+    if wants_json(args):
+        print(json.dumps({"store": shown_url(url), "schema_version": after, "previous_version": before}))
+        return 0
     print(f"{shown(shown_url(url))}: schema version {after} ({what})")
     if args.serving_role:
         print(f"granted `{shown(args.serving_role)}` the serving privileges")

@@ -1,4 +1,4 @@
-"""Serving the metrics, choosing the trace exporter, and the per-run directory.
+"""Serving the metrics and the HTTP probes, choosing the trace exporter, and the per-run directory.
 
 Who serves /metrics: with `--workers N` the parent process. It decides nothing and
 outlives every worker, so a scrape never lands on a worker that is starting or
@@ -18,12 +18,15 @@ import logging
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from wsgiref.simple_server import make_server
 
 from toolauthz.server.config import TracingSettings
+from toolauthz.server.probes import Readiness, probe_app
 from toolauthz.telemetry import tracing
 
 if TYPE_CHECKING:
@@ -90,20 +93,31 @@ class MetricsServer:
         self._thread.join()
 
 
-def start_metrics_server(host: str, port: int, multiprocess_dir: pathlib.Path | None) -> MetricsServer:
+def start_metrics_server(host: str, port: int, multiprocess_dir: pathlib.Path | None,
+                         readiness: Readiness | None = None) -> MetricsServer:
     """Serve this process's metrics, or (with `multiprocess_dir`) the sum of every
-    process that wrote there. OSError when the address cannot be bound."""
-    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+    process that wrote there, with the probes beside them (toolauthz/server/probes.py).
+    OSError when the address cannot be bound."""
+    from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
     from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = REGISTRY
     if multiprocess_dir is not None:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(multiprocess_dir))  # type: ignore[no-untyped-call]  # unannotated upstream
+    app = probe_app(make_wsgi_app(registry), readiness or Readiness())
+    address = host.strip("[]")
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
     try:
-        httpd, thread = start_http_server(port, addr=host.strip("[]"), registry=registry)
+        httpd = make_server(address, port, app, Server, handler_class=_SilentHandler)
     except OSError as exc:
         raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(httpd, thread)
 
 

@@ -83,7 +83,12 @@ class Sidecar:
         self.reloader.after_attempt = self.board.changed
 
     def sample_metrics(self, interval: float = 5.0) -> None:
-        """Keep the gauges the store knows (approvals pending) current for the scrapes."""
+        """Keep the gauges the store knows (approvals pending) current for the scrapes,
+        and say what runs (`toolauthz_build_info`)."""
+        from toolauthz.server.version import build_info
+
+        metrics.BUILD_INFO.labels(**build_info().as_dict()).set(1)
+
         def run() -> None:
             while True:
                 try:

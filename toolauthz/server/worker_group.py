@@ -17,12 +17,12 @@ from typing import Any, cast
 
 from toolauthz.errors import BundleError, ToolAuthzError
 from toolauthz.server.config import ListenerSettings, Settings
+from toolauthz.server.decision_shipping import configure_decision_log
 from toolauthz.server.heap import keep_bundles_frozen
 from toolauthz.server.listeners import UNIX_PREFIX
 from toolauthz.server.logs import configure_logging, report_problems
 from toolauthz.server.observability import RunDirectory, configure_tracing
 from toolauthz.server.reload_requests import ReloadRequests
-from toolauthz.telemetry import decision_log
 
 log = logging.getLogger("toolauthz.workers")
 
@@ -189,7 +189,11 @@ def worker_main(settings: Settings, listeners: tuple[ListenerSettings, ...], ind
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_stop)
     configure_logging(settings.log_format, index, settings.log_level, settings.decision_log.enabled)
-    decision_log.configure(settings.decision_log.arguments)
+    try:
+        configure_decision_log(settings.decision_log)
+    except ToolAuthzError as exc:
+        conn.send(("error", [f"toolauthz: {exc}"]))
+        sys.exit(1)
     if index:  # worker 0 serves the HTTP API's Unix sockets, as it serves gRPC's
         settings = settings.model_copy(update={"http_listeners": tuple(
             listener for listener in settings.http_listeners if not listener.address.startswith(UNIX_PREFIX))})

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from toolauthz.errors import BundleError, ToolAuthzError
 from toolauthz.server.config import ListenerSettings, Settings
 from toolauthz.server.cpu import available_cpus
+from toolauthz.server.decision_shipping import configure_decision_log
 from toolauthz.server.heap import keep_bundles_frozen
 from toolauthz.server.listener_notices import listener_notices
 from toolauthz.server.listeners import (
@@ -51,9 +52,9 @@ from toolauthz.server.listeners import (
 from toolauthz.server.logs import banner, configure_logging
 from toolauthz.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
 from toolauthz.server.ports import reserved_address, with_reserved_port
+from toolauthz.server.probes import Readiness
 from toolauthz.server.reload_requests import ReloadRequests
 from toolauthz.server.worker_group import WorkerGroup, forwarded_signals
-from toolauthz.telemetry import decision_log
 
 if TYPE_CHECKING:
     from toolauthz.server.sidecar import Sidecar
@@ -68,7 +69,7 @@ SIGNAL_CHECK_SECONDS = 0.2
 def configure_process_logging(settings: Settings, worker: int | None = None) -> None:
     """Logging and the decision log of this process, from the settings."""
     configure_logging(settings.log_format, worker, settings.log_level, settings.decision_log.enabled)
-    decision_log.configure(settings.decision_log.arguments)
+    configure_decision_log(settings.decision_log)
 
 
 def drain(serving, sidecar) -> None:
@@ -114,7 +115,10 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
     worker_settings = settings.model_copy(update={"generate_missing_keys": False})
     run = RunDirectory.create()  # before the workers are spawned: they inherit its variable
     try:
-        metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), run.metrics) \
+        # The parent is ready while its workers serve: it starts them all or exits, and
+        # stops them all when one dies.
+        readiness = Readiness()
+        metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), run.metrics, readiness) \
             if settings.metrics_listen else None
         try:
             group = WorkerGroup(worker_settings, workers, run)
@@ -143,7 +147,11 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                                   http_addresses, workers=workers, pids=group.pids())
                 _announce_metrics(settings, metrics_server)
                 _announce_console(console_listen)
-                return group.supervise()
+                readiness.serving()
+                try:
+                    return group.supervise()
+                finally:
+                    readiness.draining()
         finally:
             if metrics_server is not None:
                 metrics_server.close()
@@ -188,11 +196,12 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     metrics_server = None
+    readiness = Readiness()
     try:
         try:
             configure_tracing(settings.tracing)
             if settings.metrics_listen:
-                metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), None)
+                metrics_server = start_metrics_server(*split_listen(settings.metrics_listen), None, readiness)
                 sidecar.sample_metrics()
             serving = start_listeners(sidecar, listeners)
             if sidecar.notifier is not None:
@@ -207,6 +216,7 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
         _announce_serving(settings, version, list(serving.addresses), list(serving.http_addresses))
         _announce_metrics(settings, metrics_server)
         _announce_console(serving.console_address)
+        readiness.serving(sidecar.store.available)
         try:
             # Never a wait without a timeout: the kernel may deliver SIGHUP or SIGTERM to
             # one of gRPC's threads, and CPython then runs the handler only when the main
@@ -215,6 +225,7 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
                 pass
         finally:
             reloads.route_to(lambda: None)  # stopping: a reload now would only slow the stop
+            readiness.draining()
             drain(serving, sidecar)
             if metrics_server is not None:
                 metrics_server.close()

@@ -12,20 +12,28 @@ escapes every value; in JSON each is a field of its own.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger("toolauthz.decision")
 
 _allowed_arguments: dict[str, frozenset[str]] = {}
+# Where each decision's event also goes, encoded as JSON (the server's HTTP shipper,
+# toolauthz/server/decision_shipping.py): a function that must never block.
+_ship: list[Callable[[bytes], None]] = []
 
 
-def configure(arguments: Mapping[str, Iterable[str]]) -> None:
-    """The argument names each tool may log (this process); none by default."""
+def configure(arguments: Mapping[str, Iterable[str]], ship: Callable[[bytes], None] | None = None) -> None:
+    """The argument names each tool may log (this process), none by default; and where
+    the events are shipped, if anywhere."""
     _allowed_arguments.clear()
     _allowed_arguments.update({tool: frozenset(names) for tool, names in arguments.items() if names})
+    _ship.clear()
+    if ship is not None:
+        _ship.append(ship)
 
 
 def enabled() -> bool:
@@ -35,8 +43,8 @@ def enabled() -> bool:
 def record(*, decision_id: str, tenant: str, principal: str, request_id: str, call_id: str, tool: str,
            result: str, reasons: Iterable[str], errors: Iterable[str], policy_version: str, seconds: float,
            caller: str, transport: str, replayed: bool, input_json: bytes = b"") -> None:
-    """One decision's line (nothing when the decision log is off)."""
-    if not enabled():
+    """One decision's line, and its shipped event (nothing when both are off)."""
+    if not _ship and not enabled():
         return
     fields: dict[str, Any] = {
         "decision_id": decision_id, "tenant": tenant, "principal": principal, "request_id": request_id,
@@ -46,6 +54,11 @@ def record(*, decision_id: str, tenant: str, principal: str, request_id: str, ca
     allowed = _allowed_arguments.get(tool)
     if allowed:
         fields["arguments"] = _allowed(input_json, allowed)
+    if _ship:
+        event = {"timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), **fields}
+        _ship[0](json.dumps(event, separators=(",", ":")).encode())
+    if not enabled():
+        return
     log.info("decision %s %s tool=%s tenant=%s reasons=%s version=%s %.1fms caller=%s", decision_id, result, tool,
              tenant, ",".join(fields["reasons"]) or "-", policy_version, seconds * 1000, caller or "-",
              extra=fields)

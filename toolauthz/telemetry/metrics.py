@@ -53,6 +53,13 @@ BUNDLE_SIGNATURE_REFUSALS = Counter("toolauthz_bundle_signature_refusals",
                                     "Bundle reloads refused because the bundle did not verify against its signature")
 POLICY_INFO = Gauge("toolauthz_policy_info", "1 for the policy version a worker serves (info metric)",
                     ["version"], multiprocess_mode="livemax")
+BUILD_INFO = Gauge("toolauthz_build_info", "1, labelled with what runs: version, commit, Python, Cedar (cedarpy) "
+                   "and the proto package (info metric)", ["version", "commit", "python", "cedar", "proto"],
+                   multiprocess_mode="livemax")
+DECISION_LOG_EVENTS = Counter("toolauthz_decision_log_events",
+                              "Decision events shipped over HTTP, or dropped: dropped_buffer_full (the bounded "
+                              "buffer was full), dropped_failed (retries exhausted), dropped_refused (a 4xx)",
+                              ["outcome"])
 NOTIFICATIONS = Counter("toolauthz_notifications",
                         "Approval notifications by sink kind, event and result (delivered, retry, skipped, dead)",
                         ["sink", "event", "result"])

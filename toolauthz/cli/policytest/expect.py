@@ -60,7 +60,9 @@ def parse_expect(f: SuiteFile, raw: Any, line: int, what: str, principals: dict[
         return None
     before = len(f.problems)
     decisions = [d.value for d in Decision]
-    if "decision" in raw and raw["decision"] not in decisions:
+    if "decision" not in raw:  # a misspelled `decision` is also reported as an unknown key, with a suggestion
+        f.error(line, f"`expect` of {what} needs `decision` (one of {', '.join(decisions)})")
+    elif raw["decision"] not in decisions:
         f.error(raw.at("decision"), f"decision `{raw['decision']}` is not one of {', '.join(decisions)}")
     reasons, shadow = (_ids(f, raw, key, what) for key in ("reasons", "shadow"))
     error, group = f.string(raw, "error", what), f.string(raw, "approval_group", what)

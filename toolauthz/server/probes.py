@@ -1,0 +1,68 @@
+"""The metrics listener's routes: `/metrics` (Prometheus text), `/healthz` (liveness)
+and `/readyz` (readiness), for probes that speak HTTP rather than gRPC.
+
+`/healthz` answers 200 while the process can answer at all. `/readyz` has the gRPC
+health service's meaning: 200 `SERVING` once the listeners serve and while the store can
+be read; 503 `NOT_SERVING` before that, while the store cannot be read, and from the
+moment a drain begins (SIGTERM), so a load balancer stops sending work first. Any other
+path is 404: a probe pointed at a wrong path fails instead of reading metrics as health.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+_TEXT = [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")]
+
+
+def _answer(start_response: Callable[..., Any], status: str, body: bytes,
+            extra: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
+    start_response(status, [*_TEXT, *extra, ("Content-Length", str(len(body)))])
+    return [body]
+
+
+class Readiness:
+    """Whether this sidecar should get traffic: set once it serves, cleared when it
+    drains; `healthy` (the store's reachability) is asked on each probe while set."""
+
+    def __init__(self, healthy: Callable[[], bool] | None = None):
+        self._serving = threading.Event()
+        self._healthy = healthy
+
+    def serving(self, healthy: Callable[[], bool] | None = None) -> None:
+        if healthy is not None:
+            self._healthy = healthy
+        self._serving.set()
+
+    def draining(self) -> None:
+        self._serving.clear()
+
+    def ready(self) -> bool:
+        if not self._serving.is_set():
+            return False
+        try:
+            return self._healthy() if self._healthy is not None else True
+        except Exception:  # noqa: BLE001 - a probe that cannot tell says not ready (fail closed)
+            return False
+
+
+def probe_app(metrics_app: Callable[..., Iterable[bytes]], readiness: Readiness) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: the three routes above, GET (and HEAD) only."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return _answer(start_response, "405 Method Not Allowed", b"method not allowed\n", (("Allow", "GET, HEAD"),))
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            return _answer(start_response, "200 OK", b"ok\n")
+        if path == "/readyz":
+            if readiness.ready():
+                return _answer(start_response, "200 OK", b"SERVING\n")
+            return _answer(start_response, "503 Service Unavailable", b"NOT_SERVING\n")
+        return _answer(start_response, "404 Not Found", b"not found: the paths are /metrics, /healthz and /readyz\n")
+
+    return app
