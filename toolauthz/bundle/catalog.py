@@ -25,10 +25,10 @@ from toolauthz.display.escape import shown
 from toolauthz.display.hints import DisplayHint, parse_display
 from toolauthz.errors import Problem
 from toolauthz.files.tools import check_mcp_block, tool_documents
+from toolauthz.model import TOOL_NAME
 
 SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
-TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 DEFAULT_MAX_INPUT_BYTES = 65536
 MAX_INPUT_BYTES_CEILING = 1 << 20
@@ -108,6 +108,13 @@ def load_catalog(tools_dir: pathlib.Path, problems: list[Problem]) -> dict[str, 
             problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})",
                                     pointer="/name"))
             continue
+        # Names that differ only in case are two tools to Cedar and the ledger but one to a
+        # reader (and to a case-insensitive file system): refused.
+        twin = next((other for other in tools.values() if other.name.lower() == tool.name.lower()), None)
+        if twin is not None:
+            problems.append(Problem(rel, f"tool name `{tool.name}` differs from `{twin.name}` (in {twin.source}) "
+                                         "only in case", pointer="/name"))
+            continue
         tools[tool.name] = tool
         if tool.fast_validator is None:
             log.info("tool `%s`: input checked by %s", tool.name, tool.schema_engine)
@@ -135,7 +142,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         bad(mcp_pointer, mcp_problem)
     name = raw.get("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        bad("/name", "tool name must match `^[a-z][a-z0-9_]{0,63}$`")
+        bad("/name", "tool name must be 1-128 of A-Z a-z 0-9 _ - . (MCP's tool-name characters)")
     description = raw.get("description", "")
     if not isinstance(description, str):
         bad("/description", "description must be a string")

@@ -35,7 +35,7 @@ from toolauthz.client.context import TrustedContext
 from toolauthz.digest import canonical_json
 from toolauthz.errors import InputError
 
-__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "DEFAULT_MAX_OUTPUT_BYTES"]
+__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "ToolOutcomeUnknown", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 _CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
@@ -51,6 +51,12 @@ class ToolError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message[:500]
+
+
+class ToolOutcomeUnknown(ToolError):
+    """The tool's effect is unknown: it may have acted (a remote call whose connection
+    dropped after the request was sent). The call ends `outcome_unknown`, never `failed`,
+    so nobody retries what may have run."""
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,22 @@ from typing import Any
 import anyio
 import mcp_types as types
 
-from toolauthz.client import ToolError, ToolSet
+from toolauthz.client import ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
+from toolauthz.client.results import MESSAGES
 from toolauthz.display.escape import display
 from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
-from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamLink, UpstreamSpec, UpstreamUnavailable
+from toolauthz.mcp_proxy.upstreams import (
+    UPSTREAM_UNAVAILABLE,
+    UpstreamLink,
+    UpstreamLost,
+    UpstreamSpec,
+    UpstreamUnavailable,
+)
 
 __all__ = ["Catalog", "Drift"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
+UPSTREAM_LOST = "upstream_lost"  # the outcome_unknown code of a call whose upstream was lost mid-call
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,8 @@ class Catalog:
             if link is None:
                 continue
             bound[pinned.name] = link
-            tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema)
+            tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema,
+                           timeout=link.spec.timeout_of(pinned.upstream_name))
         self.pins, self._bound, self._signature = pins, bound, signature
         self._on_tools(tools)
 
@@ -148,11 +157,18 @@ class Catalog:
 
 
 def _upstream_call(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def call(args: Any, invocation: Any) -> Any:
+    async def call(args: Any, invocation: ToolInvocation) -> Any:
         try:
-            result = await link.call_tool(pinned.upstream_name, args)
+            result = await link.call_tool(pinned.upstream_name, args, timeout=invocation.remaining())
         except UpstreamUnavailable:
-            raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached.") from None
+            raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached; the call was not "
+                                                  "executed.") from None
+        except UpstreamLost as lost:
+            if lost.why == "timeout":
+                raise ToolOutcomeUnknown("timeout", MESSAGES["timeout"]) from None
+            raise ToolOutcomeUnknown(UPSTREAM_LOST, "The connection to the tool's server was lost during the call; "
+                                                    "whether it took effect is unknown. Do not retry it; it will be "
+                                                    "reconciled.") from None
         if result.is_error:
             text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
             raise ToolError("upstream_error", text or "The tool failed.")

@@ -34,6 +34,7 @@ from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift
+from toolauthz.mcp_proxy.hosts import transport_security
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
@@ -61,6 +62,7 @@ class ProxySettings:
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
     oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
+    allowed_hosts: tuple[str, ...] = ()  # HTTP: Host names answered besides the listen address (hosts.py)
 
     def configured_caller(self) -> Caller | None:
         if self.downstream == "http" and self.oauth is not None:
@@ -186,17 +188,19 @@ class McpProxy:
         return caller
 
     def http_app(self, host: str) -> Any:
-        """The Streamable HTTP app (both protocol eras), behind the OAuth resource server
-        when `oauth` is configured."""
+        """The Streamable HTTP app (both protocol eras) at `/mcp`, behind the OAuth resource
+        server when `oauth` is configured; Host checked on every address (hosts.py)."""
         oauth = self.settings.oauth
+        security = transport_security(host, self.settings.allowed_hosts, oauth.resource if oauth else None)
         if oauth is None:
-            return self.server.streamable_http_app(host=host)
+            return self.server.streamable_http_app(host=host, transport_security=security)
         # Validated by AuthSettings itself, which keeps a path-less issuer without a trailing slash
         # (RFC 8414 compares issuers as strings). The verifier checks the audience itself.
         auth = AuthSettings.model_validate({"issuer_url": oauth.issuer, "resource_server_url": oauth.resource,
                                             "required_scopes": list(oauth.scopes_supported) or None,
                                             "validate_token_resource": False})
-        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth))
+        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth),
+                                               transport_security=security)
 
     async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
