@@ -179,13 +179,29 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())
             else:
-                import uvicorn
-
-                host, port = http
-                app = proxy.http_app(host)
-                await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+                await _serve_http(proxy, *http)
     finally:
         await authz.close()
+
+
+async def _serve_http(proxy: Any, host: str, port: int) -> None:
+    """Serves the proxy's HTTP app on HOST:PORT (0: a free port) and says where on stderr,
+    once it accepts connections: `listening on http://HOST:PORT/mcp`."""
+    import socket
+
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"toolauthz mcp-proxy: listening on http://{shown_host}:{sock.getsockname()[1]}/mcp",
+                      file=sys.stderr, flush=True)
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host, port))
+    shown_host = f"[{host}]" if ":" in host else host
+    await AnnouncingServer(uvicorn.Config(proxy.http_app(host), log_level="warning")).serve(sockets=[sock])
 
 
 def run_import(args: argparse.Namespace) -> int:
