@@ -74,13 +74,13 @@ def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-async def main() -> None:
-    server = build_server()
+async def main(server: Server[Any] | None = None) -> None:
+    server = server or build_server()
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def main_http(address: str) -> None:
+async def main_http(address: str, server: Server[Any] | None = None) -> None:
     import socket
 
     import uvicorn
@@ -94,7 +94,7 @@ async def main_http(address: str) -> None:
     host, _, port = address.rpartition(":")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.bind((host.strip("[]"), int(port)))
-    app = build_server().streamable_http_app(host=host)
+    app = (server or build_server()).streamable_http_app(host=host)
     await AnnouncingServer(uvicorn.Config(app, log_level="warning")).serve(sockets=[sock])
 
 

@@ -19,7 +19,7 @@ import pathlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -30,12 +30,14 @@ from ulid import ULID
 
 from toolauthz.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from toolauthz.clock import Clock, SystemClock
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift
 from toolauthz.mcp_proxy.hosts import transport_security
 from toolauthz.mcp_proxy.pins import PinnedTool
+from toolauthz.mcp_proxy.refusal_tally import RefusalTally, Report
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
 
@@ -46,6 +48,7 @@ TOOL_CHANGED = "tool_changed"
 STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when not completed
 CODE_META_KEY = "io.toolauthz/code"
 APPROVAL_META_KEY = "io.toolauthz/approval_id"
+REFUSAL_FLUSH_SECONDS = 5.0  # how often the counts of ended minutes are written (refusal_tally.py)
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
@@ -85,7 +88,7 @@ class _Call:
 class McpProxy:
     """`async with proxy.connected(upstream):` then serve `proxy.server`."""
 
-    def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient):
+    def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient, *, clock: Clock | None = None):
         self._configured = settings.configured_caller()
         self.settings = settings
         self.authz = authz
@@ -100,6 +103,7 @@ class McpProxy:
         # (run, tool, arguments) -> the call id whose approval is pending: the same call resumes it
         self._pending_approvals: BoundedMap[tuple[tuple[str, str, str], str, str], str] = BoundedMap(_MAX_RUNS)
         self._background: set[asyncio.Task[Any]] = set()
+        self._unavailable = RefusalTally(clock or SystemClock())  # upstream_unavailable, audited in aggregate
 
     # -- the upstreams ----------------------------------------------------------------
 
@@ -110,8 +114,14 @@ class McpProxy:
         specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
         self.catalog = Catalog(self.settings.bundle, specs, self._use_tools,
                                request_timeout=self.settings.rpc_timeout or 10.0)
-        async with self.catalog.connected():
-            yield self
+        async with self.catalog.connected(), anyio.create_task_group() as tg:
+            tg.start_soon(self._flush_refusals)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._report_refusals(self._unavailable.flush())  # the counts not yet written
 
     def _use_tools(self, tools: ToolSet) -> None:
         self._tools = tools
@@ -152,6 +162,7 @@ class McpProxy:
         if name not in exposed:
             upstream = self.catalog.upstream_of(name)
             if upstream is not None and not upstream.connected:
+                await self._audit_unavailable(run, call_id(run, ctx.request_id), name)
                 return _error(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the call was "
                               "not executed. Try again later.")
             return _error("The tool is not available here; the call was not executed.")
@@ -212,6 +223,28 @@ class McpProxy:
         except Exception:  # logged; the call is refused either way
             log.exception("could not record the tool_changed refusal of %s in the sidecar's audit trail",
                           display(name))
+
+    async def _audit_unavailable(self, run: Run, refused_call: str, name: str) -> None:
+        """Counts an `upstream_unavailable` refusal; the sidecar records it in aggregate
+        (refusal_tally.py). The refusal stands whatever the report does."""
+        await self._report_refusals(self._unavailable.count(run.caller.tag, name, UPSTREAM_UNAVAILABLE,
+                                                            (run, refused_call)))
+
+    async def _flush_refusals(self) -> None:
+        while True:
+            await anyio.sleep(REFUSAL_FLUSH_SECONDS)
+            await self._report_refusals(self._unavailable.due())
+
+    async def _report_refusals(self, reports: list[Report]) -> None:
+        for report in reports:
+            run, refused_call = cast(tuple[Run, str], report.what)  # what _audit_unavailable counted
+            context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+            try:
+                await self.authz.report_refusal(context, refused_call, report.tool, report.code, report.detail(),
+                                                timeout=self.settings.rpc_timeout)
+            except Exception:  # logged; the calls were refused either way
+                log.exception("could not record %d %s refusal(s) of %s in the sidecar's audit trail",
+                              report.count, report.code, display(report.tool))
 
     async def _run_guarded(self, guard: AsyncGuard, call_id: str, name: str, input_json: str) -> CallResult:
         """The Guard runs in its own task: when the MCP client cancels the request, the
