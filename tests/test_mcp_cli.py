@@ -163,6 +163,13 @@ def test_mcp_proxy_refuses_a_bad_configuration_before_serving(bundle_dir, argv, 
     assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_misspelt_configuration_key_is_refused(bundle_dir, tmp_path):
+    config = tmp_path / "gateway.yaml"
+    config.write_text("execution_timeout: 5\ntenant: acme\nprincipal: User::alice\n")
+    done = toolauthz("mcp-proxy", "--config", str(config), "--bundle", str(bundle_dir), "--", *UPSTREAM)
+    assert done.returncode == 1 and "unknown key `execution_timeout`" in done.stderr
+
+
 def test_oauth_off_is_for_loopback_only(bundle_dir, tmp_path):
     config = tmp_path / "gateway.yaml"
     config.write_text("oauth: off\nlisten: http://192.0.2.1:8808\ntenant: acme\nprincipal: User::alice\n")

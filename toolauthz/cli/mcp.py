@@ -104,12 +104,19 @@ def any_http(listen: str) -> tuple[str, int]:
     return url.hostname, port
 
 
+_CONFIG_KEYS = {"bundle", "sidecar", "tenant", "principal", "listen", "approval_wait_seconds",
+                "execution_timeout_seconds", "allowed_hosts", "upstream", "upstreams", "oauth"}
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if args.config:
         loaded = yaml.safe_load(pathlib.Path(args.config).read_text(encoding="utf-8"))
         if not isinstance(loaded, dict):
             raise RequestError("the proxy's config must be a mapping")
+        unknown = sorted(str(key) for key in set(loaded) - _CONFIG_KEYS)
+        if unknown:  # a misspelt key must not fall back to a default silently
+            raise RequestError(f"the proxy's config: unknown key `{display(unknown[0][:64])}`")
         config = loaded
     for key in ("bundle", "sidecar", "tenant", "principal", "listen", "approval_wait_seconds",
                 "execution_timeout_seconds", "allowed_hosts"):
