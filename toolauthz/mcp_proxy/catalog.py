@@ -23,8 +23,11 @@ import mcp_types as types
 
 from toolauthz.client import ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
 from toolauthz.client.results import MESSAGES
+from toolauthz.client.tools import DEFAULT_MAX_OUTPUT_BYTES
 from toolauthz.display.escape import display
+from toolauthz.errors import InputError
 from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
+from toolauthz.mcp_proxy.runs import BoundedMap
 from toolauthz.mcp_proxy.upstreams import (
     UPSTREAM_UNAVAILABLE,
     UpstreamLink,
@@ -32,10 +35,12 @@ from toolauthz.mcp_proxy.upstreams import (
     UpstreamSpec,
     UpstreamUnavailable,
 )
+from toolauthz.strict_json import parse_strict_json
 
 __all__ = ["Catalog", "Drift"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
+_MAX_ANSWERS = 1024  # structured answers waiting for the proxy to send them (one per call in flight)
 UPSTREAM_LOST = "upstream_lost"  # the outcome_unknown code of a call whose upstream was lost mid-call
 
 
@@ -68,6 +73,9 @@ class Catalog:
         self._on_tools = on_tools
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._lock = anyio.Lock()
+        # call id -> the upstream's content blocks of a structured result, as it sent them:
+        # the proxy answers with them (byte for byte) once the Guard accepted the output.
+        self.answered: BoundedMap[str, list[types.ContentBlock]] = BoundedMap(_MAX_ANSWERS)
 
     @asynccontextmanager
     async def connected(self) -> AsyncIterator[Catalog]:
@@ -136,7 +144,7 @@ class Catalog:
             if link is None:
                 continue
             bound[pinned.name] = link
-            tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema,
+            tools.register(pinned.name, _upstream_call(link, pinned, self.answered), output_schema=pinned.output_schema,
                            timeout=link.spec.timeout_of(pinned.upstream_name))
         self.pins, self._bound, self._signature = pins, bound, signature
         self._on_tools(tools)
@@ -156,7 +164,8 @@ class Catalog:
         return link
 
 
-def _upstream_call(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any], Awaitable[Any]]:
+def _upstream_call(link: UpstreamLink, pinned: PinnedTool,
+                   answered: BoundedMap[str, list[types.ContentBlock]]) -> Callable[[Any, Any], Awaitable[Any]]:
     async def call(args: Any, invocation: ToolInvocation) -> Any:
         try:
             result = await link.call_tool(pinned.upstream_name, args, timeout=invocation.remaining())
@@ -173,7 +182,35 @@ def _upstream_call(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any
             text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
             raise ToolError("upstream_error", text or "The tool failed.")
         if pinned.output_schema is not None:
+            if _serializes(result.content, result.structured_content):
+                answered.set(invocation.call_id, list(result.content))
             return result.structured_content
         return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
 
     return call
+
+
+def _serializes(content: list[types.ContentBlock], structured: Any) -> bool:
+    """Whether the upstream's content is one text block holding the structured result's
+    own JSON (what MCP asks a tool to send beside it): then the proxy may send that text as
+    it came, since the Guard checks the structured result. Anything else (other blocks,
+    text that says something else, or a padded text over the output bound) is replaced
+    by the proxy's serialization of the checked result."""
+    if len(content) != 1 or not isinstance(content[0], types.TextContent) or structured is None:
+        return False
+    try:
+        parsed = parse_strict_json(content[0].text.encode("utf-8", "surrogatepass"), max_bytes=DEFAULT_MAX_OUTPUT_BYTES)
+    except (InputError, ValueError, UnicodeError):
+        return False
+    return bool(parsed == structured) and _same_types(parsed, structured)
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """`==` with types: `1 == 1.0 == True` in Python, not in what a model reads."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_types(x, y) for x, y in zip(a, b, strict=True))
+    return True

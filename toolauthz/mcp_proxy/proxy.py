@@ -186,7 +186,7 @@ class McpProxy:
             self._pending_approvals.set(pending_key, result.call_id)
         else:
             self._pending_approvals.pop(pending_key)
-        return self._to_mcp(result, self.catalog.pins[name])
+        return self._to_mcp(result, self.catalog.pins[name], self.catalog.answered.pop(result.call_id))
 
     def _caller(self, ctx: Any) -> Caller:
         """Who the request acts for: the configured identity, or the one the request's
@@ -286,18 +286,20 @@ class McpProxy:
             log.debug("could not send a progress notification", exc_info=True)
 
     @staticmethod
-    def _to_mcp(result: CallResult, pinned: PinnedTool) -> types.CallToolResult:
+    def _to_mcp(result: CallResult, pinned: PinnedTool,
+                upstream_content: list[types.ContentBlock] | None = None) -> types.CallToolResult:
         """A completed call is the tool's output; anything else (a pending approval too) is
         `isError: true` with the Guard's model-safe text, and `_meta` says which it is:
-        the same shape as CallResult.to_tool_result."""
+        the same shape as CallResult.to_tool_result. A structured result keeps the
+        upstream's own content blocks (its text as sent), when this call fetched them."""
         if result.status != COMPLETED:
             meta = {STATUS_META_KEY: result.status, CODE_META_KEY: result.code}
             if result.approval_id:
                 meta[APPROVAL_META_KEY] = result.approval_id
             return types.CallToolResult(content=[types.TextContent(text=result.content)], is_error=True, meta=meta)
         if pinned.output_schema is not None:
-            text = json.dumps(result.output, ensure_ascii=False)
-            return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result.output)
+            content = upstream_content or [types.TextContent(text=json.dumps(result.output, ensure_ascii=False))]
+            return types.CallToolResult(content=content, structured_content=result.output)
         return types.CallToolResult.model_validate({"content": result.output})
 
 
