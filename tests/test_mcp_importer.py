@@ -46,9 +46,14 @@ def test_the_conservative_defaults():
     assert "side_effect: delete" in draft and "no destructiveHint" in draft
 
 
-def test_names():
-    assert catalog_name("Get-Weather.v2") == "get_weather_v2"
-    assert catalog_name("2fa") == "t_2fa"
+def test_names_keep_mcp_tool_names_and_replace_anything_else():
+    assert catalog_name("Get-Weather.v2") == "Get-Weather.v2"  # MCP's characters are catalog names as they are
+    assert catalog_name("2fa") == "2fa"
+    assert catalog_name("send sms\u200b\n") == "send_sms"  # a space, a zero-width and a control character
+    assert catalog_name("\u0430pi") == "pi"  # a Cyrillic look-alike is never kept
+    assert catalog_name("x" * 200) == "x" * 128
+    assert draft_for(types.Tool(name="get-weather", input_schema={"type": "object"}), upstream="crm",
+                     prefix="crm__").name == "crm__get-weather"
 
 
 def schema_of(draft_text: str) -> dict:

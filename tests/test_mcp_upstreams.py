@@ -151,20 +151,39 @@ def test_a_bad_upstreams_section_is_refused(raw: Any):
 
 
 def test_the_example_configuration_is_complete_and_valid():
+    """gateway.yaml runs as it is (`oauth: off`, loopback), its commented `oauth` section
+    is a valid one, and examples/mcp_gateway/README.md's table names exactly the keys the
+    gateway reads."""
+    import re
+
     import yaml
 
-    from toolauthz.mcp_proxy.config import resource_server
+    from toolauthz.cli.mcp import _CONFIG_KEYS
+    from toolauthz.mcp_proxy.config import _KEYS, _OAUTH_KEYS, resource_server
 
-    config = yaml.safe_load((ROOT / "examples" / "mcp_gateway" / "gateway.yaml").read_text())
+    text = (ROOT / "examples" / "mcp_gateway" / "gateway.yaml").read_text()
+    config = yaml.safe_load(text)
+    assert config["oauth"] is False and config["listen"].startswith("http://127.0.0.1:")
     [notes] = upstream_specs(config["upstreams"])
     assert (notes.name, notes.prefix, notes.mode) == ("notes", "", "auto")
-    oauth = resource_server(config["oauth"])
-    assert (oauth.resource, oauth.tenant, oauth.principal_claim) == ("https://tools.example/mcp", "acme", "sub")
+    assert notes.target.command == ".venv/bin/python"  # the project's interpreter, not the PATH's `python`
+    assert notes.timeout_of("delete_note") == 10 and notes.timeout_of("read_note") == 20
     assert config["sidecar"] != "127.0.0.1:50051"  # clear of the quickstart's sidecar
+    commented = text[text.index("# oauth:"):]
+    oauth_raw = yaml.safe_load("\n".join(line.removeprefix("#") for line in commented.splitlines()))["oauth"]
+    assert set(oauth_raw) | {"discovery", "tenant_claim"} == _OAUTH_KEYS  # every key shown (two as alternatives)
+    oauth = resource_server({k: v for k, v in oauth_raw.items() if k != "ca_file"})  # the CA file is an example path
+    assert (oauth.resource, oauth.tenant, oauth.principal_claim) == ("https://tools.example/mcp", "acme", "sub")
     settings = ProxySettings(bundle=ROOT / config["bundle"], tenant=config["tenant"],
                              principal=Principal("User", "alice"), downstream="http", oauth=oauth)
-    assert settings.configured_caller() is None  # over HTTP each caller is the token's
+    assert settings.configured_caller() is None  # over HTTP with oauth, each caller is the token's
     assert (ROOT / config["bundle"] / "tools").is_dir()
+    table = (ROOT / "examples" / "mcp_gateway" / "README.md").read_text()
+    named = {name for row in re.findall(r"^\| ([^|]+) \|", table, re.M)  # each row's first cell
+             for name in re.findall(r"`([A-Za-z_.]+)", row)}
+    assert {n.split(".")[0] for n in named} == _CONFIG_KEYS
+    assert {n.removeprefix("oauth.") for n in named if n.startswith("oauth.")} == _OAUTH_KEYS
+    assert {n.removeprefix("upstreams.NAME.") for n in named if n.startswith("upstreams.")} == _KEYS
 
 
 @pytest.mark.parametrize("raw", [

@@ -14,14 +14,14 @@ import cedarpy
 from jsonschema.exceptions import best_match
 
 from toolauthz.bundle import Bundle
-from toolauthz.bundle.catalog import TOOL_NAME, resolve_pointer
+from toolauthz.bundle.catalog import resolve_pointer
 from toolauthz.bundle.cedar_schema import APPROVE_ACTION, project
 from toolauthz.bundle.entity_graph import UID, entity_references, normalize_entity, parents_of, show_uid, uid_of
 from toolauthz.bundle.loader import ToolSlice
 from toolauthz.digest import InputLimits, digest_call
 from toolauthz.display.escape import shown
 from toolauthz.errors import InputError, RequestError
-from toolauthz.model import Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
+from toolauthz.model import TOOL_NAME, Decision, ErrorDetail, Principal, ProposedCall, TrustedContext, Verdict
 from toolauthz.usage.charges import Charge
 from toolauthz.usage.metering import charges_of, over_ceiling, usage_context
 

@@ -17,6 +17,10 @@ TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 PRINCIPAL_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 PRINCIPAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}\Z")
 CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}\Z")
+# A tool's name: MCP's tool-name characters (SEP-986), ASCII only, so no look-alike,
+# control or zero-width character can make two names look alike; case counts, and a
+# catalog refuses two names that differ only in case (bundle/catalog.py).
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 REQUEST_ID = CALL_ID
 MAX_ENTITIES_BYTES = 1 << 20
 

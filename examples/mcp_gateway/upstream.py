@@ -1,11 +1,16 @@
-"""A small upstream MCP server over stdio: notes, with a read-only tool, a destructive tool
-and one tool the gateway's catalog does not know (so the gateway never shows it).
+"""A small upstream MCP server: notes, with a read-only tool, a destructive tool and one
+tool the gateway's catalog does not know (so the gateway never shows it).
 
-    python -m examples.mcp_gateway.upstream
+    python -m examples.mcp_gateway.upstream                  # stdio
+    python -m examples.mcp_gateway.upstream --http 127.0.0.1:0   # Streamable HTTP at /mcp
+
+Over HTTP it prints its URL (`listening on http://127.0.0.1:PORT/mcp`) once it accepts
+connections; port 0 picks a free port.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -69,11 +74,35 @@ def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-async def main() -> None:
-    server = build_server()
+async def main(server: Server[Any] | None = None) -> None:
+    server = server or build_server()
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+async def main_http(address: str, server: Server[Any] | None = None) -> None:
+    import socket
+
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"listening on http://{host}:{sock.getsockname()[1]}/mcp", flush=True)
+
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host.strip("[]"), int(port)))
+    app = (server or build_server()).streamable_http_app(host=host)
+    await AnnouncingServer(uvicorn.Config(app, log_level="warning")).serve(sockets=[sock])
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP instead of stdio")
+    chosen = parser.parse_args().http
+    if chosen:
+        anyio.run(main_http, chosen)
+    else:
+        anyio.run(main)

@@ -18,7 +18,9 @@ from toolauthz.telemetry import tracing
 
 # The refusals a runtime may report (`plan_report_refusal`): each one a check the runtime
 # makes before Authorize, which the sidecar cannot make itself.
-REPORTABLE_REFUSALS = frozenset({"tool_changed"})
+# `upstream_unavailable`: the MCP gateway's upstream was down, counted per caller, tool and
+# minute by the gateway (toolauthz/mcp_proxy/refusal_tally.py): detail `count=N minute=T`.
+REPORTABLE_REFUSALS = frozenset({"tool_changed", "upstream_unavailable"})
 MAX_REFUSAL_DETAIL_CHARS = 512
 
 

@@ -16,6 +16,7 @@ import jsonschema.protocols
 import jsonschema.validators
 from jsonschema import Draft202012Validator, FormatChecker
 
+from toolauthz.bundle.dialects import DIALECTS, DRAFT_07, DRAFT_2019_09, DRAFT_2020_12, NotTranslatable, to_2020_12
 from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_schema, is_ecma_regex
 from toolauthz.bundle.entity_graph import ENTITY_TYPE_NAME
 from toolauthz.bundle.fast_schema import fast_validator
@@ -25,10 +26,9 @@ from toolauthz.display.escape import shown
 from toolauthz.display.hints import DisplayHint, parse_display
 from toolauthz.errors import Problem
 from toolauthz.files.tools import check_mcp_block, tool_documents
+from toolauthz.model import TOOL_NAME
 
 SIDE_EFFECTS = ("read", "create", "update", "delete", "communicate", "purchase")
-DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
-TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 ENTITY_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 DEFAULT_MAX_INPUT_BYTES = 65536
 MAX_INPUT_BYTES_CEILING = 1 << 20
@@ -110,6 +110,13 @@ def load_catalog(tools_dir: pathlib.Path | Mapping[str, bytes], problems: list[P
             problems.append(Problem(rel, f"duplicate tool name `{tool.name}` (also in {tools[tool.name].source})",
                                     pointer="/name"))
             continue
+        # Names that differ only in case are two tools to Cedar and the ledger but one to a
+        # reader (and to a case-insensitive file system): refused.
+        twin = next((other for other in tools.values() if other.name.lower() == tool.name.lower()), None)
+        if twin is not None:
+            problems.append(Problem(rel, f"tool name `{tool.name}` differs from `{twin.name}` (in {twin.source}) "
+                                         "only in case", pointer="/name"))
+            continue
         tools[tool.name] = tool
         if tool.fast_validator is None:
             log.info("tool `%s`: input checked by %s", tool.name, tool.schema_engine)
@@ -137,7 +144,7 @@ def _parse_tool(raw: dict[str, Any], rel: str, problems: list[Problem]) -> Tool 
         bad(mcp_pointer, mcp_problem)
     name = raw.get("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        bad("/name", "tool name must match `^[a-z][a-z0-9_]{0,63}$`")
+        bad("/name", "tool name must be 1-128 of A-Z a-z 0-9 _ - . (MCP's tool-name characters)")
     description = raw.get("description", "")
     if not isinstance(description, str):
         bad("/description", "description must be a string")
@@ -188,8 +195,11 @@ def _check_schema(schema: Any, pointer: str, bad: Complain, *, required: bool) -
     if not isinstance(schema, dict):
         bad(pointer, "a JSON Schema must be a mapping")
         return None
-    if schema.get("$schema") != DRAFT_2020_12:
-        bad(f"{pointer}/$schema", f"the schema must declare `$schema: {DRAFT_2020_12}`")
+    declared = schema.get("$schema")
+    dialect = DIALECTS.get(declared) if isinstance(declared, str) else None
+    if dialect is None:
+        bad(f"{pointer}/$schema", f"the schema must declare `$schema`: {DRAFT_2020_12} (or {DRAFT_2019_09}, "
+                                  f"{DRAFT_07}#)")
         return None
     try:
         _check_against_metaschema(schema)
@@ -197,17 +207,22 @@ def _check_schema(schema: Any, pointer: str, bad: Complain, *, required: bool) -
         where = pointer + "".join(f"/{p}" for p in exc.path)
         bad(where, f"invalid JSON Schema: {exc.message}" + (f" ({exc.cause})" if exc.cause else ""))
         return None
+    try:  # from here on the schema is 2020-12, deciding as the original does under its dialect
+        translated = to_2020_12(schema, dialect)
+    except NotTranslatable as exc:
+        bad(pointer, f"unsupported JSON Schema: {exc}")
+        return None
     try:  # every regex is read as ECMA-262, or the schema is refused
-        ecma_schema(schema)
+        ecma_schema(translated)
     except (NotEcmaRegex, UnknownSchemaPlace) as exc:
         bad(pointer, f"invalid JSON Schema: {exc}")
         return None
     # A format the checker cannot assert would silently pass everything: refuse it.
-    for where, fmt in _formats(schema, pointer):
+    for where, fmt in _formats(translated, pointer):
         if fmt not in _FORMAT_CHECKER.checkers:
             bad(where, f"format `{fmt}` cannot be asserted by this sidecar; remove it or use `pattern`")
             return None
-    return schema
+    return translated
 
 
 _VALID_SCHEMAS: set[str] = set()  # canonical texts of schemas that passed, in this process
@@ -215,13 +230,15 @@ _MAX_VALID_SCHEMAS = 8192
 
 
 def _check_against_metaschema(schema: dict[str, Any]) -> None:
-    """Draft202012Validator.check_schema, remembered for schemas that passed: it costs
+    """The check against the metaschema of the schema's own dialect (`$schema`, one of
+    dialects.DIALECTS), remembered for schemas that passed: it costs
     about 10 ms a schema, and a reload reads every tool again while it is mostly the
     policies that changed."""
     key = json.dumps(schema, sort_keys=True)
     if key in _VALID_SCHEMAS:
         return
-    Draft202012Validator.check_schema(schema, format_checker=_FORMAT_CHECKER)
+    checker: Any = jsonschema.validators.validator_for(schema)  # the dialect's own class
+    checker.check_schema(schema, format_checker=_FORMAT_CHECKER)
     if len(_VALID_SCHEMAS) >= _MAX_VALID_SCHEMAS:
         _VALID_SCHEMAS.clear()
     _VALID_SCHEMAS.add(key)

@@ -22,6 +22,7 @@ import anyio
 import yaml
 
 from toolauthz.cli.approvals import DEFAULT_SERVER, SERVER_ENV
+from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.files.tools import UPSTREAM_NAME
 from toolauthz.service.loopback import is_loopback_host
@@ -39,6 +40,10 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     proxy.add_argument("--listen", help="stdio (default) or http://127.0.0.1:PORT (loopback only)")
     proxy.add_argument("--approval-wait", type=float, dest="approval_wait_seconds",
                        help="seconds a call waits for a person's approval (default 0: answer with the approval id)")
+    proxy.add_argument("--execution-timeout", type=float, dest="execution_timeout_seconds",
+                       help="seconds an upstream tool call may take (default 30; per upstream and tool in --config)")
+    proxy.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="HOST[:PORT]",
+                       help="HTTP: a Host name answered besides the listen address (repeatable)")
     proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="a URL, or the command that starts the server")
     proxy.set_defaults(func=run_proxy, parse_principal=parse_principal)
 
@@ -48,10 +53,12 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     importer.add_argument("--bundle", default="policies")
     importer.add_argument("--force", action="store_true",
                           help="overwrite tool files that exist (default: merge, keeping what a person wrote)")
-    importer.add_argument("--upstream", help="bind the tools to this upstream of the gateway (mcp.upstream)")
+    # The option and the positional server need two destinations: sharing one, the
+    # positional list overwrote the option's name.
+    importer.add_argument("--upstream", dest="upstream_name", metavar="NAME",
+                          help="bind the tools to this upstream of the gateway (mcp.upstream)")
     importer.add_argument("--prefix", help="the catalog names' prefix (default with --upstream: NAME__)")
-    # Its own dest: `--upstream NAME` above is another value (a REMAINDER sharing it overwrote it).
-    importer.add_argument("command", nargs=argparse.REMAINDER, metavar="UPSTREAM",
+    importer.add_argument("server", nargs=argparse.REMAINDER, metavar="upstream",
                           help="a URL, or the command that starts the server")
     importer.set_defaults(func=run_import)
 
@@ -97,14 +104,22 @@ def any_http(listen: str) -> tuple[str, int]:
     return url.hostname, port
 
 
+_CONFIG_KEYS = {"bundle", "sidecar", "tenant", "principal", "listen", "approval_wait_seconds",
+                "execution_timeout_seconds", "allowed_hosts", "upstream", "upstreams", "oauth"}
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if args.config:
         loaded = yaml.safe_load(pathlib.Path(args.config).read_text(encoding="utf-8"))
         if not isinstance(loaded, dict):
             raise RequestError("the proxy's config must be a mapping")
+        unknown = sorted(str(key) for key in set(loaded) - _CONFIG_KEYS)
+        if unknown:  # a misspelt key must not fall back to a default silently
+            raise RequestError(f"the proxy's config: unknown key `{display(unknown[0][:64])}`")
         config = loaded
-    for key in ("bundle", "sidecar", "tenant", "principal", "listen", "approval_wait_seconds"):
+    for key in ("bundle", "sidecar", "tenant", "principal", "listen", "approval_wait_seconds",
+                "execution_timeout_seconds", "allowed_hosts"):
         value = getattr(args, key)
         if value is not None:
             config[key] = value
@@ -115,9 +130,20 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+def _oauth(raw: Any) -> Any:
+    """The `oauth` section; `oauth: off` (or false) is development without sign-in, which
+    the listen check then allows on loopback only."""
+    from toolauthz.mcp_proxy.config import resource_server
+
+    if raw is None or raw is False or raw == "off":
+        return None
+    return resource_server(raw)
+
+
 def run_proxy(args: argparse.Namespace) -> int:
     from toolauthz.client import Principal
-    from toolauthz.mcp_proxy.config import resource_server, upstream_specs
+    from toolauthz.mcp_proxy.config import seconds_of, upstream_specs
+    from toolauthz.mcp_proxy.hosts import check_allowed_hosts
     from toolauthz.mcp_proxy.proxy import ProxySettings
     from toolauthz.mcp_proxy.upstreams import UpstreamSpec
 
@@ -130,13 +156,16 @@ def run_proxy(args: argparse.Namespace) -> int:
         targets = upstream_specs(config["upstreams"])
     principal = config.get("principal")
     listen = str(config.get("listen") or "stdio")
-    oauth = resource_server(config["oauth"]) if config.get("oauth") is not None else None
+    oauth = _oauth(config.get("oauth"))
     http = None if listen == "stdio" else (any_http(listen) if oauth is not None else loopback_http(listen))
     settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"),
                              tenant=str(config["tenant"]) if config.get("tenant") else None,
                              principal=Principal(principal.type, principal.id) if principal is not None else None,
                              approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
-                             downstream="stdio" if http is None else "http", oauth=oauth)
+                             execution_timeout=seconds_of(config.get("execution_timeout_seconds", 30.0),
+                                                          "execution_timeout_seconds"),
+                             downstream="stdio" if http is None else "http", oauth=oauth,
+                             allowed_hosts=check_allowed_hosts(config.get("allowed_hosts")))
     settings.configured_caller()  # RequestError when the identity is missing
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
     anyio.run(_serve, settings, sidecar, targets, http)
@@ -157,24 +186,51 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())
             else:
-                import uvicorn
-
-                host, port = http
-                app = proxy.http_app(host)
-                await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+                await _serve_http(proxy, *http)
     finally:
         await authz.close()
+
+
+async def _serve_http(proxy: Any, host: str, port: int) -> None:
+    """Serves the proxy's HTTP app on HOST:PORT (0: a free port) and says where on stderr,
+    once it accepts connections: `listening on http://HOST:PORT/mcp`."""
+    import socket
+
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"toolauthz mcp-proxy: listening on http://{shown_host}:{sock.getsockname()[1]}/mcp",
+                      file=sys.stderr, flush=True)
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host, port))
+    shown_host = f"[{host}]" if ":" in host else host
+    await AnnouncingServer(uvicorn.Config(proxy.http_app(host), log_level="warning")).serve(sockets=[sock])
 
 
 def run_import(args: argparse.Namespace) -> int:
     from toolauthz.mcp_proxy.importer import list_upstream_tools, write_drafts
 
-    target = upstream_target(list(args.command))
-    tools = anyio.run(list_upstream_tools, target)
-    upstream = args.upstream
+    upstream = args.upstream_name
     if upstream is not None and not UPSTREAM_NAME.fullmatch(upstream):
-        raise RequestError("--upstream: a-z 0-9 _ -, 1 to 32 characters, starting with a letter")
+        raise RequestError(f"--upstream `{display(upstream)}`: a-z 0-9 _ -, 1 to 32 characters, starting with a letter")
+    target = upstream_target(list(args.server))
+    try:
+        tools = anyio.run(list_upstream_tools, target)
+    except Exception as exc:  # noqa: BLE001 - the upstream's failure, named: never a traceback, no file written
+        raise RequestError(f"could not list the tools of the upstream MCP server ({_reason(exc)})") from None
     prefix = args.prefix if args.prefix is not None else (upstream.replace("-", "_") + "__" if upstream else "")
     kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force, upstream=upstream,
                         prefix=prefix)
     return 1 if kept else 0
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a failed connection, one line: a task group wraps it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {display(text[:200])}" if text else type(exc).__name__

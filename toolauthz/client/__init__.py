@@ -23,7 +23,7 @@ from toolauthz.client.retry import NO_RETRY, RetryPolicy
 from toolauthz.client.schemas import input_limits, load_output_schemas, load_side_effects
 from toolauthz.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream
 from toolauthz.client.sync import AuthzClient, OutcomeReport
-from toolauthz.client.tools import Tool, ToolError, ToolInvocation, ToolSet
+from toolauthz.client.tools import Tool, ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
 from toolauthz.client.transport import ClientTls
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "Guard", "AsyncGuard", "GuardEvent", "GuardStateError", "UnknownCallError",
     "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
     "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",
-    "Tool", "ToolSet", "ToolInvocation", "ToolError", "load_output_schemas", "OfflineVerifier",
+    "Tool", "ToolSet", "ToolInvocation", "ToolError", "ToolOutcomeUnknown", "load_output_schemas", "OfflineVerifier",
     "AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream", "input_limits", "load_side_effects",
     "AssembledCall", "RefusedCall",
 ]

@@ -26,12 +26,12 @@ nothing was authorized), in the order the blocks end. The rules:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from toolauthz.client.context import check_call_id
 from toolauthz.client.results import FAILED, CallResult
+from toolauthz.model import TOOL_NAME
 
 __all__ = ["AssembledCall", "RefusedCall", "CallAssembly", "DEFAULT_MAX_INPUT_BYTES", "MAX_CALLS",
            "REFUSALS"]
@@ -40,7 +40,6 @@ DEFAULT_MAX_INPUT_BYTES = 65536  # the sidecar's default `limits.max_input_bytes
 MAX_CALLS = 64  # a batch's default `max_calls`: one turn's calls are authorized in one batch
 MAX_NAME_CHARS = 256
 MAX_PROBLEMS = 16
-_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
 
 # The model-safe text of each refusal: what the model reads in the call's error result.
 REFUSALS = {
@@ -206,7 +205,7 @@ class CallAssembly:
     # -- inside ------------------------------------------------------------------------
 
     def _limit(self, name: str) -> int:
-        limit = self._limit_of(name) if _TOOL_NAME.fullmatch(name or "") else None
+        limit = self._limit_of(name) if TOOL_NAME.fullmatch(name or "") else None
         return limit if isinstance(limit, int) and limit > 0 else self._default
 
     def _refuse(self, call: _Open, code: str) -> list[Answer]:

@@ -54,7 +54,7 @@ from toolauthz.client import results as r
 from toolauthz.client.context import ProposedCall, TrustedContext, check_call_id
 from toolauthz.client.results import CallResult
 from toolauthz.client.sync import OutcomeReport
-from toolauthz.client.tools import OutputProblem, Tool, ToolError, ToolInvocation, ToolSet
+from toolauthz.client.tools import OutputProblem, Tool, ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
@@ -549,6 +549,9 @@ class GuardCore:
                    (r.COMPLETED, "", digest))
 
     def _on_error(self, call: ProposedCall, att: Attempt, exc: BaseException) -> End:
+        if isinstance(exc, ToolOutcomeUnknown):
+            return End(self._result(call, att, r.OUTCOME_UNKNOWN, exc.code, exc.message, executed=True),
+                       (r.OUTCOME_UNKNOWN, exc.code, ""))
         if isinstance(exc, ToolError):
             return self._fail(call, att, exc.code, content=exc.message)
         log.error("tool %s failed in call %s", call.name, call.call_id, exc_info=exc)

@@ -22,10 +22,11 @@ detail; those go to `detail` and the log, for operators.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from toolauthz.model import TOOL_NAME
 
 COMPLETED = "completed"
 FAILED = "failed"
@@ -43,7 +44,6 @@ NOT_REPORTED = "not_reported"  # deliberately not reported (see Guard docs), or 
 CONFLICT = "conflict"  # ALREADY_EXISTS at once: someone else reported this call id
 REPORT_FAILED = "report_failed"  # the sidecar could not be reached; the local outcome stands
 
-_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
 
 MESSAGES = {
     "cancelled": "The call was cancelled before it started; it was not executed.",
@@ -71,7 +71,7 @@ MESSAGES = {
 
 
 def tool_unavailable(name: str) -> str:
-    shown = f"`{name}` " if _TOOL_NAME.fullmatch(name or "") else ""
+    shown = f"`{name}` " if TOOL_NAME.fullmatch(name or "") else ""
     return f"The tool {shown}is not available here; the call was not executed."
 
 

@@ -18,7 +18,7 @@ import pathlib
 from typing import Any
 
 import jsonschema
-from jsonschema import Draft202012Validator
+from jsonschema import Draft7Validator, Draft201909Validator, Draft202012Validator
 
 from toolauthz.errors import BundleError, Problem
 from toolauthz.files.tools import tool_documents
@@ -26,6 +26,20 @@ from toolauthz.files.tools import tool_documents
 __all__ = ["load_output_schemas", "input_limits", "load_side_effects"]
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+_VALIDATORS: dict[str, Any] = {
+    DRAFT_2020_12: Draft202012Validator, DRAFT_2020_12 + "#": Draft202012Validator,
+    "https://json-schema.org/draft/2019-09/schema": Draft201909Validator,
+    "https://json-schema.org/draft/2019-09/schema#": Draft201909Validator,
+    "http://json-schema.org/draft-07/schema": Draft7Validator,
+    "http://json-schema.org/draft-07/schema#": Draft7Validator,
+}
+
+
+def output_validator_class(schema: Any) -> Any:
+    """The jsonschema class of the dialect a schema declares (2020-12 when it declares
+    none, as MCP reads it), or None for any other declared dialect."""
+    declared = schema.get("$schema", DRAFT_2020_12) if isinstance(schema, dict) else None
+    return _VALIDATORS.get(declared) if isinstance(declared, str) else None
 
 
 def load_output_schemas(bundle_dir: str | pathlib.Path) -> dict[str, dict[str, Any]]:
@@ -62,14 +76,15 @@ def _output_schema(schema: Any, rel: str, problems: list[Problem]) -> dict[str, 
     if not isinstance(schema, dict):
         problems.append(Problem(rel, "a JSON Schema must be a mapping", pointer=pointer))
         return None
-    # The Guard validates with draft 2020-12: a schema written for another draft would
-    # be read with other rules than its author meant.
-    if schema.get("$schema") != DRAFT_2020_12:
-        message = f"the schema must declare `$schema: {DRAFT_2020_12}`"
+    # The Guard validates under the dialect the schema declares (2020-12, 2019-09 or
+    # draft-07): read with another draft's rules, it would not mean what its author meant.
+    dialect = output_validator_class(schema)
+    if dialect is None or "$schema" not in schema:
+        message = f"the schema must declare `$schema`: {DRAFT_2020_12} (or 2019-09, draft-07)"
         problems.append(Problem(rel, message, pointer=f"{pointer}/$schema"))
         return None
     try:
-        Draft202012Validator.check_schema(schema)
+        dialect.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = pointer + "".join(f"/{p}" for p in exc.path)
         problems.append(Problem(rel, f"invalid JSON Schema: {exc.message}", pointer=where))

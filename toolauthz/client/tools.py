@@ -32,10 +32,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from toolauthz.client.context import TrustedContext
+from toolauthz.client.schemas import output_validator_class
 from toolauthz.digest import canonical_json
 from toolauthz.errors import InputError
 
-__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "DEFAULT_MAX_OUTPUT_BYTES"]
+__all__ = ["Tool", "ToolSet", "ToolInvocation", "ToolError", "ToolOutcomeUnknown", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 _CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
@@ -51,6 +52,12 @@ class ToolError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message[:500]
+
+
+class ToolOutcomeUnknown(ToolError):
+    """The tool's effect is unknown: it may have acted (a remote call whose connection
+    dropped after the request was sent). The call ends `outcome_unknown`, never `failed`,
+    so nobody retries what may have run."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Tool:
     output_schema: Mapping[str, Any] | None = None
     timeout: float | None = None  # seconds; None: the Guard's default
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
-    validator: Draft202012Validator | None = field(default=None, repr=False, compare=False)
+    validator: Any = field(default=None, repr=False, compare=False)  # of the output schema's own dialect
     # May run at the same time as other such calls of one turn (Guard.run_turn): calls
     # that commute. By default, the tools whose `side_effect` is `read`.
     concurrent: bool = False
@@ -136,8 +143,11 @@ class ToolSet:
         schema = output_schema if output_schema is not None else self._schemas.get(name)
         validator = None
         if schema is not None:
-            Draft202012Validator.check_schema(schema)
-            validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+            dialect = output_validator_class(schema)  # the schema's own dialect
+            if dialect is None:
+                raise ValueError(f"tool `{name}`: the output schema's `$schema` is not 2020-12, 2019-09 or draft-07")
+            dialect.check_schema(schema)
+            validator = dialect(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         if concurrent is None:
             concurrent = self._side_effects.get(name) == "read"
         tool = Tool(name, fn, schema, timeout, self._max_output_bytes, validator, bool(concurrent))

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from toolauthz.errors import Problem
+from toolauthz.model import TOOL_NAME
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's safe loader when PyYAML has it (its wheels do): the same documents, read in
@@ -82,8 +83,8 @@ def check_mcp_block(raw: Any) -> list[tuple[str, str]]:
         return [("/mcp", "`mcp` must be a mapping")]
     found = [(f"/mcp/{key}", f"unknown key `{key}`") for key in sorted(set(raw) - _MCP_KEYS)]
     name = raw.get("name")
-    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128):
-        found.append(("/mcp/name", "`mcp.name` must be the upstream tool name (1 to 128 characters)"))
+    if name is not None and (not isinstance(name, str) or not TOOL_NAME.fullmatch(name)):
+        found.append(("/mcp/name", "`mcp.name` must be the upstream tool name (1-128 of A-Z a-z 0-9 _ - .)"))
     upstream = raw.get("upstream")
     if upstream is not None and (not isinstance(upstream, str) or not UPSTREAM_NAME.fullmatch(upstream)):
         found.append(("/mcp/upstream", "`mcp.upstream` must name an upstream of the gateway's configuration "

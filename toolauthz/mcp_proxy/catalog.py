@@ -28,14 +28,27 @@ import anyio
 import grpc
 import mcp_types as types
 
-from toolauthz.client import AsyncAuthzClient, ToolError, ToolSet
+from toolauthz.client import AsyncAuthzClient, ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
+from toolauthz.client.results import MESSAGES
+from toolauthz.client.tools import DEFAULT_MAX_OUTPUT_BYTES
 from toolauthz.display.escape import display
+from toolauthz.errors import InputError
 from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, drift, load_pins
-from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamLink, UpstreamSpec, UpstreamUnavailable
+from toolauthz.mcp_proxy.runs import BoundedMap
+from toolauthz.mcp_proxy.upstreams import (
+    UPSTREAM_UNAVAILABLE,
+    UpstreamLink,
+    UpstreamLost,
+    UpstreamSpec,
+    UpstreamUnavailable,
+)
+from toolauthz.strict_json import parse_strict_json
 
 __all__ = ["Catalog", "CatalogFiles", "Drift", "sidecar_catalog"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
+_MAX_ANSWERS = 1024  # structured answers waiting for the proxy to send them (one per call in flight)
+UPSTREAM_LOST = "upstream_lost"  # the outcome_unknown code of a call whose upstream was lost mid-call
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,9 @@ class Catalog:
         self.digest = ""  # the sidecar's bundle the pins were read from
         self.revision: int | None = None
         self._lock = anyio.Lock()
+        # call id -> the upstream's content blocks of a structured result, as it sent them:
+        # the proxy answers with them (byte for byte) once the Guard accepted the output.
+        self.answered: BoundedMap[str, list[types.ContentBlock]] = BoundedMap(_MAX_ANSWERS)
 
     @asynccontextmanager
     async def connected(self) -> AsyncIterator[Catalog]:
@@ -169,7 +185,8 @@ class Catalog:
             if link is None:
                 continue
             bound[pinned.name] = link
-            tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema)
+            tools.register(pinned.name, _upstream_call(link, pinned, self.answered), output_schema=pinned.output_schema,
+                           timeout=link.spec.timeout_of(pinned.upstream_name))
         self.pins, self._bound = pins, bound
         self.digest, self.revision = fetched.digest, fetched.revision
         log.info("catalog of the sidecar's bundle %s (revision %s): %d pinned tools", fetched.digest[:16],
@@ -191,17 +208,53 @@ class Catalog:
         return link
 
 
-def _upstream_call(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def call(args: Any, invocation: Any) -> Any:
+def _upstream_call(link: UpstreamLink, pinned: PinnedTool,
+                   answered: BoundedMap[str, list[types.ContentBlock]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def call(args: Any, invocation: ToolInvocation) -> Any:
         try:
-            result = await link.call_tool(pinned.upstream_name, args)
+            result = await link.call_tool(pinned.upstream_name, args, timeout=invocation.remaining())
         except UpstreamUnavailable:
-            raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached.") from None
+            raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached; the call was not "
+                                                  "executed.") from None
+        except UpstreamLost as lost:
+            if lost.why == "timeout":
+                raise ToolOutcomeUnknown("timeout", MESSAGES["timeout"]) from None
+            raise ToolOutcomeUnknown(UPSTREAM_LOST, "The connection to the tool's server was lost during the call; "
+                                                    "whether it took effect is unknown. Do not retry it; it will be "
+                                                    "reconciled.") from None
         if result.is_error:
             text = " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
             raise ToolError("upstream_error", text or "The tool failed.")
         if pinned.output_schema is not None:
+            if _serializes(result.content, result.structured_content):
+                answered.set(invocation.call_id, list(result.content))
             return result.structured_content
         return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
 
     return call
+
+
+def _serializes(content: list[types.ContentBlock], structured: Any) -> bool:
+    """Whether the upstream's content is one text block holding the structured result's
+    own JSON (what MCP asks a tool to send beside it): then the proxy may send that text as
+    it came, since the Guard checks the structured result. Anything else (other blocks,
+    text that says something else, or a padded text over the output bound) is replaced
+    by the proxy's serialization of the checked result."""
+    if len(content) != 1 or not isinstance(content[0], types.TextContent) or structured is None:
+        return False
+    try:
+        parsed = parse_strict_json(content[0].text.encode("utf-8", "surrogatepass"), max_bytes=DEFAULT_MAX_OUTPUT_BYTES)
+    except (InputError, ValueError, UnicodeError):
+        return False
+    return bool(parsed == structured) and _same_types(parsed, structured)
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """`==` with types: `1 == 1.0 == True` in Python, not in what a model reads."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_types(x, y) for x, y in zip(a, b, strict=True))
+    return True

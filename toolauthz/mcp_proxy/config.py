@@ -7,6 +7,8 @@
       crm:
         url: https://crm.internal/mcp                           # Streamable HTTP
         mode: legacy                 # auto (default: either protocol era) or legacy
+        execution_timeout_seconds: 60                           # default: the gateway's (30)
+        tool_timeouts: {export_all: 300}                        # by upstream tool name
         # prefix defaults to the name and two underscores: crm__lookup_customer
 """
 
@@ -19,16 +21,39 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolauthz.clock import SystemClock
+from toolauthz.display.escape import display
 from toolauthz.errors import KeyFileError, RequestError
 from toolauthz.files.tools import UPSTREAM_NAME
 from toolauthz.identity.jwks import ASYMMETRIC_ALGORITHMS, RemoteJwks, RemoteSettings
 from toolauthz.mcp_proxy.auth import ResourceServer
 from toolauthz.mcp_proxy.upstreams import UpstreamSpec
+from toolauthz.model import TOOL_NAME
 
-__all__ = ["upstream_specs", "resource_server"]
+__all__ = ["upstream_specs", "resource_server", "seconds_of"]
 
 _PREFIX = re.compile(r"^([a-z][a-z0-9_]{0,31})?\Z")  # a catalog name starts with it
-_KEYS = {"url", "command", "prefix", "mode"}
+_KEYS = {"url", "command", "prefix", "mode", "execution_timeout_seconds", "tool_timeouts"}
+MAX_EXECUTION_SECONDS = 24 * 3600.0
+
+
+def seconds_of(raw: Any, where: str) -> float:
+    """A positive number of seconds, at most a day; RequestError naming `where` otherwise."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw <= MAX_EXECUTION_SECONDS:
+        raise RequestError(f"{where} must be a number of seconds above 0 and at most {int(MAX_EXECUTION_SECONDS)}")
+    return float(raw)
+
+
+def _tool_timeouts(name: str, raw: Any) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise RequestError(f"upstreams.{name}.tool_timeouts must map upstream tool names to seconds")
+    timeouts: dict[str, float] = {}
+    for tool, seconds in raw.items():
+        if not isinstance(tool, str) or not TOOL_NAME.fullmatch(tool):
+            raise RequestError(f"upstreams.{name}.tool_timeouts: `{display(str(tool)[:128])}` is not a tool name")
+        timeouts[tool] = seconds_of(seconds, f"upstreams.{name}.tool_timeouts.{tool}")
+    return timeouts
 
 
 def upstream_specs(raw: Any) -> list[UpstreamSpec]:
@@ -67,7 +92,11 @@ def _spec(name: Any, entry: Any) -> UpstreamSpec:
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
             raise RequestError(f"upstreams.{name}.command must be a command line (a list of words)")
         target = StdioServerParameters(command=words[0], args=words[1:], env=dict(os.environ))
-    return UpstreamSpec(name, target, prefix=prefix, mode=mode)
+    timeout = entry.get("execution_timeout_seconds")
+    return UpstreamSpec(name, target, prefix=prefix, mode=mode,
+                        execution_timeout=None if timeout is None else seconds_of(
+                            timeout, f"upstreams.{name}.execution_timeout_seconds"),
+                        tool_timeouts=_tool_timeouts(name, entry.get("tool_timeouts")))
 
 
 _OAUTH_KEYS = {"resource", "issuer", "jwks_uri", "discovery", "ca_file", "algorithms", "principal_claim",

@@ -46,11 +46,12 @@ from mcp import Client
 
 from toolauthz.mcp_proxy.pins import DRAFT_2020_12, schema_sha256
 from toolauthz.mcp_proxy.tool_merge import merge_tool_file
+from toolauthz.model import TOOL_NAME
 
 __all__ = ["Draft", "draft_for", "list_upstream_tools", "write_drafts", "catalog_name", "side_effect_of",
            "resource_hint"]
 
-_NOT_NAME = re.compile(r"[^a-z0-9_]+")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,11 @@ class Draft:
 
 
 def catalog_name(upstream_name: str) -> str:
-    """The catalog's spelling (`^[a-z][a-z0-9_]{0,63}$`) of an upstream tool name."""
-    name = _NOT_NAME.sub("_", upstream_name.lower()).strip("_") or "tool"
-    if not name[0].isalpha():
-        name = "t_" + name
-    return name[:64]
+    """The catalog's spelling (toolauthz.model.TOOL_NAME: MCP's tool-name characters, 1 to
+    128) of an upstream tool name: the same name when it is one already."""
+    if TOOL_NAME.fullmatch(upstream_name):
+        return upstream_name
+    return (_NOT_NAME.sub("_", upstream_name).strip("_") or "tool")[:128]
 
 
 def side_effect_of(hints: types.ToolAnnotations | None) -> tuple[str, str]:
@@ -128,7 +129,7 @@ def resource_hint(schema: dict[str, Any]) -> str:
 
 
 def draft_for(tool: types.Tool, *, upstream: str | None = None, prefix: str = "") -> Draft:
-    name = catalog_name(prefix + catalog_name(tool.name)) if prefix else catalog_name(tool.name)
+    name = catalog_name(prefix + catalog_name(tool.name))
     side_effect, why = side_effect_of(tool.annotations)
     input_schema, closed_note = _closed(_with_dialect(dict(tool.input_schema)))
     document: dict[str, Any] = {"name": name, "description": tool.description or "", "side_effect": side_effect,

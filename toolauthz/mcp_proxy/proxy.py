@@ -19,7 +19,7 @@ import pathlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -30,11 +30,14 @@ from ulid import ULID
 
 from toolauthz.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from toolauthz.clock import Clock, SystemClock
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift, sidecar_catalog
+from toolauthz.mcp_proxy.hosts import transport_security
 from toolauthz.mcp_proxy.pins import PinnedTool
+from toolauthz.mcp_proxy.refusal_tally import RefusalTally, Report
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
 
@@ -45,6 +48,7 @@ TOOL_CHANGED = "tool_changed"
 STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when not completed
 CODE_META_KEY = "io.toolauthz/code"
 APPROVAL_META_KEY = "io.toolauthz/approval_id"
+REFUSAL_FLUSH_SECONDS = 5.0  # how often the counts of ended minutes are written (refusal_tally.py)
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 _SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
                       "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
@@ -62,6 +66,7 @@ class ProxySettings:
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
     oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
+    allowed_hosts: tuple[str, ...] = ()  # HTTP: Host names answered besides the listen address (hosts.py)
 
     def configured_caller(self) -> Caller | None:
         if self.downstream == "http" and self.oauth is not None:
@@ -84,7 +89,7 @@ class _Call:
 class McpProxy:
     """`async with proxy.connected(upstream):` then serve `proxy.server`."""
 
-    def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient):
+    def __init__(self, settings: ProxySettings, authz: AsyncAuthzClient, *, clock: Clock | None = None):
         self._configured = settings.configured_caller()
         self.settings = settings
         self.authz = authz
@@ -99,6 +104,7 @@ class McpProxy:
         # (run, tool, arguments) -> the call id whose approval is pending: the same call resumes it
         self._pending_approvals: BoundedMap[tuple[tuple[str, str, str], str, str], str] = BoundedMap(_MAX_RUNS)
         self._background: set[asyncio.Task[Any]] = set()
+        self._unavailable = RefusalTally(clock or SystemClock())  # upstream_unavailable, audited in aggregate
 
     # -- the upstreams ----------------------------------------------------------------
 
@@ -109,8 +115,14 @@ class McpProxy:
         specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
         self.catalog = Catalog(sidecar_catalog(self.authz), specs, self._use_tools,
                                request_timeout=self.settings.rpc_timeout or 10.0)
-        async with self.catalog.connected():
-            yield self
+        async with self.catalog.connected(), anyio.create_task_group() as tg:
+            tg.start_soon(self._flush_refusals)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._report_refusals(self._unavailable.flush())  # the counts not yet written
 
     def _use_tools(self, tools: ToolSet) -> None:
         self._tools = tools
@@ -151,6 +163,7 @@ class McpProxy:
         if name not in exposed:
             upstream = self.catalog.upstream_of(name)
             if upstream is not None and not upstream.connected:
+                await self._audit_unavailable(run, call_id(run, ctx.request_id), name)
                 return _error(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the call was "
                               "not executed. Try again later.")
             return _error("The tool is not available here; the call was not executed.")
@@ -174,7 +187,7 @@ class McpProxy:
             self._pending_approvals.set(pending_key, result.call_id)
         else:
             self._pending_approvals.pop(pending_key)
-        return self._to_mcp(result, self.catalog.pins[name])
+        return self._to_mcp(result, self.catalog.pins[name], self.catalog.answered.pop(result.call_id))
 
     def _caller(self, ctx: Any) -> Caller:
         """Who the request acts for: the configured identity, or the one the request's
@@ -187,17 +200,19 @@ class McpProxy:
         return caller
 
     def http_app(self, host: str) -> Any:
-        """The Streamable HTTP app (both protocol eras), behind the OAuth resource server
-        when `oauth` is configured."""
+        """The Streamable HTTP app (both protocol eras) at `/mcp`, behind the OAuth resource
+        server when `oauth` is configured; Host checked on every address (hosts.py)."""
         oauth = self.settings.oauth
+        security = transport_security(host, self.settings.allowed_hosts, oauth.resource if oauth else None)
         if oauth is None:
-            return self.server.streamable_http_app(host=host)
+            return self.server.streamable_http_app(host=host, transport_security=security)
         # Validated by AuthSettings itself, which keeps a path-less issuer without a trailing slash
         # (RFC 8414 compares issuers as strings). The verifier checks the audience itself.
         auth = AuthSettings.model_validate({"issuer_url": oauth.issuer, "resource_server_url": oauth.resource,
                                             "required_scopes": list(oauth.scopes_supported) or None,
                                             "validate_token_resource": False})
-        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth))
+        return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth),
+                                               transport_security=security)
 
     async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
@@ -209,6 +224,28 @@ class McpProxy:
         except Exception:  # logged; the call is refused either way
             log.exception("could not record the tool_changed refusal of %s in the sidecar's audit trail",
                           display(name))
+
+    async def _audit_unavailable(self, run: Run, refused_call: str, name: str) -> None:
+        """Counts an `upstream_unavailable` refusal; the sidecar records it in aggregate
+        (refusal_tally.py). The refusal stands whatever the report does."""
+        await self._report_refusals(self._unavailable.count(run.caller.tag, name, UPSTREAM_UNAVAILABLE,
+                                                            (run, refused_call)))
+
+    async def _flush_refusals(self) -> None:
+        while True:
+            await anyio.sleep(REFUSAL_FLUSH_SECONDS)
+            await self._report_refusals(self._unavailable.due())
+
+    async def _report_refusals(self, reports: list[Report]) -> None:
+        for report in reports:
+            run, refused_call = cast(tuple[Run, str], report.what)  # what _audit_unavailable counted
+            context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+            try:
+                await self.authz.report_refusal(context, refused_call, report.tool, report.code, report.detail(),
+                                                timeout=self.settings.rpc_timeout)
+            except Exception:  # logged; the calls were refused either way
+                log.exception("could not record %d %s refusal(s) of %s in the sidecar's audit trail",
+                              report.count, report.code, display(report.tool))
 
     async def _run_guarded(self, guard: AsyncGuard, call_id: str, name: str, input_json: str) -> CallResult:
         """The Guard runs in its own task: when the MCP client cancels the request, the
@@ -250,18 +287,20 @@ class McpProxy:
             log.debug("could not send a progress notification", exc_info=True)
 
     @staticmethod
-    def _to_mcp(result: CallResult, pinned: PinnedTool) -> types.CallToolResult:
+    def _to_mcp(result: CallResult, pinned: PinnedTool,
+                upstream_content: list[types.ContentBlock] | None = None) -> types.CallToolResult:
         """A completed call is the tool's output; anything else (a pending approval too) is
         `isError: true` with the Guard's model-safe text, and `_meta` says which it is:
-        the same shape as CallResult.to_tool_result."""
+        the same shape as CallResult.to_tool_result. A structured result keeps the
+        upstream's own content blocks (its text as sent), when this call fetched them."""
         if result.status != COMPLETED:
             meta = {STATUS_META_KEY: result.status, CODE_META_KEY: result.code}
             if result.approval_id:
                 meta[APPROVAL_META_KEY] = result.approval_id
             return types.CallToolResult(content=[types.TextContent(text=result.content)], is_error=True, meta=meta)
         if pinned.output_schema is not None:
-            text = json.dumps(result.output, ensure_ascii=False)
-            return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result.output)
+            content = upstream_content or [types.TextContent(text=json.dumps(result.output, ensure_ascii=False))]
+            return types.CallToolResult(content=content, structured_content=result.output)
         return types.CallToolResult.model_validate({"content": result.output})
 
 

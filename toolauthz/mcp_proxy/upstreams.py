@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from toolauthz.display.escape import display
 
-__all__ = ["UpstreamSpec", "UpstreamLink", "UpstreamUnavailable", "UPSTREAM_UNAVAILABLE"]
+__all__ = ["UpstreamSpec", "UpstreamLink", "UpstreamUnavailable", "UpstreamLost", "UPSTREAM_UNAVAILABLE"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -34,7 +34,17 @@ _LIST_PAGES = 100
 
 
 class UpstreamUnavailable(Exception):
-    """The upstream is not connected right now (it is being reconnected)."""
+    """The upstream is not connected right now (it is being reconnected): a request
+    that fails so never reached it."""
+
+
+class UpstreamLost(Exception):
+    """The upstream was lost (`lost`) or did not answer in time (`timeout`) after a call
+    was sent: the call may have run."""
+
+    def __init__(self, upstream: str, why: str):
+        super().__init__(upstream, why)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,11 @@ class UpstreamSpec:
     target: Any  # a URL, StdioServerParameters, or an in-process server
     prefix: str = ""  # the catalog names of its tools start with it (`crm__`)
     mode: str = "auto"  # "auto" (either era) or "legacy" (2025-11-25 only)
+    execution_timeout: float | None = None  # seconds a call may take; None: the gateway's
+    tool_timeouts: Mapping[str, float] = field(default_factory=dict)  # by upstream tool name
+
+    def timeout_of(self, upstream_tool: str) -> float | None:
+        return self.tool_timeouts.get(upstream_tool, self.execution_timeout)
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class UpstreamLink:
         self._on_tools_changed = on_tools_changed
         self._reconnected = anyio.Event()
         self._background: set[asyncio.Future[Any]] = set()
+        self._in_flight: set[anyio.CancelScope] = set()  # the calls waiting for an answer
 
     @property
     def connected(self) -> bool:
@@ -114,6 +130,8 @@ class UpstreamLink:
                         why)
         self._client = None
         self._lost.set()
+        for scope in list(self._in_flight):
+            scope.cancel()
 
     def _require(self) -> Client:
         if self._client is None:
@@ -139,20 +157,45 @@ class UpstreamLink:
             raise UpstreamUnavailable(self.spec.name) from exc
         return tools
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """The upstream's answer; UpstreamUnavailable when the session or connection is
-        lost (before or during the call); MCPError for a protocol error of the call."""
+    async def call_tool(self, name: str, arguments: dict[str, Any], *,
+                        timeout: float | None = None) -> types.CallToolResult:
+        """The upstream's answer, or why there is none:
+
+        - UpstreamUnavailable: the request never reached the upstream (the link was down,
+          the connection was refused, or the upstream answered that it does not know the
+          session): nothing ran;
+        - UpstreamLost: the link was lost or `timeout` passed after the request was handed
+          to the transport: it may have run;
+        - MCPError: the upstream's protocol error for the call.
+
+        A link lost by any request cancels every call in flight on it at once, so that no
+        call waits for an answer that cannot come."""
         client = self._require()
+        scope = anyio.CancelScope()
+        self._in_flight.add(scope)
         try:
-            return await client.call_tool(name, arguments)
+            with scope:
+                return await client.call_tool(name, arguments, read_timeout_seconds=timeout)
+            raise UpstreamLost(self.spec.name, "lost")  # reached only when lose() cancelled the scope
         except MCPError as exc:
-            if not _session_lost(exc):
+            if _session_lost(exc):
+                self.lose("session lost")
+                raise UpstreamUnavailable(self.spec.name) from exc
+            if exc.error.code == types.REQUEST_TIMEOUT:
+                raise UpstreamLost(self.spec.name, "timeout") from exc
+            if exc.error.code != types.CONNECTION_CLOSED:
                 raise
-            self.lose("session lost")
-            raise UpstreamUnavailable(self.spec.name) from exc
-        except Exception as exc:  # the transport failed: connection refused, reset, stream closed
+            self.lose("connection closed")
+            raise UpstreamLost(self.spec.name, "lost") from exc
+        except (UpstreamLost, UpstreamUnavailable):
+            raise
+        except Exception as exc:  # the transport failed: refused before sending, else reset or closed
             self.lose(type(exc).__name__)
-            raise UpstreamUnavailable(self.spec.name) from exc
+            if _never_connected(exc):
+                raise UpstreamUnavailable(self.spec.name) from exc
+            raise UpstreamLost(self.spec.name, "lost") from exc
+        finally:
+            self._in_flight.discard(scope)
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
@@ -166,3 +209,12 @@ class UpstreamLink:
 def _session_lost(exc: MCPError) -> bool:
     """The MCP spelling of a session the upstream no longer knows (it restarted)."""
     return exc.error.code == types.INVALID_REQUEST and "session" in exc.error.message.lower()
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """A connection that was refused (or whose name did not resolve) carried no request."""
+    import httpx2 as httpx
+
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return isinstance(exc, (httpx.ConnectError, ConnectionRefusedError))
