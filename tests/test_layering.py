@@ -77,9 +77,10 @@ FENCES: tuple[Fence, ...] = (
           imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
-    # It checks bearer access tokens against its identity provider's keys (jwks).
+    # It checks bearer access tokens against its identity provider's keys (jwks), and
+    # reports the root package's `__version__` (that __init__ imports nothing) as serverInfo.
     Fence("toolauthz.mcp_proxy",
-          may_import=frozenset({"toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+          may_import=frozenset({"toolauthz", "toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
                                 "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
                                 "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
                                 "toolauthz.clock"}),

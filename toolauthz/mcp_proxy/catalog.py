@@ -23,6 +23,8 @@ import mcp_types as types
 
 from toolauthz.client import ToolError, ToolSet
 from toolauthz.display.escape import display
+from toolauthz.mcp_proxy.governed import implementation_of
+from toolauthz.mcp_proxy.passthrough import progress_relay
 from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, catalog_signature, drift, load_pins
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamLink, UpstreamSpec, UpstreamUnavailable
 
@@ -95,6 +97,8 @@ class Catalog:
                 except UpstreamUnavailable:
                     continue  # hides its own tools only
                 for name, pinned in self.pins.items():
+                    if pinned.kind != "tool":
+                        continue  # resources and prompts: mcp_proxy/governed.py
                     if self._bound.get(name) is link and self._still_pinned(name, pinned, advertised):
                         exposed[name] = advertised[pinned.upstream_name]
             return exposed
@@ -128,7 +132,8 @@ class Catalog:
             if link is None:
                 continue
             bound[pinned.name] = link
-            tools.register(pinned.name, _upstream_call(link, pinned), output_schema=pinned.output_schema)
+            run = implementation_of(link, pinned) or _upstream_call(link, pinned)
+            tools.register(pinned.name, run, output_schema=pinned.output_schema)
         self.pins, self._bound, self._signature = pins, bound, signature
         self._on_tools(tools)
 
@@ -150,7 +155,7 @@ class Catalog:
 def _upstream_call(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any], Awaitable[Any]]:
     async def call(args: Any, invocation: Any) -> Any:
         try:
-            result = await link.call_tool(pinned.upstream_name, args)
+            result = await link.call_tool(pinned.upstream_name, args, progress_callback=progress_relay())
         except UpstreamUnavailable:
             raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached.") from None
         if result.is_error:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import pathlib
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,17 +24,22 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from ulid import ULID
 
+from toolauthz import __version__
 from toolauthz.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift
+from toolauthz.mcp_proxy.governed import Governed
+from toolauthz.mcp_proxy.governed_requests import GovernedRequests
+from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
@@ -46,9 +52,17 @@ STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when no
 CODE_META_KEY = "io.toolauthz/code"
 APPROVAL_META_KEY = "io.toolauthz/approval_id"
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
-_SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
-                      "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
-                      "update": types.ToolAnnotations(read_only_hint=False, destructive_hint=True)}
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's Server announcing `listChanged` for tools, resources and prompts on the
+    2025-11-25 handshake (both transports ask it for their initialization options)."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> InitializationOptions:
+        changes = notification_options or NotificationOptions(prompts_changed=True, resources_changed=True,
+                                                               tools_changed=True)
+        return super().create_initialization_options(changes, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -88,8 +102,15 @@ class McpProxy:
         self.settings = settings
         self.authz = authz
         self.connection_id = str(ULID())  # the stdio connection's session
-        self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
-                                          on_call_tool=self._call_tool)
+        self.governed = Governed(self, settings.rpc_timeout or 10.0)
+        self.logs = LogRelay(forward=settings.downstream == "stdio")
+        self.requests = GovernedRequests(self, self.governed)
+        with warnings.catch_warnings():  # logging/setLevel: deprecated as of 2026-07-28, served for 2025-11-25
+            warnings.simplefilter("ignore")
+            self.server: Server[Any] = _GatewayServer(
+                "toolauthz-mcp-proxy", version=__version__, on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool, on_set_logging_level=self.requests.set_level,
+                **self.requests.handlers())
         self.observers: list[Callable[[GuardEvent], None]] = []
         self.catalog: Catalog
         self._tools = ToolSet()
@@ -108,7 +129,10 @@ class McpProxy:
         specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
         self.catalog = Catalog(self.settings.bundle, specs, self._use_tools,
                                request_timeout=self.settings.rpc_timeout or 10.0)
+        for name, link in self.catalog.links.items():
+            link.client_options["logging_callback"] = self.logs.callback_for(name)
         async with self.catalog.connected():
+            self.server.instructions = instructions_of(self.catalog.links)
             yield self
 
     def _use_tools(self, tools: ToolSet) -> None:
@@ -119,21 +143,49 @@ class McpProxy:
     async def refresh(self) -> dict[str, types.Tool]:
         return await self.catalog.refresh()
 
+    # The catalog's resources and prompts (governed.py) share the tools' pins, links and drift.
+    @property
+    def pins(self) -> Any:
+        return self.catalog.pins
+
+    @property
+    def links(self) -> Any:
+        return self.catalog.links
+
+    def upstream_of(self, name: str) -> Any:
+        return self.catalog.upstream_of(name)
+
+    def note_session(self, ctx: Any) -> None:
+        """Remembers the stdio client's session: where upstream log messages go."""
+        if self.settings.downstream == "stdio":
+            self.logs.session = getattr(ctx, "session", None)
+
+    def run_of(self, ctx: Any) -> Run:
+        self.note_session(ctx)
+        return run_of(ctx, self._caller(ctx), self.connection_id if self.settings.downstream == "stdio" else None)
+
+    async def guarded(self, ctx: Any, run: Run, name: str, input_json: str) -> CallResult:
+        """One catalog entry run through the run's Guard (a resource read, a prompt get)."""
+        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
+        with relaying_progress(ctx, (ctx.meta or {}).get("progress_token")):
+            return await self._run_guarded(guard, call_id(run, ctx.request_id), name, input_json)
+
     # -- the downstream ----------------------------------------------------------------
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        self.note_session(ctx)
         exposed = await self.refresh()
-        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name]) for name in sorted(exposed)])
+        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name], exposed[name])
+                                            for name in sorted(exposed)])
 
     @staticmethod
-    def _advertised(pinned: PinnedTool) -> types.Tool:
+    def _advertised(pinned: PinnedTool, upstream: types.Tool | None = None) -> types.Tool:
         return types.Tool(name=pinned.name, description=pinned.description, input_schema=dict(pinned.input_schema),
                           output_schema=dict(pinned.output_schema) if pinned.output_schema is not None else None,
-                          annotations=_SIDE_EFFECT_HINTS.get(pinned.side_effect))
+                          annotations=annotations_of(pinned, upstream))
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        caller = self._caller(ctx)
-        run = run_of(ctx, caller, self.connection_id if self.settings.downstream == "stdio" else None)
+        run = self.run_of(ctx)
         result = await self._call_in_run(ctx, run, params)
         result.meta = {**(result.meta or {}), RUN_META_KEY: run.name}
         return result
@@ -166,7 +218,8 @@ class McpProxy:
         if token is not None:
             self._progress[this_call] = _Call(ctx, token)
         try:
-            result = await self._run_guarded(guard, this_call, name, input_json)
+            with relaying_progress(ctx, token):
+                result = await self._run_guarded(guard, this_call, name, input_json)
         finally:
             self._progress.pop(this_call, None)
         if result.status == APPROVAL_PENDING:

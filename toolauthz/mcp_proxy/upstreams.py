@@ -31,6 +31,8 @@ __all__ = ["UpstreamSpec", "UpstreamLink", "UpstreamUnavailable", "UPSTREAM_UNAV
 log = logging.getLogger("toolauthz.mcp_proxy")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 _LIST_PAGES = 100
+_LIST_CHANGED = {"notifications/tools/list_changed", "notifications/resources/list_changed",
+                 "notifications/prompts/list_changed"}
 
 
 class UpstreamUnavailable(Exception):
@@ -67,6 +69,13 @@ class UpstreamLink:
         self._on_tools_changed = on_tools_changed
         self._reconnected = anyio.Event()
         self._background: set[asyncio.Future[Any]] = set()
+        # More of the SDK Client's options (logging_callback...): mcp_proxy/passthrough.py sets them.
+        self.client_options: dict[str, Any] = {}
+
+    @property
+    def client(self) -> Client:
+        """The connected client; UpstreamUnavailable while it is being reconnected."""
+        return self._require()
 
     @property
     def connected(self) -> bool:
@@ -81,7 +90,7 @@ class UpstreamLink:
             self._lost = anyio.Event()
             try:
                 async with Client(self.spec.target, mode=self.spec.mode, cache=None,
-                                  message_handler=self._on_message) as client:
+                                  message_handler=self._on_message, **self.client_options) as client:
                     self._client = client
                     self.sessions += 1
                     self._reconnected.set()
@@ -139,12 +148,13 @@ class UpstreamLink:
             raise UpstreamUnavailable(self.spec.name) from exc
         return tools
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        progress_callback: Any = None) -> types.CallToolResult:
         """The upstream's answer; UpstreamUnavailable when the session or connection is
         lost (before or during the call); MCPError for a protocol error of the call."""
         client = self._require()
         try:
-            return await client.call_tool(name, arguments)
+            return await client.call_tool(name, arguments, progress_callback=progress_callback)
         except MCPError as exc:
             if not _session_lost(exc):
                 raise
@@ -156,7 +166,7 @@ class UpstreamLink:
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
-        if method == "notifications/tools/list_changed" and self._on_tools_changed is not None:
+        if method in _LIST_CHANGED and self._on_tools_changed is not None:
             # Not awaited here: the upstream's answer to the re-list arrives through this same receive loop.
             task = asyncio.ensure_future(self._on_tools_changed())
             self._background.add(task)
