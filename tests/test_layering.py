@@ -80,7 +80,8 @@ FENCES: tuple[Fence, ...] = (
     # It checks bearer access tokens against its identity provider's keys (jwks), and
     # reports the root package's `__version__` (that __init__ imports nothing) as serverInfo.
     Fence("toolauthz.mcp_proxy",
-          may_import=frozenset({"toolauthz", "toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+          may_import=frozenset({"toolauthz", "toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors",
+                                "toolauthz.model",
                                 "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
                                 "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
                                 "toolauthz.clock"}),
