@@ -35,7 +35,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("jwks", frozenset({"toolauthz.identity.jwks"})),
     ("bundle", frozenset({"toolauthz.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
-    ("engine", frozenset({"toolauthz.engine", "toolauthz.decided_by", "toolauthz.usage.metering"})),
+    # visibility: which tools a principal could ever be allowed (partial evaluation), for tool lists.
+    ("engine", frozenset({"toolauthz.engine", "toolauthz.decided_by", "toolauthz.usage.metering",
+                         "toolauthz.visibility"})),
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
     ("tokens, audit", frozenset({"toolauthz.tokens", "toolauthz.audit", "toolauthz.identity.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the

@@ -6,6 +6,7 @@ refused one never reaches the upstream."""
 from __future__ import annotations
 
 import pathlib
+import socket
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -62,6 +63,7 @@ def test_reads_and_gets_are_decided_per_user_and_refusals_never_reach_the_upstre
     upstream = RichUpstream()
 
     async def alice(proxy, client):
+        assert [t.name for t in (await client.list_tools()).tools] == ["delete_note", "read_note"]
         assert [r.uri for r in (await client.list_resources()).resources] == ["note://readme"]  # secret: not catalogued
         assert [t.uri_template for t in (await client.list_resource_templates()).resource_templates] == \
             ["note://notes/{id}"]
@@ -78,6 +80,11 @@ def test_reads_and_gets_are_decided_per_user_and_refusals_never_reach_the_upstre
         assert got.messages[0].content.text == "Summarize the notes about milk."
 
     async def bob(proxy, client):
+        # Each list shows bob only what some call of his could be allowed (bob-deletes-nothing).
+        assert [t.name for t in (await client.list_tools()).tools] == ["read_note"]
+        assert [r.uri for r in (await client.list_resources()).resources] == ["note://readme"]
+        assert (await client.list_resource_templates()).resource_templates == []
+        assert (await client.list_prompts()).prompts == []
         assert (await client.read_resource("note://readme")).contents[0].text == "text of note://readme"
         assert "no policy permits" in (await refused(client.read_resource("note://notes/n2"))).error.message
         assert "no policy permits" in (await refused(client.get_prompt("summarize", {"topic": "x"}))).error.message
@@ -145,3 +152,21 @@ def test_a_drifted_resource_is_hidden_and_not_read(server, bundle_dir):
 
     run_as(port, bundle_dir, upstream, "alice", "legacy", body)
     assert upstream.reads == ["note://readme"]
+
+
+@pytest.fixture
+def refusing_port():
+    """A loopback port bound and never listening: every connection to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def test_lists_fail_closed_when_the_sidecar_cannot_answer(bundle_dir, refusing_port):
+    upstream = RichUpstream()
+
+    async def body(proxy, client):
+        for listing in (client.list_tools(), client.list_resources(), client.list_prompts()):
+            assert "unavailable" in (await refused(listing)).error.message
+
+    run_as(refusing_port, bundle_dir, upstream, "alice", "legacy", body)

@@ -46,19 +46,20 @@ class GovernedRequests:
         self.proxy.note_session(ctx)
         await self.proxy.refresh()
         listed = await self.governed.resources()
-        return types.ListResourcesResult(resources=[listed[name] for name in sorted(listed)])
+        return types.ListResourcesResult(resources=[listed[name] for name in await self.proxy.visible(ctx, listed)])
 
     async def list_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
         self.proxy.note_session(ctx)
         await self.proxy.refresh()
         listed = await self.governed.templates()
-        return types.ListResourceTemplatesResult(resource_templates=[listed[name] for name in sorted(listed)])
+        return types.ListResourceTemplatesResult(resource_templates=[listed[name]
+                                                                     for name in await self.proxy.visible(ctx, listed)])
 
     async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
         self.proxy.note_session(ctx)
         await self.proxy.refresh()
         listed = await self.governed.prompts()
-        return types.ListPromptsResult(prompts=[listed[name] for name in sorted(listed)])
+        return types.ListPromptsResult(prompts=[listed[name] for name in await self.proxy.visible(ctx, listed)])
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         run = self.proxy.run_of(ctx)

@@ -17,7 +17,7 @@ import json
 import logging
 import pathlib
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -164,6 +164,20 @@ class McpProxy:
         self.note_session(ctx)
         return run_of(ctx, self._caller(ctx), self.connection_id if self.settings.downstream == "stdio" else None)
 
+    async def visible(self, ctx: Any, names: Iterable[str]) -> list[str]:
+        """The names, among `names` (sorted), that some call by the request's caller could
+        be allowed: the sidecar decides with its bundle (ListVisible). Fail closed: when it
+        cannot answer, the list is an error, never everything."""
+        run = self.run_of(ctx)
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+        try:
+            answer = await self.authz.list_visible(context, sorted(names), timeout=self.settings.rpc_timeout)
+        except Exception as exc:  # logged; nothing is listed without the sidecar's answer
+            log.warning("the sidecar could not say which tools %s may see (%s)", display(str(run.caller.principal)),
+                        type(exc).__name__, exc_info=True)
+            raise MCPError(types.INTERNAL_ERROR, "the list is unavailable right now; try again later") from None
+        return list(answer.visible)
+
     async def guarded(self, ctx: Any, run: Run, name: str, input_json: str) -> CallResult:
         """One catalog entry run through the run's Guard (a resource read, a prompt get)."""
         guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
@@ -176,7 +190,7 @@ class McpProxy:
         self.note_session(ctx)
         exposed = await self.refresh()
         return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name], exposed[name])
-                                            for name in sorted(exposed)])
+                                            for name in await self.visible(ctx, exposed)])
 
     @staticmethod
     def _advertised(pinned: PinnedTool, upstream: types.Tool | None = None) -> types.Tool:

@@ -29,8 +29,8 @@ Role = Literal["runtime", "approver", "auditor"]
 ROLES: tuple[Role, ...] = ("runtime", "approver", "auditor")
 ALL_TENANTS = "*"
 
-Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "GetKeys", "GetStatus",
-              "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
+Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "ListVisible", "GetKeys",
+              "GetStatus", "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
 # The roles that may call each RPC; an RPC missing here is refused to every listed role.
 RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "Authorize": frozenset({"runtime"}),
@@ -38,6 +38,7 @@ RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "Verify": frozenset({"runtime"}),
     "ReportOutcome": frozenset({"runtime"}),
     "ReportRefusal": frozenset({"runtime"}),
+    "ListVisible": frozenset({"runtime"}),
     "GetStatus": frozenset({"runtime"}),
     "GetKeys": frozenset(ROLES),
     "GetApproval": frozenset({"runtime", "approver"}),
