@@ -5,10 +5,13 @@ tests and its per-user lists."""
 from __future__ import annotations
 
 import pathlib
+import warnings
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server import Server
+from mcp.shared.exceptions import MCPError
 
 from examples.mcp_gateway.upstream import TOOLS
 
@@ -88,6 +91,7 @@ class RichUpstream:
         self.reads: list[str] = []
         self.gets: list[tuple[str, dict[str, str]]] = []
         self.readme_description = "The notes index."
+        self.holding, self.release = anyio.Event(), anyio.Event()  # `n8` holds its call open until released
         self.server: Server[Any] = Server(
             "rich", version="9.9.9", instructions="Notes live under note://.",
             on_list_tools=self._tools, on_call_tool=self._call,
@@ -108,7 +112,21 @@ class RichUpstream:
         if ctx.meta and ctx.meta.get("progress_token") is not None:
             await ctx.session.send_progress_notification(ctx.meta["progress_token"], 1, total=2, message="half",
                                                          related_request_id=ctx.request_id)
-        value = {"note_id": args.get("note_id"), "text": "buy milk"}
+        text = "buy milk"
+        if args.get("note_id") == "n8":
+            self.holding.set()
+            await self.release.wait()
+        if args.get("note_id") == "n9":  # asks the client's model, within this call
+            try:
+                with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way
+                    warnings.simplefilter("ignore")
+                    answer = await ctx.session.create_message(
+                        [types.SamplingMessage(role="user", content=types.TextContent(text="hi"))], max_tokens=5,
+                        related_request_id=ctx.request_id)
+                text = f"sampled: {answer.content.text}"
+            except MCPError as exc:
+                text = f"refused: {exc.error.message}"
+        value = {"note_id": args.get("note_id"), "text": text}
         return types.CallToolResult(content=[types.TextContent(text=str(value))], structured_content=value)
 
     async def _resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:

@@ -170,3 +170,39 @@ def test_lists_fail_closed_when_the_sidecar_cannot_answer(bundle_dir, refusing_p
             assert "unavailable" in (await refused(listing)).error.message
 
     run_as(refusing_port, bundle_dir, upstream, "alice", "legacy", body)
+
+
+def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(server, bundle_dir):
+    """2025-11-25 on both sides: a sampling request during a call reaches that call's
+    client; while two calls run on the upstream it cannot be told whose it is: refused."""
+    _srv, port = server
+    upstream = RichUpstream()
+    asked: list[str] = []
+
+    async def sample(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hello"), model="m")
+
+    async def body(proxy, client):
+        alone = await client.call_tool("read_note", {"note_id": "n9"})
+        assert alone.structured_content["text"] == "sampled: hello"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "read_note", {"note_id": "n8"})
+            await upstream.holding.wait()
+            crowded = await client.call_tool("read_note", {"note_id": "n9"})
+            upstream.release.set()
+        assert crowded.structured_content["text"] == \
+            "refused: sampling is passed on only within the one call that caused it"
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")), authz)
+        try:
+            async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
+                    Client(proxy.server, mode="legacy", cache=None, sampling_callback=sample) as client:
+                await body(proxy, client)
+        finally:
+            await authz.close()
+
+    anyio.run(main)
+    assert asked == ["hi"]

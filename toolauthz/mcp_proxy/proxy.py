@@ -37,6 +37,7 @@ from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift
+from toolauthz.mcp_proxy.client_requests import ClientRequests
 from toolauthz.mcp_proxy.governed import Governed
 from toolauthz.mcp_proxy.governed_requests import GovernedRequests
 from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
@@ -104,6 +105,7 @@ class McpProxy:
         self.connection_id = str(ULID())  # the stdio connection's session
         self.governed = Governed(self, settings.rpc_timeout or 10.0)
         self.logs = LogRelay(forward=settings.downstream == "stdio")
+        self.client_requests = ClientRequests()
         self.requests = GovernedRequests(self, self.governed)
         with warnings.catch_warnings():  # logging/setLevel: deprecated as of 2026-07-28, served for 2025-11-25
             warnings.simplefilter("ignore")
@@ -131,6 +133,7 @@ class McpProxy:
                                request_timeout=self.settings.rpc_timeout or 10.0)
         for name, link in self.catalog.links.items():
             link.client_options["logging_callback"] = self.logs.callback_for(name)
+            link.client_options.update(self.client_requests.callbacks_for(name))
         async with self.catalog.connected():
             self.server.instructions = instructions_of(self.catalog.links)
             yield self
@@ -181,8 +184,13 @@ class McpProxy:
     async def guarded(self, ctx: Any, run: Run, name: str, input_json: str) -> CallResult:
         """One catalog entry run through the run's Guard (a resource read, a prompt get)."""
         guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
-        with relaying_progress(ctx, (ctx.meta or {}).get("progress_token")):
+        with relaying_progress(ctx, (ctx.meta or {}).get("progress_token")), \
+                self.client_requests.calling(self._upstream_name(name), ctx):
             return await self._run_guarded(guard, call_id(run, ctx.request_id), name, input_json)
+
+    def _upstream_name(self, name: str) -> str | None:
+        link = self.catalog.upstream_of(name)
+        return link.spec.name if link is not None else None
 
     # -- the downstream ----------------------------------------------------------------
 
@@ -232,7 +240,7 @@ class McpProxy:
         if token is not None:
             self._progress[this_call] = _Call(ctx, token)
         try:
-            with relaying_progress(ctx, token):
+            with relaying_progress(ctx, token), self.client_requests.calling(self._upstream_name(name), ctx):
                 result = await self._run_guarded(guard, this_call, name, input_json)
         finally:
             self._progress.pop(this_call, None)
