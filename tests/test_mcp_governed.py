@@ -206,3 +206,41 @@ def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(ser
 
     anyio.run(main)
     assert asked == ["hi"]
+
+
+def test_a_changed_bundle_changes_the_lists_and_the_client_hears_of_it(server, sidecar, bundle_dir):
+    _srv, port = server
+    upstream = RichUpstream()
+    heard: list[str] = []
+    changed = anyio.Event()
+
+    async def on_message(message) -> None:
+        method = getattr(getattr(message, "root", message), "method", None)
+        if isinstance(method, str) and method.endswith("/list_changed"):
+            heard.append(method)
+            changed.set()
+
+    async def body(proxy, client):
+        assert [t.name for t in (await client.list_tools()).tools] == ["read_note"]
+        policies = bundle_dir / "governed.cedar"
+        policies.write_text(policies.read_text().split('@id("bob-deletes-nothing")')[0])
+        assert await anyio.to_thread.run_sync(sidecar.reloader.reload)
+        with anyio.fail_after(20):
+            await changed.wait()
+        assert [t.name for t in (await client.list_tools()).tools] == ["delete_note", "read_note"]
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        settings = ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "bob"),
+                                 list_watch_seconds=0.05)
+        proxy = McpProxy(settings, authz)
+        try:
+            async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
+                    Client(proxy.server, mode="legacy", cache=None, message_handler=on_message) as client:
+                await body(proxy, client)
+        finally:
+            await authz.close()
+
+    anyio.run(main)
+    assert heard[:3] == ["notifications/tools/list_changed", "notifications/resources/list_changed",
+                         "notifications/prompts/list_changed"]

@@ -60,6 +60,8 @@ class Catalog:
         self.drifted: dict[str, Drift] = {}  # catalog name -> the pin that the upstream broke
         self._bound: dict[str, UpstreamLink] = {}  # catalog name -> its upstream
         self._on_tools = on_tools
+        # Called after an upstream said its tools, resources or prompts changed (list_watch.py).
+        self.on_lists_changed: Callable[[], Awaitable[None]] | None = None
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._lock = anyio.Lock()
 
@@ -79,6 +81,8 @@ class Catalog:
     async def _refresh_logged(self) -> None:
         try:
             await self.refresh()
+            if self.on_lists_changed is not None:
+                await self.on_lists_changed()
         except Exception:  # logged; a failed eager re-list is retried by the next call
             log.exception("re-listing the upstream tools failed")
 

@@ -40,6 +40,7 @@ from toolauthz.mcp_proxy.catalog import Catalog, Drift
 from toolauthz.mcp_proxy.client_requests import ClientRequests
 from toolauthz.mcp_proxy.governed import Governed
 from toolauthz.mcp_proxy.governed_requests import GovernedRequests
+from toolauthz.mcp_proxy.list_watch import ListWatch
 from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
@@ -76,6 +77,7 @@ class ProxySettings:
     rpc_timeout: float | None = 10.0
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
     oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
+    list_watch_seconds: float = 5.0  # how often the bundle is checked for changed lists (0: never; list_watch.py)
 
     def configured_caller(self) -> Caller | None:
         if self.downstream == "http" and self.oauth is not None:
@@ -106,6 +108,7 @@ class McpProxy:
         self.governed = Governed(self, settings.rpc_timeout or 10.0)
         self.logs = LogRelay(forward=settings.downstream == "stdio")
         self.client_requests = ClientRequests()
+        self.list_watch = ListWatch(authz, settings.bundle, lambda: self.logs.session, rpc_timeout=settings.rpc_timeout)
         self.requests = GovernedRequests(self, self.governed)
         with warnings.catch_warnings():  # logging/setLevel: deprecated as of 2026-07-28, served for 2025-11-25
             warnings.simplefilter("ignore")
@@ -134,9 +137,16 @@ class McpProxy:
         for name, link in self.catalog.links.items():
             link.client_options["logging_callback"] = self.logs.callback_for(name)
             link.client_options.update(self.client_requests.callbacks_for(name))
-        async with self.catalog.connected():
+        self.catalog.on_lists_changed = self.list_watch.announce
+        async with self.catalog.connected(), anyio.create_task_group() as tg:
             self.server.instructions = instructions_of(self.catalog.links)
-            yield self
+            if self.settings.list_watch_seconds > 0:
+                await self.list_watch.check()  # what the lists are decided on, before the first one
+                tg.start_soon(self.list_watch.run, self.settings.list_watch_seconds)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
 
     def _use_tools(self, tools: ToolSet) -> None:
         self._tools = tools
