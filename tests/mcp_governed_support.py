@@ -89,6 +89,7 @@ class RichUpstream:
 
     def __init__(self) -> None:
         self.reads: list[str] = []
+        self.subscribed: list[str] = []
         self.gets: list[tuple[str, dict[str, str]]] = []
         self.readme_description = "The notes index."
         self.holding, self.release = anyio.Event(), anyio.Event()  # `n8` holds its call open until released
@@ -97,7 +98,7 @@ class RichUpstream:
             on_list_tools=self._tools, on_call_tool=self._call,
             on_list_resources=self._resources, on_list_resource_templates=self._templates,
             on_read_resource=self._read, on_list_prompts=self._prompts, on_get_prompt=self._get,
-            on_completion=self._complete)
+            on_completion=self._complete, on_subscribe_resource=self._subscribe)
 
     async def _tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         tools = [t.model_copy(deep=True) for t in TOOLS]
@@ -113,6 +114,13 @@ class RichUpstream:
             await ctx.session.send_progress_notification(ctx.meta["progress_token"], 1, total=2, message="half",
                                                          related_request_id=ctx.request_id)
         text = "buy milk"
+        if args.get("note_id") == "n7":  # logs, and says two resources changed
+            with warnings.catch_warnings():  # logging: deprecated as of 2026-07-28, still 2025-11-25's
+                warnings.simplefilter("ignore")
+                await ctx.session.send_log_message(level="info", data="working", logger="notes",
+                                                   related_request_id=ctx.request_id)
+            await ctx.session.send_resource_updated("note://secret")
+            await ctx.session.send_resource_updated("note://readme")
         if args.get("note_id") == "n8":
             self.holding.set()
             await self.release.wait()
@@ -156,6 +164,10 @@ class RichUpstream:
         topic = (params.arguments or {}).get("topic", "")
         return types.GetPromptResult(description="A summary", messages=[
             types.PromptMessage(role="user", content=types.TextContent(text=f"Summarize the notes about {topic}."))])
+
+    async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        self.subscribed.append(str(params.uri))
+        return types.EmptyResult()
 
     async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
         values = [v for v in ("milk", "mail", "music") if v.startswith(params.argument.value)]

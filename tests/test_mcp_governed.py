@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import socket
+import warnings
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -244,3 +245,49 @@ def test_a_changed_bundle_changes_the_lists_and_the_client_hears_of_it(server, s
     anyio.run(main)
     assert heard[:3] == ["notifications/tools/list_changed", "notifications/resources/list_changed",
                          "notifications/prompts/list_changed"]
+
+
+def test_log_messages_and_resource_updates_reach_the_stdio_client(server, bundle_dir):
+    """Over stdio (one client): the upstream's log messages, under its name, and updates
+    of the resources the client subscribed to; an update of anything else is dropped."""
+    _srv, port = server
+    upstream = RichUpstream()
+    logged: list[tuple[str, object, str | None]] = []
+    updated: list[str] = []
+    both = anyio.Event()
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append((params.level, params.data, params.logger))
+
+    async def on_message(message) -> None:
+        root = getattr(message, "root", message)
+        if getattr(root, "method", None) == "notifications/resources/updated":
+            updated.append(str(root.params.uri))
+            both.set()
+
+    async def body(proxy, client):
+        with warnings.catch_warnings():  # subscribe, logging: deprecated as of 2026-07-28, still 2025-11-25's
+            warnings.simplefilter("ignore")
+            with pytest.raises(MCPError):
+                await client.session.subscribe_resource("note://secret")  # not catalogued: never subscribed
+            await client.session.subscribe_resource("note://readme")
+            await client.set_logging_level("info")
+        assert not (await client.call_tool("read_note", {"note_id": "n7"})).is_error
+        with anyio.fail_after(20):
+            await both.wait()
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")), authz)
+        try:
+            async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
+                    Client(proxy.server, mode="legacy", cache=None, logging_callback=on_log,
+                           message_handler=on_message) as client:
+                await body(proxy, client)
+        finally:
+            await authz.close()
+
+    anyio.run(main)
+    assert upstream.subscribed == ["note://readme"]
+    assert logged == [("info", "working", "default/notes")]
+    assert updated == ["note://readme"]

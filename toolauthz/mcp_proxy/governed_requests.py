@@ -25,7 +25,7 @@ from toolauthz.mcp_proxy.runs import RUN_META_KEY, Run
 __all__ = ["GovernedRequests", "RESOURCE_NOT_FOUND"]
 
 RESOURCE_NOT_FOUND = -32002  # MCP's code for a resource the server does not have
-_CONTENTS = types.TextResourceContents | types.BlobResourceContents
+_MAX_SUBSCRIPTIONS = 1024  # per gateway: a template's URIs are endless
 
 
 class GovernedRequests:
@@ -106,9 +106,7 @@ class GovernedRequests:
 
     async def set_level(self, ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
         self.proxy.note_session(ctx)
-        with warnings.catch_warnings():  # deprecated as of 2026-07-28, still the 2025-11-25 method
-            warnings.simplefilter("ignore")
-            await set_level_everywhere(self.proxy.catalog.links, params.level)
+        await set_level_everywhere(self.proxy.catalog.links, params.level)
         return types.EmptyResult()
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
@@ -119,14 +117,22 @@ class GovernedRequests:
         link = self.proxy.catalog.upstream_of(entry.name) if entry is not None else None
         if link is None:
             raise MCPError(RESOURCE_NOT_FOUND, "the resource is not available here")
-        await link.client.session.subscribe_resource(str(params.uri))
+        if len(self.proxy.logs.subscribed) >= _MAX_SUBSCRIPTIONS:
+            raise MCPError(types.INVALID_REQUEST, f"at most {_MAX_SUBSCRIPTIONS} subscriptions")
+        with warnings.catch_warnings():  # deprecated as of 2026-07-28, still the 2025-11-25 method
+            warnings.simplefilter("ignore")
+            await link.client.session.subscribe_resource(str(params.uri))
+        self.proxy.logs.subscribed.add(str(params.uri))
         return types.EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         entry = await self.governed.entry_for_uri(str(params.uri))
         link = self.proxy.catalog.upstream_of(entry.name) if entry is not None else None
         if link is not None:
-            await link.client.session.unsubscribe_resource(str(params.uri))
+            with warnings.catch_warnings():  # as subscribe
+                warnings.simplefilter("ignore")
+                await link.client.session.unsubscribe_resource(str(params.uri))
+        self.proxy.logs.subscribed.discard(str(params.uri))
         return types.EmptyResult()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -70,6 +71,7 @@ class LogRelay:
     def __init__(self, forward: bool):
         self.forward = forward
         self.session: Any = None  # the stdio client's session, once it sent a request
+        self.subscribed: set[str] = set()  # the URIs the stdio client subscribed to (updates of others are dropped)
 
     def callback_for(self, upstream: str) -> Callable[[types.LoggingMessageNotificationParams], Awaitable[None]]:
         async def on_message(params: types.LoggingMessageNotificationParams) -> None:
@@ -79,17 +81,31 @@ class LogRelay:
                 log.info("upstream %s logged at %s", display(logger), params.level)
                 return
             try:
-                await session.send_log_message(level=params.level, data=params.data, logger=logger)
+                with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way
+                    warnings.simplefilter("ignore")
+                    await session.send_log_message(level=params.level, data=params.data, logger=logger)
             except Exception:  # logged; a lost log message never fails a call
                 log.debug("could not pass on a log message", exc_info=True)
 
         return on_message
 
+    async def resource_updated(self, uri: str) -> None:
+        """An upstream's `notifications/resources/updated`, to the stdio client."""
+        session = self.session
+        if not self.forward or session is None or uri not in self.subscribed:
+            return
+        try:
+            await session.send_resource_updated(uri)
+        except Exception:  # logged; a lost update never fails anything
+            log.debug("could not pass on a resource update", exc_info=True)
+
 
 async def set_level_everywhere(links: Mapping[str, UpstreamLink], level: types.LoggingLevel) -> None:
     for link in links.values():
         try:
-            await link.client.session.set_logging_level(level=level)
+            with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way
+                warnings.simplefilter("ignore")
+                await link.client.session.set_logging_level(level=level)
         except UpstreamUnavailable:
             continue
         except Exception:  # logged; an upstream without logging keeps its level

@@ -137,6 +137,7 @@ class McpProxy:
         for name, link in self.catalog.links.items():
             link.client_options["logging_callback"] = self.logs.callback_for(name)
             link.client_options.update(self.client_requests.callbacks_for(name))
+            link.on_resource_updated = self.logs.resource_updated
         self.catalog.on_lists_changed = self.list_watch.announce
         async with self.catalog.connected(), anyio.create_task_group() as tg:
             self.server.instructions = instructions_of(self.catalog.links)

@@ -71,6 +71,8 @@ class UpstreamLink:
         self._background: set[asyncio.Future[Any]] = set()
         # More of the SDK Client's options (logging_callback...): mcp_proxy/passthrough.py sets them.
         self.client_options: dict[str, Any] = {}
+        # Called with the URI of each `notifications/resources/updated` (mcp_proxy/passthrough.py).
+        self.on_resource_updated: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def client(self) -> Client:
@@ -166,11 +168,18 @@ class UpstreamLink:
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
+        if method == "notifications/resources/updated" and self.on_resource_updated is not None:
+            uri = getattr(getattr(getattr(message, "root", message), "params", None), "uri", None)
+            if uri is not None:
+                self._later(self.on_resource_updated(str(uri)))
         if method in _LIST_CHANGED and self._on_tools_changed is not None:
             # Not awaited here: the upstream's answer to the re-list arrives through this same receive loop.
-            task = asyncio.ensure_future(self._on_tools_changed())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._later(self._on_tools_changed())
+
+    def _later(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
 
 def _session_lost(exc: MCPError) -> bool:
