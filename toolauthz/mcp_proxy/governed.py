@@ -106,7 +106,7 @@ class Governed:
     def __init__(self, catalog: Any, request_timeout: float):
         self.catalog = catalog  # mcp_proxy.catalog.Catalog
         self.request_timeout = request_timeout
-        self.drifted: dict[str, str] = {}  # catalog name -> what changed
+        self.drifted: dict[str, tuple[str, str]] = {}  # catalog name -> (the pin it broke, what changed)
 
     def _entries(self, kind: str) -> list[tuple[PinnedTool, UpstreamLink]]:
         found = []
@@ -117,14 +117,18 @@ class Governed:
         return found
 
     def _pinned(self, pinned: PinnedTool, why: str | None) -> bool:
+        """Whether the upstream still offers the entry as pinned; once it drifted, it stays
+        refused (even if the upstream reverts) until its tool file changes the pin."""
+        held = self.drifted.get(pinned.name)
+        if held is not None and held[0] == pinned.pin:
+            return False
         if why is None:
             self.drifted.pop(pinned.name, None)
             return True
-        if self.drifted.get(pinned.name) != why:
-            log.warning("tool_changed: the upstream %s of %s changed its %s since the catalog pinned it; it is "
-                        "hidden and refused until tools/%s is updated", pinned.kind, display(pinned.name), why,
-                        display(pinned.name))
-        self.drifted[pinned.name] = why
+        log.warning("tool_changed: the upstream %s of %s changed its %s since the catalog pinned it; it is "
+                    "hidden and refused until tools/%s is updated", pinned.kind, display(pinned.name), why,
+                    display(pinned.name))
+        self.drifted[pinned.name] = (pinned.pin, why)
         return False
 
     async def _offered(self, link: UpstreamLink, method: str, field: str) -> list[Any]:
@@ -188,6 +192,22 @@ class Governed:
         claims = [pins[name] for name in await self.templates()
                   if uri_template_regex(str(pins[name].uri)).fullmatch(uri)]
         return claims[0] if len(claims) == 1 else None
+
+
+    def drifted_for(self, kind: str, key: str) -> PinnedTool | None:
+        """The catalogued entry a URI or prompt name would use if it had not drifted;
+        `kind`: the kinds to look at, `|`-separated."""
+        for name in self.drifted:
+            pinned: PinnedTool | None = self.catalog.pins.get(name)
+            if pinned is None or pinned.kind not in kind.split("|"):
+                continue
+            if pinned.kind == "prompt" and name == key:
+                return pinned
+            if pinned.kind == "resource" and pinned.uri == key:
+                return pinned
+            if pinned.kind == "resource_template" and uri_template_regex(str(pinned.uri)).fullmatch(key):
+                return pinned
+        return None
 
 
 def implementation_of(link: UpstreamLink, pinned: PinnedTool) -> Callable[[Any, Any], Awaitable[Any]] | None:

@@ -18,9 +18,11 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from toolauthz.client.results import COMPLETED, CallResult
+from toolauthz.mcp_proxy.catalog import Drift
 from toolauthz.mcp_proxy.governed import Governed
 from toolauthz.mcp_proxy.passthrough import complete, set_level_everywhere
-from toolauthz.mcp_proxy.runs import RUN_META_KEY, Run
+from toolauthz.mcp_proxy.pins import PinnedTool
+from toolauthz.mcp_proxy.runs import RUN_META_KEY, Run, call_id
 
 __all__ = ["GovernedRequests", "RESOURCE_NOT_FOUND"]
 
@@ -67,6 +69,7 @@ class GovernedRequests:
         await self.proxy.refresh()
         entry = await self.governed.entry_for_uri(uri)
         if entry is None:
+            await self._refuse_if_drifted(ctx, run, self.governed.drifted_for("resource|resource_template", uri))
             raise MCPError(RESOURCE_NOT_FOUND, "the resource is not available here", data={"uri": uri[:256]})
         result = await self._guarded(ctx, run, entry.name, {"uri": uri})
         try:
@@ -80,6 +83,7 @@ class GovernedRequests:
         await self.proxy.refresh()
         offered = await self.governed.prompts()
         if params.name not in offered:
+            await self._refuse_if_drifted(ctx, run, self.governed.drifted_for("prompt", params.name))
             raise MCPError(types.INVALID_PARAMS, f"no prompt named `{params.name[:64]}` is available here")
         result = await self._guarded(ctx, run, params.name, dict(params.arguments or {}))
         try:
@@ -88,6 +92,16 @@ class GovernedRequests:
             raise MCPError(types.INTERNAL_ERROR, "the server's answer is not an MCP prompt") from exc
         got.meta = {**(got.meta or {}), RUN_META_KEY: run.name}
         return got
+
+    async def _refuse_if_drifted(self, ctx: Any, run: Run, pinned: PinnedTool | None) -> None:
+        """A drifted entry's refusal, audited like a drifted tool's (`tool_changed`)."""
+        if pinned is None:
+            return
+        _pin, changed = self.governed.drifted.get(pinned.name, ("", "-"))
+        await self.proxy.audit_refusal(run, call_id(run, ctx.request_id), pinned.name, Drift(pinned.pin, changed, ""))
+        raise MCPError(types.INVALID_REQUEST, f"`{pinned.name}` changed on its server since it was reviewed; it is "
+                                              "refused until its catalog entry is updated",
+                       data={"io.toolauthz/code": "tool_changed"})
 
     async def _guarded(self, ctx: Any, run: Run, name: str, arguments: dict[str, Any]) -> CallResult:
         input_json = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
@@ -101,8 +115,10 @@ class GovernedRequests:
 
     async def complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
         self.proxy.note_session(ctx)
-        return await complete(self.proxy.catalog, await self.governed.prompts(), await self.governed.templates(),
-                              params)
+        prompts, templates = await self.governed.prompts(), await self.governed.templates()
+        visible = set(await self.proxy.visible(ctx, [*prompts, *templates]))  # no hints about what is not listed
+        return await complete(self.proxy.catalog, {n: p for n, p in prompts.items() if n in visible},
+                              {n: t for n, t in templates.items() if n in visible}, params)
 
     async def set_level(self, ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
         self.proxy.note_session(ctx)
@@ -115,7 +131,7 @@ class GovernedRequests:
         self.proxy.note_session(ctx)
         entry = await self.governed.entry_for_uri(str(params.uri))
         link = self.proxy.catalog.upstream_of(entry.name) if entry is not None else None
-        if link is None:
+        if link is None or entry is None or not await self.proxy.visible(ctx, [entry.name]):
             raise MCPError(RESOURCE_NOT_FOUND, "the resource is not available here")
         if len(self.proxy.logs.subscribed) >= _MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_REQUEST, f"at most {_MAX_SUBSCRIPTIONS} subscriptions")

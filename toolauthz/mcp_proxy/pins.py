@@ -51,7 +51,7 @@ class PinnedTool:
     def pin(self) -> str:
         """One value for everything the pin compares: a catalog edit of any of it changes it."""
         return schema_sha256({"n": self.upstream_name, "d": self.description, "s": dict(self.input_schema),
-                              "h": self.input_schema_sha256 or ""})
+                              "h": self.input_schema_sha256 or "", **({"u": self.uri} if self.uri is not None else {})})
 
 
 def schema_sha256(value: Any) -> str:

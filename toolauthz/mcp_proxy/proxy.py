@@ -229,7 +229,7 @@ class McpProxy:
         broken = self.catalog.drifted.get(name)
         if broken is not None and name in self.catalog.pins:
             log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
-            await self._audit_refusal(run, call_id(run, ctx.request_id), name, broken)
+            await self.audit_refusal(run, call_id(run, ctx.request_id), name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
@@ -284,7 +284,7 @@ class McpProxy:
                                             "validate_token_resource": False})
         return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth))
 
-    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
+    async def audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
         not that succeeds (fail closed); a failure is logged."""
         context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
