@@ -172,3 +172,15 @@ class RichUpstream:
     async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
         values = [v for v in ("milk", "mail", "music") if v.startswith(params.argument.value)]
         return types.CompleteResult(completion=types.Completion(values=values))
+
+
+async def _serve_stdio() -> None:
+    from mcp.server.stdio import stdio_server
+
+    server = RichUpstream().server
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":  # the upstream as a process: `python tests/mcp_governed_support.py`
+    anyio.run(_serve_stdio)

@@ -5,15 +5,17 @@ refused one never reaches the upstream."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import socket
+import sys
 import warnings
 from collections.abc import Awaitable, Callable
 
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_governed_support import RichUpstream, govern
 from mcp_support import example_bundle
@@ -314,3 +316,25 @@ def test_log_messages_and_resource_updates_reach_the_stdio_client(server, bundle
     assert upstream.subscribed == ["note://readme"]
     assert logged == [("info", "working", "default/notes")]
     assert updated == ["note://readme"]
+
+
+def test_the_installed_command_serves_resources_and_prompts_over_stdio(server, bundle_dir):
+    """`toolauthz mcp-proxy` as a user runs it (the console script, stdio both ways): bob
+    reads what he may, is refused what he may not, and his lists show only his."""
+    _srv, port = server
+    root = pathlib.Path(__file__).resolve().parent.parent
+    command = [str(root / ".venv" / "bin" / "toolauthz"), "mcp-proxy", "--bundle", str(bundle_dir),
+               "--sidecar", f"127.0.0.1:{port}", "--tenant", "acme", "--principal", "User::bob", "--",
+               sys.executable, str(root / "tests" / "mcp_governed_support.py")]
+    gateway = StdioServerParameters(command=command[0], args=command[1:],
+                                    env={**os.environ, "PYTHONPATH": str(root)}, cwd=str(root))
+
+    async def main() -> None:
+        async with Client(gateway, mode="legacy", cache=None) as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["read_note"]
+            assert (await client.list_prompts()).prompts == []
+            assert (await client.read_resource("note://readme")).contents[0].text == "text of note://readme"
+            assert "no policy permits" in (await refused(client.read_resource("note://notes/n1"))).error.message
+            assert client.server_info is not None and client.server_info.version == toolauthz.__version__
+
+    anyio.run(main)
