@@ -68,6 +68,14 @@ when { context.input.uri like "note://notes/a*" };
 @id("alice-summarizes")
 permit (principal == User::"alice", action == Action::"tool:summarize", resource);
 
+@id("carol-reads-note-files-once-approved")
+@approval("editors")
+permit (principal == User::"carol", action == Action::"tool:note_file", resource);
+
+@id("editors-approve-note-files")
+permit (principal in Group::"editors", action == Action::"approve", resource is Approval)
+when { resource.group == "editors" && resource.tool == "note_file" };
+
 @id("bob-deletes-nothing")
 forbid (principal == User::"bob", action == Action::"tool:delete_note", resource);
 """

@@ -18,7 +18,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_governed_support import RichUpstream, govern
-from mcp_support import example_bundle
+from mcp_support import approve, example_bundle
 
 import toolauthz
 from toolauthz.audit.store import AuditQuery
@@ -338,3 +338,20 @@ def test_the_installed_command_serves_resources_and_prompts_over_stdio(server, b
             assert client.server_info is not None and client.server_info.version == toolauthz.__version__
 
     anyio.run(main)
+
+
+def test_a_read_that_needs_approval_resumes_once_approved(server, bundle_dir):
+    _srv, port = server
+    upstream = RichUpstream()
+
+    async def carol(proxy, client):
+        pending = await refused(client.read_resource("note://notes/n3"))
+        assert pending.error.data["io.toolauthz/status"] == "approval_pending"
+        approval_id = pending.error.data["io.toolauthz/approval_id"]
+        assert upstream.reads == []
+        await anyio.to_thread.run_sync(approve, port, approval_id)  # bob, an editor
+        again = await client.read_resource("note://notes/n3")  # the same read in the same run
+        assert again.contents[0].text == "text of note://notes/n3"
+
+    run_as(port, bundle_dir, upstream, "carol", "legacy", carol)
+    assert upstream.reads == ["note://notes/n3"]

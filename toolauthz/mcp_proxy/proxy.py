@@ -193,11 +193,26 @@ class McpProxy:
         return list(answer.visible)
 
     async def guarded(self, ctx: Any, run: Run, name: str, input_json: str) -> CallResult:
-        """One catalog entry run through the run's Guard (a resource read, a prompt get)."""
+        """One catalog entry (a tool call, a resource read, a prompt get) through the run's
+        Guard, with progress for the client; the same entry and input in the same run
+        resumes a pending approval."""
+        pending_key = (run.key, name, input_json)
+        pending = self._pending_approvals.get(pending_key)
+        this_call = pending if pending is not None else call_id(run, ctx.request_id)
         guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
-        with relaying_progress(ctx, (ctx.meta or {}).get("progress_token")), \
-                self.client_requests.calling(self._upstream_name(name), ctx):
-            return await self._run_guarded(guard, call_id(run, ctx.request_id), name, input_json)
+        token = (ctx.meta or {}).get("progress_token")
+        if token is not None:
+            self._progress[this_call] = _Call(ctx, token)
+        try:
+            with relaying_progress(ctx, token), self.client_requests.calling(self._upstream_name(name), ctx):
+                result = await self._run_guarded(guard, this_call, name, input_json)
+        finally:
+            self._progress.pop(this_call, None)
+        if result.status == APPROVAL_PENDING:
+            self._pending_approvals.set(pending_key, result.call_id)
+        else:
+            self._pending_approvals.pop(pending_key)
+        return result
 
     def _upstream_name(self, name: str) -> str | None:
         link = self.catalog.upstream_of(name)
@@ -243,22 +258,7 @@ class McpProxy:
                                     allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             return _error("The arguments are not valid JSON; the call was not executed.")
-        pending_key = (run.key, name, input_json)
-        pending = self._pending_approvals.get(pending_key)
-        this_call = pending if pending is not None else call_id(run, ctx.request_id)  # resume a pending approval
-        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
-        token = (ctx.meta or {}).get("progress_token")
-        if token is not None:
-            self._progress[this_call] = _Call(ctx, token)
-        try:
-            with relaying_progress(ctx, token), self.client_requests.calling(self._upstream_name(name), ctx):
-                result = await self._run_guarded(guard, this_call, name, input_json)
-        finally:
-            self._progress.pop(this_call, None)
-        if result.status == APPROVAL_PENDING:
-            self._pending_approvals.set(pending_key, result.call_id)
-        else:
-            self._pending_approvals.pop(pending_key)
+        result = await self.guarded(ctx, run, name, input_json)
         return self._to_mcp(result, self.catalog.pins[name])
 
     def _caller(self, ctx: Any) -> Caller:
