@@ -355,3 +355,18 @@ def test_a_read_that_needs_approval_resumes_once_approved(server, bundle_dir):
 
     run_as(port, bundle_dir, upstream, "carol", "legacy", carol)
     assert upstream.reads == ["note://notes/n3"]
+
+
+@pytest.mark.parametrize("uri", ["note://notes/\ud800", "note://" + "x" * 100_000, "note://notes/n1\n"])
+def test_hostile_uris_and_arguments_get_a_clear_error_and_reach_nothing(server, bundle_dir, uri):
+    _srv, port = server
+    upstream = RichUpstream()
+
+    async def alice(proxy, client):
+        assert (await refused(client.read_resource(uri))).error.code in (-32002, -32600, -32602)
+        hostile = await refused(client.get_prompt("summarize", {"topic": "\udfff"}))
+        assert hostile.error.code in (-32600, -32602)
+        assert (await client.read_resource("note://readme")).contents  # still serving
+
+    run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
+    assert upstream.reads == ["note://readme"] and upstream.gets == []

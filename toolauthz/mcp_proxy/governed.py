@@ -93,10 +93,11 @@ def _prompt_drift(pinned: PinnedTool, prompt: types.Prompt) -> str | None:
     if (prompt.description or "") != pinned.description:
         return "description"
     schema = dict(pinned.input_schema)
-    properties = schema.get("properties")
+    properties, required = schema.get("properties"), schema.get("required")
     properties = properties if isinstance(properties, dict) else {}
+    required = required if isinstance(required, list) else []  # the sidecar refuses a bundle with either wrong
     advertised = {(a.name, bool(a.required)) for a in prompt.arguments or []}
-    catalogued = {(name, name in schema.get("required", [])) for name in properties}
+    catalogued = {(name, name in required) for name in properties}
     return None if advertised == catalogued else "arguments"
 
 
