@@ -158,8 +158,9 @@ class RichUpstream:
 
     async def _read(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self.reads.append(str(params.uri))
+        text = "x" * 70_000 if str(params.uri).endswith("/n5") else f"text of {params.uri}"  # n5: too big
         return types.ReadResourceResult(contents=[
-            types.TextResourceContents(uri=str(params.uri), mime_type="text/plain", text=f"text of {params.uri}")])
+            types.TextResourceContents(uri=str(params.uri), mime_type="text/plain", text=text)])
 
     async def _prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
         return types.ListPromptsResult(prompts=[

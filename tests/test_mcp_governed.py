@@ -370,3 +370,20 @@ def test_hostile_uris_and_arguments_get_a_clear_error_and_reach_nothing(server, 
 
     run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
     assert upstream.reads == ["note://readme"] and upstream.gets == []
+
+
+def test_a_read_larger_than_the_output_bound_is_withheld(server, bundle_dir):
+    _srv, port = server
+    upstream = RichUpstream()
+    events: list = []
+
+    async def alice(proxy, client):
+        proxy.observers.append(events.append)
+        withheld = await refused(client.read_resource("note://notes/n5"))  # 70 KB; the bound is 64 KiB
+        assert withheld.error.data["io.toolauthz/status"] == "failed"
+        assert "x" * 100 not in withheld.error.message
+
+    run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
+    assert upstream.reads == ["note://notes/n5"]
+    [outcome] = [e for e in events if e.kind == "outcome"]
+    assert outcome.data["code"] == "invalid_output"
