@@ -101,6 +101,7 @@ class RichUpstream:
         self.gets: list[tuple[str, dict[str, str]]] = []
         self.readme_description = "The notes index."
         self.holding, self.release = anyio.Event(), anyio.Event()  # `n8` holds its call open until released
+        self.cancelled = anyio.Event()
         self.server: Server[Any] = Server(
             "rich", version="9.9.9", instructions="Notes live under note://.",
             on_list_tools=self._tools, on_call_tool=self._call,
@@ -131,7 +132,11 @@ class RichUpstream:
             await ctx.session.send_resource_updated("note://readme")
         if args.get("note_id") == "n8":
             self.holding.set()
-            await self.release.wait()
+            try:
+                await self.release.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancelled.set()  # the client's cancellation reached this server
+                raise
         if args.get("note_id") == "n9":  # asks the client's model, within this call
             try:
                 with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way

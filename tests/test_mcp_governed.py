@@ -18,7 +18,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_governed_support import RichUpstream, govern
-from mcp_support import approve, example_bundle
+from mcp_support import approve, example_bundle, wait_for
 
 import toolauthz
 from toolauthz.audit.store import AuditQuery
@@ -387,3 +387,23 @@ def test_a_read_larger_than_the_output_bound_is_withheld(server, bundle_dir):
     assert upstream.reads == ["note://notes/n5"]
     [outcome] = [e for e in events if e.kind == "outcome"]
     assert outcome.data["code"] == "invalid_output"
+
+
+def test_a_cancelled_call_is_cancelled_upstream_too(server, bundle_dir):
+    _srv, port = server
+    upstream = RichUpstream()
+    events: list = []
+
+    async def alice(proxy, client):
+        proxy.observers.append(events.append)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "read_note", {"note_id": "n8"})
+            await upstream.holding.wait()
+            tg.cancel_scope.cancel()  # the client gives up: the SDK sends notifications/cancelled
+        with anyio.fail_after(20):
+            await upstream.cancelled.wait()
+        await wait_for(events, "outcome")
+
+    run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
+    [outcome] = [e for e in events if e.kind == "outcome"]
+    assert outcome.data["status"] == "outcome_unknown"  # the upstream had started it
