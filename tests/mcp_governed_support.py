@@ -137,6 +137,16 @@ class RichUpstream:
             except anyio.get_cancelled_exc_class():
                 self.cancelled.set()  # the client's cancellation reached this server
                 raise
+        if args.get("note_id") == "n6":  # asks the client's user, within this call
+            try:
+                with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way
+                    warnings.simplefilter("ignore")
+                    asked = await ctx.session.elicit_form(
+                        "Which color?", {"type": "object", "properties": {"color": {"type": "string"}}},
+                        related_request_id=ctx.request_id)
+                text = f"elicited: {asked.action} {(asked.content or {}).get('color')}"
+            except MCPError as exc:
+                text = f"refused: {exc.error.message}"
         if args.get("note_id") == "n9":  # asks the client's model, within this call
             try:
                 with warnings.catch_warnings():  # deprecated as of 2026-07-28, still 2025-11-25's way

@@ -199,7 +199,7 @@ def test_lists_fail_closed_when_the_sidecar_cannot_answer(bundle_dir, refusing_p
 
 
 def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(server, bundle_dir):
-    """2025-11-25 on both sides: a sampling request during a call reaches that call's
+    """2025-11-25 on both sides: a sampling (or elicitation) request during a call reaches that call's
     client; while two calls run on the upstream it cannot be told whose it is: refused."""
     _srv, port = server
     upstream = RichUpstream()
@@ -209,9 +209,15 @@ def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(ser
         asked.append(params.messages[0].content.text)
         return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hello"), model="m")
 
+    async def elicit(context, params) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"color": "green"})
+
     async def body(proxy, client):
         alone = await client.call_tool("read_note", {"note_id": "n9"})
         assert alone.structured_content["text"] == "sampled: hello"
+        elicited = await client.call_tool("read_note", {"note_id": "n6"})
+        assert elicited.structured_content["text"] == "elicited: accept green"
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.call_tool, "read_note", {"note_id": "n8"})
             await upstream.holding.wait()
@@ -225,13 +231,14 @@ def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(ser
         proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")), authz)
         try:
             async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
-                    Client(proxy.server, mode="legacy", cache=None, sampling_callback=sample) as client:
+                    Client(proxy.server, mode="legacy", cache=None, sampling_callback=sample,
+                           elicitation_callback=elicit) as client:
                 await body(proxy, client)
         finally:
             await authz.close()
 
     anyio.run(main)
-    assert asked == ["hi"]
+    assert asked == ["hi", "Which color?"]
 
 
 def test_a_changed_bundle_changes_the_lists_and_the_client_hears_of_it(server, sidecar, bundle_dir):
