@@ -20,3 +20,14 @@ if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ "$lock" -nt "$st
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   touch "$stamp"
 fi
+# --dev: the MCP conformance suite and its reference server (tests/test_mcp_conformance.py),
+# exactly as tests/conformance/package-lock.json pins them (Node.js 22 among them).
+conformance=tests/conformance
+if [ "${1:-}" = "--dev" ] && { [ ! -f "$conformance/node_modules/.package-lock.json" ] \
+    || [ "$conformance/package-lock.json" -nt "$conformance/node_modules/.package-lock.json" ]; }; then
+  if ! command -v npm >/dev/null; then
+    echo "scripts/setup.sh --dev: npm is needed for $conformance (Debian: apt-get install npm)" >&2
+    exit 1
+  fi
+  npm ci --prefix "$conformance" --no-audit --no-fund --loglevel=error
+fi

@@ -35,7 +35,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("jwks", frozenset({"toolauthz.identity.jwks"})),
     ("bundle", frozenset({"toolauthz.bundle"})),
     # decided_by: which entities a decision was made on, as its audit record keeps them.
-    ("engine", frozenset({"toolauthz.engine", "toolauthz.decided_by", "toolauthz.usage.metering"})),
+    # visibility: which tools a principal could ever be allowed (partial evaluation), for tool lists.
+    ("engine", frozenset({"toolauthz.engine", "toolauthz.decided_by", "toolauthz.usage.metering",
+                         "toolauthz.visibility"})),
     # oidc: approvers' ID tokens, verified like the sidecar's own tokens.
     ("tokens, audit", frozenset({"toolauthz.tokens", "toolauthz.audit", "toolauthz.identity.oidc"})),
     # Storage writes audit records in the ledger's own transaction, so it knows the
@@ -77,9 +79,11 @@ FENCES: tuple[Fence, ...] = (
           imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
-    # It checks bearer access tokens against its identity provider's keys (jwks).
+    # It checks bearer access tokens against its identity provider's keys (jwks), and
+    # reports the root package's `__version__` (that __init__ imports nothing) as serverInfo.
     Fence("toolauthz.mcp_proxy",
-          may_import=frozenset({"toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+          may_import=frozenset({"toolauthz", "toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors",
+                                "toolauthz.model",
                                 "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
                                 "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
                                 "toolauthz.clock"}),

@@ -208,6 +208,18 @@ def test_only_a_runtime_of_the_tenant_may_report_a_refusal_and_its_record_names_
     assert (event.kind, event.caller, event.tool) == ("authorize", AGENT, "issue_refund")
 
 
+def test_only_a_runtime_of_the_tenant_may_ask_which_tools_are_visible(stub, sidecar):
+    request = pb.ListVisibleRequest(context=make_request().context, tools=["issue_refund"])
+    for outsider in (CONSOLE, AUDITOR, GLOBEX_AGENT, STRANGER):
+        denied(stub.ListVisible, request, metadata=as_(outsider))
+    denied(stub.ListVisible, request)  # unauthenticated
+    assert [(e.caller, e.error_codes) for e in refused(sidecar)] == [
+        (CONSOLE, ("role_not_permitted",)), (AUDITOR, ("role_not_permitted",)),
+        (GLOBEX_AGENT, ("tenant_not_permitted",)), (STRANGER, ("caller_unknown",)),
+        ("unauthenticated", ("caller_unknown",))]
+    assert list(stub.ListVisible(request, metadata=as_(AGENT)).visible) == ["issue_refund"]
+
+
 def test_a_runtime_cannot_approve_list_approvals_or_query_the_audit(stub, approvals, audit, sidecar):
     _request, response = pending(stub)
     denied(approvals.DecideApproval, apb.DecideApprovalRequest(

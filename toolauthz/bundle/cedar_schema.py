@@ -15,6 +15,21 @@ policy cannot read it and validation says so):
   array with `items` of a mappable type -> Set<T>
 Not mapped: number (Cedar has no floats), null, type lists, oneOf/anyOf/allOf,
 objects without `properties` (free-form maps), tuples (`prefixItems`).
+
+MCP resources and prompts (a tool file with `mcp.kind`, toolauthz/mcp_proxy/governed.py)
+are catalog entries like tools, so they get the same shape: `tool:<name>` for a
+`resources/read` of a resource or template entry, whose context is
+`{input: {uri: String}, ...}` and whose resource is what the entry's `resource` makes of
+the URI (`resource: {type: Doc, id: /uri}`: `Doc::"note://readme"`); and `tool:<name>` for
+a `prompts/get`, whose `context.input` holds the prompt's arguments (Strings):
+
+    permit (principal, action == Action::"tool:notes__readme", resource);
+    forbid (principal, action == Action::"tool:notes__note_file", resource)
+      when { context.input.uri like "note://notes/a*" };
+    permit (principal in Group::"editors", action == Action::"tool:notes__summarize", resource);
+
+What a list shows a principal (toolauthz/visibility.py) is decided from these same
+actions by partial evaluation: no separate action to write.
 """
 
 from __future__ import annotations

@@ -136,6 +136,13 @@ class AsyncAuthzClient:
         response, _ = await self._unary("ReportRefusal", self._authz.ReportRefusal, request, timeout)
         return response.decision_id
 
+    async def list_visible(self, context, tools: list[str], *,
+                           timeout: float | None = None) -> pb.ListVisibleResponse:
+        """Which of `tools` some call by the context's principal could be allowed (a
+        preview for a tool list; every call is still authorized)."""
+        request = pb.ListVisibleRequest(context=cv.context_msg(context), tools=tools)
+        return (await self._unary("ListVisible", self._authz.ListVisible, request, timeout))[0]
+
     async def get_status(self, *, timeout: float | None = None) -> pb.GetStatusResponse:
         return (await self._unary("GetStatus", self._authz.GetStatus, pb.GetStatusRequest(), timeout))[0]
 

@@ -4,7 +4,7 @@ Only `UNAVAILABLE` is ever retried: the server did not handle the request (it wa
 or its store was unusable and it said "no decision was made"). `DEADLINE_EXCEEDED` is
 never retried: the server may have acted. Per RPC:
 
-    GetKeys, GetStatus, GetCatalog, ListApprovals, GetApproval, QueryDecisions
+    GetKeys, GetStatus, GetCatalog, ListVisible, ListApprovals, GetApproval, QueryDecisions
                   read-only: up to `RetryPolicy.max_attempts`.
     ReportOutcome up to `max_attempts`: a second report of the same call is answered
                   ALREADY_EXISTS, which after a retried attempt means "our first attempt

@@ -21,7 +21,11 @@ SUFFIXES = (".yaml", ".yml", ".json")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # The optional `mcp` block of a tool file: how `toolauthz mcp-proxy` pins the upstream tool
 # (see toolauthz/mcp_proxy/pins.py). Checked here so that `check` and the proxy agree.
-_MCP_KEYS = {"name", "input_schema_sha256", "upstream"}
+_MCP_KEYS = {"name", "input_schema_sha256", "upstream", "kind", "uri", "uri_template"}
+# What an `mcp` block pins: an upstream tool (the default), one resource by its exact URI,
+# the resources of one URI template, or a prompt (toolauthz/mcp_proxy/governed.py).
+MCP_KINDS = ("tool", "resource", "resource_template", "prompt")
+_MAX_URI = 2048
 UPSTREAM_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # an upstream of the MCP gateway
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -89,7 +93,25 @@ def check_mcp_block(raw: Any) -> list[tuple[str, str]]:
     if upstream is not None and (not isinstance(upstream, str) or not UPSTREAM_NAME.fullmatch(upstream)):
         found.append(("/mcp/upstream", "`mcp.upstream` must name an upstream of the gateway's configuration "
                                        "(a-z 0-9 _ -, 1 to 32 characters, starting with a letter)"))
+    found.extend(_kind_problems(raw))
     digest = raw.get("input_schema_sha256")
     if digest is not None and (not isinstance(digest, str) or not _SHA256.fullmatch(digest)):
         found.append(("/mcp/input_schema_sha256", "`mcp.input_schema_sha256` must be 64 lowercase hex digits"))
+    return found
+
+
+def _kind_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """`kind` and the key it needs: `uri` for a resource, `uri_template` for a template."""
+    kind = raw.get("kind", "tool")
+    if kind not in MCP_KINDS:
+        return [("/mcp/kind", f"`mcp.kind` must be one of {', '.join(MCP_KINDS)}")]
+    found = []
+    for key, needed_by in (("uri", "resource"), ("uri_template", "resource_template")):
+        value = raw.get(key)
+        if kind == needed_by and value is None:
+            found.append((f"/mcp/{key}", f"`mcp.kind: {kind}` needs `mcp.{key}`"))
+        elif value is not None and kind != needed_by:
+            found.append((f"/mcp/{key}", f"`mcp.{key}` belongs to `mcp.kind: {needed_by}` only"))
+        elif value is not None and (not isinstance(value, str) or not 0 < len(value) <= _MAX_URI):
+            found.append((f"/mcp/{key}", f"`mcp.{key}` must be 1 to {_MAX_URI} characters"))
     return found

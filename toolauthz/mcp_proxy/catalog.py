@@ -33,6 +33,8 @@ from toolauthz.client.results import MESSAGES
 from toolauthz.client.tools import DEFAULT_MAX_OUTPUT_BYTES
 from toolauthz.display.escape import display
 from toolauthz.errors import InputError
+from toolauthz.mcp_proxy.governed import implementation_of
+from toolauthz.mcp_proxy.passthrough import progress_relay
 from toolauthz.mcp_proxy.pins import PinnedTool, advertised_sha256, drift, load_pins
 from toolauthz.mcp_proxy.runs import BoundedMap
 from toolauthz.mcp_proxy.upstreams import (
@@ -106,6 +108,8 @@ class Catalog:
         self._on_tools = on_tools
         self.digest = ""  # the sidecar's bundle the pins were read from
         self.revision: int | None = None
+        # Called after an upstream said its tools, resources or prompts changed (list_watch.py).
+        self.on_lists_changed: Callable[[], Awaitable[None]] | None = None
         self._lock = anyio.Lock()
         # call id -> the upstream's content blocks of a structured result, as it sent them:
         # the proxy answers with them (byte for byte) once the Guard accepted the output.
@@ -127,6 +131,8 @@ class Catalog:
     async def _refresh_logged(self) -> None:
         try:
             await self.refresh()
+            if self.on_lists_changed is not None:
+                await self.on_lists_changed()
         except Exception:  # logged; a failed eager re-list is retried by the next call
             log.exception("re-listing the upstream tools failed")
 
@@ -145,6 +151,8 @@ class Catalog:
                 except UpstreamUnavailable:
                     continue  # hides its own tools only
                 for name, pinned in self.pins.items():
+                    if pinned.kind != "tool":
+                        continue  # resources and prompts: mcp_proxy/governed.py
                     if self._bound.get(name) is link and self._still_pinned(name, pinned, advertised):
                         exposed[name] = advertised[pinned.upstream_name]
             return exposed
@@ -185,11 +193,12 @@ class Catalog:
             if link is None:
                 continue
             bound[pinned.name] = link
-            tools.register(pinned.name, _upstream_call(link, pinned, self.answered), output_schema=pinned.output_schema,
+            run = implementation_of(link, pinned) or _upstream_call(link, pinned, self.answered)
+            tools.register(pinned.name, run, output_schema=pinned.output_schema,
                            timeout=link.spec.timeout_of(pinned.upstream_name))
         self.pins, self._bound = pins, bound
         self.digest, self.revision = fetched.digest, fetched.revision
-        log.info("catalog of the sidecar's bundle %s (revision %s): %d pinned tools", fetched.digest[:16],
+        log.info("catalog of the sidecar's bundle %s (revision %s): %d pinned entries", fetched.digest[:16],
                  fetched.revision if fetched.revision is not None else "unsigned", len(pins))
         self._on_tools(tools)
 
@@ -212,7 +221,8 @@ def _upstream_call(link: UpstreamLink, pinned: PinnedTool,
                    answered: BoundedMap[str, list[types.ContentBlock]]) -> Callable[[Any, Any], Awaitable[Any]]:
     async def call(args: Any, invocation: ToolInvocation) -> Any:
         try:
-            result = await link.call_tool(pinned.upstream_name, args, timeout=invocation.remaining())
+            result = await link.call_tool(pinned.upstream_name, args, timeout=invocation.remaining(),
+                                          progress_callback=progress_relay())
         except UpstreamUnavailable:
             raise ToolError(UPSTREAM_UNAVAILABLE, "The tool's server could not be reached; the call was not "
                                                   "executed.") from None

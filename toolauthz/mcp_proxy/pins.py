@@ -43,12 +43,14 @@ class PinnedTool:
     side_effect: str
     input_schema_sha256: str | None  # the pin of the upstream schema, when the catalog's may differ
     upstream: str | None = None  # `mcp.upstream`: which of the gateway's upstreams serves it
+    kind: str = "tool"  # `mcp.kind`: tool, resource, resource_template or prompt (mcp_proxy/governed.py)
+    uri: str | None = None  # `mcp.uri` of a resource, `mcp.uri_template` of a resource template
 
     @property
     def pin(self) -> str:
         """One value for everything the pin compares: a catalog edit of any of it changes it."""
         return schema_sha256({"n": self.upstream_name, "d": self.description, "s": dict(self.input_schema),
-                              "h": self.input_schema_sha256 or ""})
+                              "h": self.input_schema_sha256 or "", **({"u": self.uri} if self.uri is not None else {})})
 
 
 def schema_sha256(value: Any) -> str:
@@ -93,16 +95,17 @@ def load_pins(bundle: str | pathlib.Path | Mapping[str, bytes]) -> dict[str, Pin
             raise BundleError([Problem(str(tools_dir), "the bundle has no `tools/` directory")])
     problems: list[Problem] = []
     pins: dict[str, PinnedTool] = {}
-    upstream_names: dict[tuple[str | None, str], str] = {}
+    upstream_names: dict[tuple[str, str | None, str], str] = {}
     for rel, document in tool_documents(tools_dir, problems):
         tool = _pinned(rel, document, problems)
         if tool is None:
             continue
-        if tool.name in pins or (tool.upstream, tool.upstream_name) in upstream_names:
+        pinned_as = (tool.kind, tool.upstream, tool.uri if tool.uri is not None else tool.upstream_name)
+        if tool.name in pins or pinned_as in upstream_names:
             problems.append(Problem(rel, f"tool `{tool.name}` is pinned twice", pointer="/name"))
             continue
         pins[tool.name] = tool
-        upstream_names[(tool.upstream, tool.upstream_name)] = tool.name
+        upstream_names[pinned_as] = tool.name
     if problems:
         raise BundleError(problems)
     return pins
@@ -129,4 +132,5 @@ def _pinned(rel: str, document: dict[str, Any], problems: list[Problem]) -> Pinn
     return PinnedTool(name=name, upstream_name=mcp.get("name", name), description=description,
                       input_schema=input_schema, output_schema=output_schema,
                       side_effect=str(document.get("side_effect", "")),
-                      input_schema_sha256=mcp.get("input_schema_sha256"), upstream=mcp.get("upstream"))
+                      input_schema_sha256=mcp.get("input_schema_sha256"), upstream=mcp.get("upstream"),
+                      kind=mcp.get("kind", "tool"), uri=mcp.get("uri", mcp.get("uri_template")))

@@ -16,18 +16,21 @@ import asyncio
 import json
 import logging
 import pathlib
-from collections.abc import AsyncIterator, Callable
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
 import mcp_types as types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from ulid import ULID
 
+from toolauthz import __version__
 from toolauthz.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
 from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
 from toolauthz.clock import Clock, SystemClock
@@ -35,7 +38,12 @@ from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift, sidecar_catalog
+from toolauthz.mcp_proxy.client_requests import ClientRequests
+from toolauthz.mcp_proxy.governed import Governed
+from toolauthz.mcp_proxy.governed_requests import GovernedRequests
 from toolauthz.mcp_proxy.hosts import transport_security
+from toolauthz.mcp_proxy.list_watch import ListWatch
+from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.refusal_tally import RefusalTally, Report
 from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
@@ -50,9 +58,17 @@ CODE_META_KEY = "io.toolauthz/code"
 APPROVAL_META_KEY = "io.toolauthz/approval_id"
 REFUSAL_FLUSH_SECONDS = 5.0  # how often the counts of ended minutes are written (refusal_tally.py)
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
-_SIDE_EFFECT_HINTS = {"read": types.ToolAnnotations(read_only_hint=True),
-                      "delete": types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
-                      "update": types.ToolAnnotations(read_only_hint=False, destructive_hint=True)}
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's Server announcing `listChanged` for tools, resources and prompts on the
+    2025-11-25 handshake (both transports ask it for their initialization options)."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> InitializationOptions:
+        changes = notification_options or NotificationOptions(prompts_changed=True, resources_changed=True,
+                                                               tools_changed=True)
+        return super().create_initialization_options(changes, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,7 @@ class ProxySettings:
     downstream: str = "stdio"  # "stdio" or "http": where the session id comes from
     oauth: ResourceServer | None = None  # HTTP: every caller proves who they are with a bearer token
     allowed_hosts: tuple[str, ...] = ()  # HTTP: Host names answered besides the listen address (hosts.py)
+    list_watch_seconds: float = 5.0  # how often the bundle is checked for changed lists (0: never; list_watch.py)
 
     def configured_caller(self) -> Caller | None:
         if self.downstream == "http" and self.oauth is not None:
@@ -94,8 +111,17 @@ class McpProxy:
         self.settings = settings
         self.authz = authz
         self.connection_id = str(ULID())  # the stdio connection's session
-        self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
-                                          on_call_tool=self._call_tool)
+        self.governed = Governed(self, settings.rpc_timeout or 10.0)
+        self.logs = LogRelay(forward=settings.downstream == "stdio")
+        self.client_requests = ClientRequests()
+        self.list_watch = ListWatch(authz, lambda: self.logs.session, rpc_timeout=settings.rpc_timeout)
+        self.requests = GovernedRequests(self, self.governed)
+        with warnings.catch_warnings():  # logging/setLevel: deprecated as of 2026-07-28, served for 2025-11-25
+            warnings.simplefilter("ignore")
+            self.server: Server[Any] = _GatewayServer(
+                "toolauthz-mcp-proxy", version=__version__, on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool, on_set_logging_level=self.requests.set_level,
+                **self.requests.handlers())
         self.observers: list[Callable[[GuardEvent], None]] = []
         self.catalog: Catalog
         self._tools = ToolSet()
@@ -115,8 +141,17 @@ class McpProxy:
         specs = [u if isinstance(u, UpstreamSpec) else UpstreamSpec("default", u) for u in upstreams]
         self.catalog = Catalog(sidecar_catalog(self.authz), specs, self._use_tools,
                                request_timeout=self.settings.rpc_timeout or 10.0)
+        for name, link in self.catalog.links.items():
+            link.client_options["logging_callback"] = self.logs.callback_for(name)
+            link.client_options.update(self.client_requests.callbacks_for(name))
+            link.on_resource_updated = self.logs.resource_updated
+        self.catalog.on_lists_changed = self.list_watch.announce
         async with self.catalog.connected(), anyio.create_task_group() as tg:
             tg.start_soon(self._flush_refusals)
+            self.server.instructions = instructions_of(self.catalog.links)
+            if self.settings.list_watch_seconds > 0:
+                await self.list_watch.check()  # what the lists are decided on, before the first one
+                tg.start_soon(self.list_watch.run, self.settings.list_watch_seconds)
             try:
                 yield self
             finally:
@@ -132,21 +167,83 @@ class McpProxy:
     async def refresh(self) -> dict[str, types.Tool]:
         return await self.catalog.refresh()
 
+    # The catalog's resources and prompts (governed.py) share the tools' pins, links and drift.
+    @property
+    def pins(self) -> Any:
+        return self.catalog.pins
+
+    @property
+    def links(self) -> Any:
+        return self.catalog.links
+
+    def upstream_of(self, name: str) -> Any:
+        return self.catalog.upstream_of(name)
+
+    def note_session(self, ctx: Any) -> None:
+        """Remembers the stdio client's session: where upstream log messages go."""
+        if self.settings.downstream == "stdio":
+            self.logs.session = getattr(ctx, "session", None)
+
+    def run_of(self, ctx: Any) -> Run:
+        self.note_session(ctx)
+        return run_of(ctx, self._caller(ctx), self.connection_id if self.settings.downstream == "stdio" else None)
+
+    async def visible(self, ctx: Any, names: Iterable[str]) -> list[str]:
+        """The names, among `names` (sorted), that some call by the request's caller could
+        be allowed: the sidecar decides with its bundle (ListVisible). Fail closed: when it
+        cannot answer, the list is an error, never everything."""
+        run = self.run_of(ctx)
+        context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)
+        try:
+            answer = await self.authz.list_visible(context, sorted(names), timeout=self.settings.rpc_timeout)
+        except Exception as exc:  # logged; nothing is listed without the sidecar's answer
+            log.warning("the sidecar could not say which tools %s may see (%s)", display(str(run.caller.principal)),
+                        type(exc).__name__, exc_info=True)
+            raise MCPError(types.INTERNAL_ERROR, "the list is unavailable right now; try again later") from None
+        return list(answer.visible)
+
+    async def guarded(self, ctx: Any, run: Run, name: str, input_json: str) -> CallResult:
+        """One catalog entry (a tool call, a resource read, a prompt get) through the run's
+        Guard, with progress for the client; the same entry and input in the same run
+        resumes a pending approval."""
+        pending_key = (run.key, name, input_json)
+        pending = self._pending_approvals.get(pending_key)
+        this_call = pending if pending is not None else call_id(run, ctx.request_id)
+        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
+        token = (ctx.meta or {}).get("progress_token")
+        if token is not None:
+            self._progress[this_call] = _Call(ctx, token)
+        try:
+            with relaying_progress(ctx, token), self.client_requests.calling(self._upstream_name(name), ctx):
+                result = await self._run_guarded(guard, this_call, name, input_json)
+        finally:
+            self._progress.pop(this_call, None)
+        if result.status == APPROVAL_PENDING:
+            self._pending_approvals.set(pending_key, result.call_id)
+        else:
+            self._pending_approvals.pop(pending_key)
+        return result
+
+    def _upstream_name(self, name: str) -> str | None:
+        link = self.catalog.upstream_of(name)
+        return link.spec.name if link is not None else None
+
     # -- the downstream ----------------------------------------------------------------
 
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        self.note_session(ctx)
         exposed = await self.refresh()
-        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name]) for name in sorted(exposed)])
+        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name], exposed[name])
+                                            for name in await self.visible(ctx, exposed)])
 
     @staticmethod
-    def _advertised(pinned: PinnedTool) -> types.Tool:
+    def _advertised(pinned: PinnedTool, upstream: types.Tool | None = None) -> types.Tool:
         return types.Tool(name=pinned.name, description=pinned.description, input_schema=dict(pinned.input_schema),
                           output_schema=dict(pinned.output_schema) if pinned.output_schema is not None else None,
-                          annotations=_SIDE_EFFECT_HINTS.get(pinned.side_effect))
+                          annotations=annotations_of(pinned, upstream))
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        caller = self._caller(ctx)
-        run = run_of(ctx, caller, self.connection_id if self.settings.downstream == "stdio" else None)
+        run = self.run_of(ctx)
         result = await self._call_in_run(ctx, run, params)
         result.meta = {**(result.meta or {}), RUN_META_KEY: run.name}
         return result
@@ -157,7 +254,7 @@ class McpProxy:
         broken = self.catalog.drifted.get(name)
         if broken is not None and name in self.catalog.pins:
             log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
-            await self._audit_refusal(run, call_id(run, ctx.request_id), name, broken)
+            await self.audit_refusal(run, call_id(run, ctx.request_id), name, broken)
             return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
                           "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
@@ -172,21 +269,7 @@ class McpProxy:
                                     allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             return _error("The arguments are not valid JSON; the call was not executed.")
-        pending_key = (run.key, name, input_json)
-        pending = self._pending_approvals.get(pending_key)
-        this_call = pending if pending is not None else call_id(run, ctx.request_id)  # resume a pending approval
-        guard = self._guards.setdefault_with(run.key, lambda: self._new_guard(run))
-        token = (ctx.meta or {}).get("progress_token")
-        if token is not None:
-            self._progress[this_call] = _Call(ctx, token)
-        try:
-            result = await self._run_guarded(guard, this_call, name, input_json)
-        finally:
-            self._progress.pop(this_call, None)
-        if result.status == APPROVAL_PENDING:
-            self._pending_approvals.set(pending_key, result.call_id)
-        else:
-            self._pending_approvals.pop(pending_key)
+        result = await self.guarded(ctx, run, name, input_json)
         return self._to_mcp(result, self.catalog.pins[name], self.catalog.answered.pop(result.call_id))
 
     def _caller(self, ctx: Any) -> Caller:
@@ -214,7 +297,7 @@ class McpProxy:
         return self.server.streamable_http_app(host=host, auth=auth, token_verifier=AccessTokenVerifier(oauth),
                                                transport_security=security)
 
-    async def _audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
+    async def audit_refusal(self, run: Run, refused_call: str, name: str, broken: Drift) -> None:
         """Records the refusal in the sidecar's audit trail. The refusal stands whether or
         not that succeeds (fail closed); a failure is logged."""
         context = TrustedContext(run.caller.tenant, run.caller.principal, run.request_id)

@@ -31,6 +31,8 @@ __all__ = ["UpstreamSpec", "UpstreamLink", "UpstreamUnavailable", "UpstreamLost"
 log = logging.getLogger("toolauthz.mcp_proxy")
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 _LIST_PAGES = 100
+_LIST_CHANGED = {"notifications/tools/list_changed", "notifications/resources/list_changed",
+                 "notifications/prompts/list_changed"}
 
 
 class UpstreamUnavailable(Exception):
@@ -83,6 +85,15 @@ class UpstreamLink:
         self._reconnected = anyio.Event()
         self._background: set[asyncio.Future[Any]] = set()
         self._in_flight: set[anyio.CancelScope] = set()  # the calls waiting for an answer
+        # More of the SDK Client's options (logging_callback...): mcp_proxy/passthrough.py sets them.
+        self.client_options: dict[str, Any] = {}
+        # Called with the URI of each `notifications/resources/updated` (mcp_proxy/passthrough.py).
+        self.on_resource_updated: Callable[[str], Awaitable[None]] | None = None
+
+    @property
+    def client(self) -> Client:
+        """The connected client; UpstreamUnavailable while it is being reconnected."""
+        return self._require()
 
     @property
     def connected(self) -> bool:
@@ -97,7 +108,7 @@ class UpstreamLink:
             self._lost = anyio.Event()
             try:
                 async with Client(self.spec.target, mode=self.spec.mode, cache=None,
-                                  message_handler=self._on_message) as client:
+                                  message_handler=self._on_message, **self.client_options) as client:
                     self._client = client
                     self.sessions += 1
                     self._reconnected.set()
@@ -158,7 +169,7 @@ class UpstreamLink:
         return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *,
-                        timeout: float | None = None) -> types.CallToolResult:
+                        timeout: float | None = None, progress_callback: Any = None) -> types.CallToolResult:
         """The upstream's answer, or why there is none:
 
         - UpstreamUnavailable: the request never reached the upstream (the link was down,
@@ -175,7 +186,8 @@ class UpstreamLink:
         self._in_flight.add(scope)
         try:
             with scope:
-                return await client.call_tool(name, arguments, read_timeout_seconds=timeout)
+                return await client.call_tool(name, arguments, read_timeout_seconds=timeout,
+                                              progress_callback=progress_callback)
             raise UpstreamLost(self.spec.name, "lost")  # reached only when lose() cancelled the scope
         except MCPError as exc:
             if _session_lost(exc):
@@ -199,11 +211,18 @@ class UpstreamLink:
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
-        if method == "notifications/tools/list_changed" and self._on_tools_changed is not None:
+        if method == "notifications/resources/updated" and self.on_resource_updated is not None:
+            uri = getattr(getattr(getattr(message, "root", message), "params", None), "uri", None)
+            if uri is not None:
+                self._later(self.on_resource_updated(str(uri)))
+        if method in _LIST_CHANGED and self._on_tools_changed is not None:
             # Not awaited here: the upstream's answer to the re-list arrives through this same receive loop.
-            task = asyncio.ensure_future(self._on_tools_changed())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._later(self._on_tools_changed())
+
+    def _later(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
 
 def _session_lost(exc: MCPError) -> bool:

@@ -23,6 +23,7 @@ from toolauthz.service.observe import Observation, grpc_transport, observed
 from toolauthz.service.status import SidecarStatus, WorkerStatus
 from toolauthz.telemetry import metrics
 from toolauthz.tokens.keyring import KeyRing
+from toolauthz.visibility import visible_tools
 
 _DECISIONS = {Decision.ALLOW: pb.ALLOW, Decision.DENY: pb.DENY, Decision.APPROVAL_REQUIRED: pb.APPROVAL_REQUIRED}
 _OUTCOMES = {pb.COMPLETED: "completed", pb.FAILED: "failed", pb.CANCELLED: "cancelled",
@@ -149,6 +150,16 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                 lambda: self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)))
             seen.annotate(decision_id=decision_id, tool=metrics.tool_label(tool, self._tools()), result="refused")
         return pb.ReportRefusalResponse(decision_id=decision_id)
+
+    @status_mapped
+    def ListVisible(self, request: pb.ListVisibleRequest, context) -> pb.ListVisibleResponse:
+        """A preview for a tool list (toolauthz/visibility.py): no token, no record."""
+        ctx = trusted_context(request.context)
+        self._gate.admit(context, "ListVisible", _about(ctx, ""))
+        bundle = self._authorizer.bundles.current
+        with _observed("ListVisible", context):
+            visible = visible_tools(bundle, ctx, list(request.tools))
+        return pb.ListVisibleResponse(visible=visible, policy_version=bundle.version)
 
     @status_mapped
     def GetStatus(self, request, context) -> pb.GetStatusResponse:

@@ -29,9 +29,9 @@ Role = Literal["runtime", "approver", "auditor"]
 ROLES: tuple[Role, ...] = ("runtime", "approver", "auditor")
 ALL_TENANTS = "*"
 
-Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "GetKeys", "GetStatus",
-              "GetCatalog",
-              "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval", "QueryDecisions"]
+Rpc = Literal["Authorize", "AuthorizeBatch", "Verify", "ReportOutcome", "ReportRefusal", "ListVisible", "GetKeys",
+              "GetStatus", "GetCatalog", "ListApprovals", "GetApproval", "WatchApproval", "DecideApproval",
+              "QueryDecisions"]
 # The roles that may call each RPC; an RPC missing here is refused to every listed role.
 RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "Authorize": frozenset({"runtime"}),
@@ -39,6 +39,7 @@ RPC_ROLES: Mapping[Rpc, frozenset[Role]] = {
     "Verify": frozenset({"runtime"}),
     "ReportOutcome": frozenset({"runtime"}),
     "ReportRefusal": frozenset({"runtime"}),
+    "ListVisible": frozenset({"runtime"}),
     "GetStatus": frozenset({"runtime"}),
     # The verified bundle's tool files: what the MCP gateway routes by (a runtime).
     "GetCatalog": frozenset({"runtime"}),

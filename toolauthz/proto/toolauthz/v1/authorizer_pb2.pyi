@@ -228,6 +228,22 @@ class ReportRefusalResponse(_message.Message):
     decision_id: str
     def __init__(self, decision_id: _Optional[str] = ...) -> None: ...
 
+class ListVisibleRequest(_message.Message):
+    __slots__ = ("context", "tools")
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    context: TrustedContext
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, context: _Optional[_Union[TrustedContext, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListVisibleResponse(_message.Message):
+    __slots__ = ("visible", "policy_version")
+    VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    visible: _containers.RepeatedScalarFieldContainer[str]
+    policy_version: str
+    def __init__(self, visible: _Optional[_Iterable[str]] = ..., policy_version: _Optional[str] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -64,6 +64,11 @@ class ToolAuthorizerStub:
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.SerializeToString,
                 response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.FromString,
                 _registered_method=True)
+        self.ListVisible = channel.unary_unary(
+                '/toolauthz.v1.ToolAuthorizer/ListVisible',
+                request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleRequest.SerializeToString,
+                response_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/toolauthz.v1.ToolAuthorizer/GetStatus',
                 request_serializer=toolauthz_dot_v1_dot_authorizer__pb2.GetStatusRequest.SerializeToString,
@@ -132,6 +137,15 @@ class ToolAuthorizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListVisible(self, request, context):
+        """Which of the named tools some call by this principal could be allowed (Cedar partial
+        evaluation with the arguments unknown: toolauthz/visibility.py): what a tool list
+        shows them. A preview only, never a decision: no token, no audit record, no ledger.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """The loaded policy version, when it was loaded, and the last reload error.
         """
@@ -180,6 +194,11 @@ def add_ToolAuthorizerServicer_to_server(servicer, server):
                     servicer.ReportRefusal,
                     request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.FromString,
                     response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.SerializeToString,
+            ),
+            'ListVisible': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVisible,
+                    request_deserializer=toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleRequest.FromString,
+                    response_serializer=toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -354,6 +373,33 @@ class ToolAuthorizer:
             '/toolauthz.v1.ToolAuthorizer/ReportRefusal',
             toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalRequest.SerializeToString,
             toolauthz_dot_v1_dot_authorizer__pb2.ReportRefusalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVisible(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolauthz.v1.ToolAuthorizer/ListVisible',
+            toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleRequest.SerializeToString,
+            toolauthz_dot_v1_dot_authorizer__pb2.ListVisibleResponse.FromString,
             options,
             channel_credentials,
             insecure,
