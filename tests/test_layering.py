@@ -74,7 +74,7 @@ FENCES: tuple[Fence, ...] = (
           may_import=frozenset({"toolauthz.client", "toolauthz.errors", "toolauthz.model", "toolauthz.strict_json",
                                 "toolauthz.digest", "toolauthz.display.escape", "toolauthz.files.tools",
                                 "toolauthz.tokens", "toolauthz.proto", "toolauthz.identity.jwks", "toolauthz.clock"}),
-          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
+          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy", "toolauthz.integrations"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
     # It checks bearer access tokens against its identity provider's keys (jwks).
@@ -82,6 +82,13 @@ FENCES: tuple[Fence, ...] = (
           may_import=frozenset({"toolauthz.mcp_proxy", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
                                 "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
                                 "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
+                                "toolauthz.clock"}),
+          imported_by=frozenset({"toolauthz.cli"})),
+    # Adapters for agent frameworks: runtimes too, built on the SDK; the CLI may reach
+    # them for the command hooks of coding agents.
+    Fence("toolauthz.integrations",
+          may_import=frozenset({"toolauthz.integrations", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+                                "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
                                 "toolauthz.clock"}),
           imported_by=frozenset({"toolauthz.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
