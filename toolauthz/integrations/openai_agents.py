@@ -1,0 +1,144 @@
+"""The OpenAI Agents SDK (`openai-agents`): its `function_tool`s run only as the sidecar allows.
+
+    guarded = AgentsGuard(AsyncGuard(client, context_from_session, ToolSet()))
+    agent = Agent(name="support", tools=guarded.tools([issue_refund, lookup_order]))
+    result = await Runner.run(agent, "refund order 4471")
+    # result.interruptions: the calls an approver must decide in the sidecar (approval ids
+    # in `guarded.approval_ids`); later, from the RunState (serialized or not):
+    result = await Runner.run(agent, state)
+
+Where each rule of the Guard lands in the SDK's tool loop:
+
+* `needs_approval` asks the sidecar (`Authorize`, recorded and audited like any call):
+  APPROVAL_REQUIRED becomes the SDK's interruption (`result.interruptions`, a resumable
+  `RunState`); any other decision lets the SDK invoke the tool.
+* `on_invoke_tool` is `AsyncGuard.run`: Authorize again (a replay of the same call id and
+  digest: the recorded decision, a fresh token), Verify immediately before the tool's own
+  invoker runs (with the arguments decoded from the authorized bytes), then
+  ReportOutcome. A DENY, a rejected or expired approval, an approval still pending, a
+  failed verification come back as the string the SDK shows the model as the tool's
+  result, and the tool does not run.
+* Resuming a RunState runs the tool only when the sidecar says an approver granted the
+  approval: the SDK's own `state.approve()` only lets the SDK call `on_invoke_tool`,
+  where the Guard asks the sidecar again; without a grant the model reads that the call
+  waits for approval. `state.reject()` ends the call in the SDK without running it.
+* The call id and idempotency key is the SDK's `tool_call_id` (the provider's call id);
+  identity is the Guard's TrustedContext, built from the runtime's session, never from
+  the arguments or the SDK's run context.
+* A call already executed (this Guard, or any runtime: the sidecar's single-use token)
+  never runs again: a replayed run executes nothing.
+* Cancelling the run's task: a call that had not started ends `cancelled`, one that had
+  `outcome_unknown` (the AsyncGuard's rules).
+
+The SDK authorizes each call of a turn on its own: its tool loop offers no point that
+holds a turn's calls before the first `needs_approval`, so this adapter does not use
+AuthorizeBatch (docs/integrations.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from toolauthz.client import AsyncGuard, ProposedCall
+from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from toolauthz.client.tools import ToolInvocation
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+try:
+    from agents import FunctionTool
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError("toolauthz.integrations.openai_agents needs the SDK: "
+                      "pip install 'toolauthz[openai-agents]'") from exc
+
+__all__ = ["AgentsGuard"]
+
+log = logging.getLogger("toolauthz.integrations")
+
+
+class AgentsGuard:
+    """Wraps an SDK run's function tools around one AsyncGuard (one per model run: its
+    TrustedContext is that run's session). The Guard's ToolSet receives each wrapped
+    tool's implementation; give it an empty ToolSet (with output schemas if any).
+
+    `approval_check_seconds`: when an invocation finds its call held for approval (a
+    resumed RunState), how long the Guard watches the approval for a person's decision
+    before answering that it still waits: an approval already decided answers at once."""
+
+    def __init__(self, guard: AsyncGuard, *, approval_check_seconds: float = 1.0):
+        if approval_check_seconds < 0:
+            raise ValueError("approval_check_seconds must be >= 0")
+        self.guard = guard
+        self.approval_check_seconds = approval_check_seconds
+        self.approval_ids: dict[str, str] = {}  # call id -> the sidecar's approval id, while pending
+        self._contexts: dict[str, ToolContext[Any]] = {}  # call id -> the SDK's context, while it runs
+
+    def tools(self, tools: Iterable[FunctionTool]) -> list[FunctionTool]:
+        return [self.tool(tool) for tool in tools]
+
+    def tool(self, tool: FunctionTool) -> FunctionTool:
+        """The same tool, authorized, verified and reported through the sidecar."""
+        if not isinstance(tool, FunctionTool):
+            raise TypeError("AgentsGuard wraps FunctionTools (the SDK's `function_tool`)")
+        invoke = tool.on_invoke_tool
+
+        async def implementation(args: Any, call: ToolInvocation) -> Any:
+            # The SDK's own invoker (argument model, failure handling) on the authorized bytes' value.
+            return await invoke(self._contexts[call.call_id], json.dumps(args, ensure_ascii=False))
+
+        self.guard.tools.register(tool.name, implementation)
+
+        async def needs_approval(run_context: Any, params: dict[str, Any], call_id: str) -> bool:
+            return await self._needs_approval(tool.name, params, call_id)
+
+        async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
+            return await self._invoke(tool.name, context, arguments)
+
+        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
+
+    async def _needs_approval(self, name: str, params: dict[str, Any], call_id: str) -> bool:
+        """Whether the sidecar holds this call for a person (then the SDK interrupts)."""
+        known = self.guard.result(call_id)
+        if known is not None and known.terminal:
+            return False  # ended already: the invocation replays the result and runs nothing
+        try:
+            call = ProposedCall.of(call_id, name, json.dumps(params, ensure_ascii=False))
+            entities = self.guard.context.entities(call) if self.guard.context.entities else None
+            if inspect.isawaitable(entities):
+                entities = await entities
+            answer = await self.guard.client.authorize(self.guard.context.to_proto(entities), call.to_proto(),
+                                                       timeout=self.guard.rpc_timeout)
+        except Exception:  # fails closed later: the invocation's own Authorize decides
+            log.warning("asking the sidecar whether call %s needs approval failed", call_id, exc_info=True)
+            return False
+        if answer.decision == pb.APPROVAL_REQUIRED and not answer.token:
+            self.approval_ids[call_id] = answer.approval_id
+            return True
+        self.approval_ids.pop(call_id, None)
+        return False
+
+    async def _invoke(self, name: str, context: ToolContext[Any], arguments: str) -> Any:
+        call_id = context.tool_call_id
+        self._contexts[call_id] = context
+        try:
+            result = await self.guard.run(call_id, name, arguments, approval_wait=self.approval_check_seconds)
+        finally:
+            self._contexts.pop(call_id, None)
+        if result.status == APPROVAL_PENDING:
+            self.approval_ids[call_id] = result.approval_id
+        else:
+            self.approval_ids.pop(call_id, None)
+        return model_visible(result)
+
+
+def model_visible(result: CallResult) -> Any:
+    """What the model reads as the tool's result: the tool's own output when it ran, else
+    the Guard's model-safe text (why it did not run)."""
+    if result.status == COMPLETED:
+        return result.output
+    return result.content
