@@ -61,7 +61,23 @@ class Shop:
 
 
 def agent_for(shop: Shop, guarded: AgentsGuard, model: ScriptedModel) -> Agent:
-    return Agent(name="support", instructions="help", tools=guarded.tools(shop.tools), model=model)
+    return Agent(name="support", instructions="help", tools=guarded.tools(shop.tools), model=guarded.model(model))
+
+
+class CountingClient(AsyncAuthzClient):
+    """The async client, counting the authorization RPCs it sends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rpcs = Counter()
+
+    async def authorize(self, *args, **kwargs):
+        self.rpcs["Authorize"] += 1
+        return await super().authorize(*args, **kwargs)
+
+    async def authorize_batch(self, *args, **kwargs):
+        self.rpcs["AuthorizeBatch"] += 1
+        return await super().authorize_batch(*args, **kwargs)
 
 
 def audit(sidecar, call_id):
@@ -82,20 +98,23 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-def test_allowed_and_denied_calls_of_one_turn(server, sidecar):
+def test_allowed_and_denied_calls_of_one_turn_decided_in_one_batch(server, sidecar):
     shop = Shop()
 
     async def scenario():
-        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client:
+        async with CountingClient(f"127.0.0.1:{server[1]}") as client:
             guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
             model = ScriptedModel([
                 [function_call("lookup_order", {"order_id": "ord_1"}, call_id="call_look"),
                  function_call("issue_refund", {"order_id": "ord_1", "amount_cents": 20_000}, call_id="call_deny")],
                 [assistant_message("done")]])
             result = await Runner.run(agent_for(shop, guarded, model), "refund it all")
-            return result, model
+            return result, model, client.rpcs
 
-    result, model = run(scenario())
+    result, model, rpcs = run(scenario())
+    # the turn decided in one batch; the allowed call's invocation replays its decision for
+    # a token (the denied one is refused at its replay too: it never runs)
+    assert rpcs == Counter({"AuthorizeBatch": 1, "Authorize": 2})
     assert result.final_output == "done" and result.interruptions == []
     assert shop.runs == Counter({"lookup_order": 1})
     outputs = tool_outputs(model)

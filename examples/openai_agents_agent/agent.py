@@ -47,7 +47,7 @@ async def run(address: str) -> bool:
         guarded = AgentsGuard(AsyncGuard(client, session(), ToolSet()))
         model = script()
         agent = Agent(name="support", instructions="Help alice.", tools=guarded.tools([lookup_order, issue_refund]),
-                      model=model)
+                      model=guarded.model(model))
         result = await Runner.run(agent, "Where is order 1, and refund 60.00 of it.")
         print(f"run 1: interrupted for {[i.call_id for i in result.interruptions]}, runs {dict(RUNS)}")
         saved = result.to_state().to_string()
@@ -62,7 +62,7 @@ async def run(address: str) -> bool:
     async with AsyncAuthzClient(address) as client:  # a new process: a new Guard from the same session
         guarded = AgentsGuard(AsyncGuard(client, session(), ToolSet()))
         agent = Agent(name="support", instructions="Help alice.", tools=guarded.tools([lookup_order, issue_refund]),
-                      model=model)
+                      model=guarded.model(model))
         state = await RunState.from_string(agent, saved)
         for item in state.get_interruptions():
             state.approve(item)  # lets the SDK invoke the tool; the Guard asks the sidecar again
