@@ -229,3 +229,20 @@ def test_a_turn_cancelled_after_its_tool_started_reports_outcome_unknown(channel
 def test_a_negative_approval_check_is_refused(seconds):
     with pytest.raises(ValueError, match="approval_check_seconds"):
         ApprovalNode(GuardedToolNode([], lambda config: None), approval_check_seconds=seconds)  # type: ignore[arg-type, return-value]
+
+
+def test_identity_in_the_arguments_and_a_repeated_call_id_run_nothing(channel, sidecar):
+    """The model cannot name whose order it is (the tool's schema has no such field, and
+    the Guard's identity is the session's); a call id given twice in a turn is refused."""
+    shop = Shop()
+    spoof = ("issue_refund", {"order_id": "ord_1", "amount_cents": 100, "customer_id": "bob"}, "call_spoof")
+    twice = [("lookup_order", {"order_id": "ord_1"}, "call_twice"),
+             ("lookup_order", {"order_id": "ord_2"}, "call_twice")]
+    runtime = Runtime(channel, shop, [turn(spoof, *twice)])
+    state = runtime.app.invoke({"messages": [HumanMessage("refund bob's order")]}, config("t8"))
+    answers = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    spoofed = [m for m in answers if m.tool_call_id == "call_spoof"]
+    assert [m.status for m in spoofed] == ["error"] and "additionalProperties" in spoofed[0].content
+    assert shop.runs["issue_refund"] == 0
+    assert shop.runs["lookup_order"] <= 1  # at most the first of the two calls named call_twice
+    assert "error" in [m.status for m in answers if m.tool_call_id == "call_twice"]

@@ -258,3 +258,43 @@ def test_a_cancelled_run_reports_outcome_unknown_for_the_started_tool(server, si
     assert shop.runs == Counter({"issue_refund": 1})
     assert (result.status, result.reported) == ("outcome_unknown", "recorded")
     assert outcome_of(sidecar, "call_cut") == "outcome_unknown"
+
+
+def test_a_run_cancelled_before_the_tool_started_reports_cancelled(server, sidecar):
+    shop = Shop()
+
+    class HeldVerify(AsyncAuthzClient):
+        """Holds Verify until cancelled: the call is authorized, its tool not started."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.verifying = asyncio.Event()
+
+        async def verify(self, *args, **kwargs):
+            self.verifying.set()
+            await asyncio.Event().wait()
+
+    async def scenario():
+        ended = asyncio.Event()
+
+        def observe(event):
+            if event.kind == "outcome" and event.call_id == "call_early":
+                ended.set()
+
+        async with HeldVerify(f"127.0.0.1:{server[1]}") as client:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet(), observer=observe))
+            model = ScriptedModel([
+                [function_call("issue_refund", {"order_id": "ord_1", "amount_cents": 1500}, call_id="call_early")],
+                [assistant_message("done")]])
+            task = asyncio.ensure_future(Runner.run(agent_for(shop, guarded, model), "refund 15"))
+            await client.verifying.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await ended.wait()
+            return guarded.guard.result("call_early")
+
+    result = run(scenario())
+    assert shop.runs == Counter()
+    assert (result.status, result.executed, result.reported) == ("cancelled", False, "recorded")
+    assert outcome_of(sidecar, "call_early") == "cancelled"
