@@ -298,3 +298,4 @@ def test_a_run_cancelled_before_the_tool_started_reports_cancelled(server, sidec
     assert shop.runs == Counter()
     assert (result.status, result.executed, result.reported) == ("cancelled", False, "recorded")
     assert outcome_of(sidecar, "call_early") == "cancelled"
+

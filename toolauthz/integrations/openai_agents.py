@@ -119,7 +119,10 @@ class AgentsGuard:
         known = self.guard.result(call_id)
         if known is not None and known.terminal:
             return False  # ended already: the invocation replays the result and runs nothing
-        answer = await self._batch_answer(call_id, name) if call_id in self._turn else None
+        answer = None
+        if call_id in self._turn:
+            answer = await self._batch_answer(call_id, name)
+            self._turn.pop(call_id, None)  # read once: a later question (a resumed run) asks the sidecar again
         if answer is None:
             try:
                 call = ProposedCall.of(call_id, name, json.dumps(params, ensure_ascii=False))
