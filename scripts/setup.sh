@@ -26,6 +26,7 @@ stale=0
 for file in requirements.lock "$lock" pyproject.toml "${extra_locks[@]}"; do
   if [ ! -f "$stamp" ] || [ "$file" -nt "$stamp" ]; then stale=1; fi
 done
+if [ "$lock" = requirements-dev.lock ] && [ ! -d .venv/wheelhouse-client ]; then stale=1; fi
 if [ "$stale" = 1 ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$lock"
   if [ "$lock" = requirements-dev.lock ]; then
