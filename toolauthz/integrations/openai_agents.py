@@ -44,6 +44,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -137,10 +138,14 @@ class AgentsGuard:
         return False
 
     def _on_turn(self, output: Iterable[Any]) -> None:
-        self._turn = {item.call_id: (item.name, item.arguments) for item in output
-                      if getattr(item, "type", None) == "function_call" and getattr(item, "name", None) in self._names
-                      and isinstance(getattr(item, "call_id", None), str)
-                      and isinstance(getattr(item, "arguments", None), str)}
+        calls = [(item.call_id, item.name, item.arguments) for item in output
+                 if getattr(item, "type", None) == "function_call" and getattr(item, "name", None) in self._names
+                 and isinstance(getattr(item, "call_id", None), str)
+                 and isinstance(getattr(item, "arguments", None), str)]
+        ids = Counter(call_id for call_id, _, _ in calls)
+        # A call id the model gave twice is left out: each of those asks on its own, and the
+        # Guard refuses the second (the same id is never two calls).
+        self._turn = {call_id: (name, text) for call_id, name, text in calls if ids[call_id] == 1}
 
     async def _batch_answer(self, call_id: str, name: str) -> pb.AuthorizeResponse | None:
         """The turn's AuthorizeBatch answer for the call (the first caller of a turn sends
