@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Creates .venv with the exact pinned dependencies and the package in editable mode:
 # the runtime (requirements.lock) only, or with --dev the test and development tools too
-# (requirements-dev.lock, which includes the runtime lock).
+# (requirements-dev.lock, which includes the runtime lock), the agent frameworks of the
+# adapters (requirements-integrations.lock), and a wheelhouse of the SDK's own lock
+# (requirements-client.lock) from which tests/test_client_install.py installs the SDK
+# alone into a fresh venv, offline.
 # Idempotent: a second run only re-checks what is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +18,22 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ "$lock" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+extra_locks=()
+if [ "$lock" = requirements-dev.lock ]; then
+  extra_locks=(requirements-integrations.lock requirements-client.lock)
+fi
+stale=0
+for file in requirements.lock "$lock" pyproject.toml "${extra_locks[@]}"; do
+  if [ ! -f "$stamp" ] || [ "$file" -nt "$stamp" ]; then stale=1; fi
+done
+if [ "$lock" = requirements-dev.lock ] && [ ! -d .venv/wheelhouse-client ]; then stale=1; fi
+if [ "$stale" = 1 ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$lock"
+  if [ "$lock" = requirements-dev.lock ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-integrations.lock
+    .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+      -r requirements-client.lock -d .venv/wheelhouse-client
+  fi
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   touch "$stamp"
 fi

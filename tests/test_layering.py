@@ -76,7 +76,7 @@ FENCES: tuple[Fence, ...] = (
           may_import=frozenset({"toolauthz.client", "toolauthz.errors", "toolauthz.model", "toolauthz.strict_json",
                                 "toolauthz.digest", "toolauthz.display.escape", "toolauthz.files.tools",
                                 "toolauthz.tokens", "toolauthz.proto", "toolauthz.identity.jwks", "toolauthz.clock"}),
-          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
+          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy", "toolauthz.integrations"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
     # It checks bearer access tokens against its identity provider's keys (jwks), and
@@ -88,12 +88,19 @@ FENCES: tuple[Fence, ...] = (
                                 "toolauthz.files.tools", "toolauthz.proto", "toolauthz.identity.jwks",
                                 "toolauthz.clock"}),
           imported_by=frozenset({"toolauthz.cli"})),
+    # Adapters for agent frameworks: runtimes too, built on the SDK; the CLI may reach
+    # them for the command hooks of coding agents.
+    Fence("toolauthz.integrations",
+          may_import=frozenset({"toolauthz.integrations", "toolauthz.client", "toolauthz.errors", "toolauthz.model",
+                                "toolauthz.strict_json", "toolauthz.digest", "toolauthz.display.escape",
+                                "toolauthz.clock", "toolauthz.proto"}),
+          imported_by=frozenset({"toolauthz.cli"})),
     # Generated gRPC code: only the code that speaks gRPC touches it. The generated
     # modules themselves are not parsed (they import only each other).
     Fence("toolauthz.proto",
           may_import=frozenset({"toolauthz.proto"}),
           imported_by=frozenset({"toolauthz.client", "toolauthz.mcp_proxy", "toolauthz.service", "toolauthz.server",
-                                 "toolauthz.cli"})),
+                                 "toolauthz.cli", "toolauthz.integrations"})),
 )
 
 # Imports that break the rules today, each with the reason and the way out. An entry

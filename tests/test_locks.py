@@ -1,6 +1,9 @@
-"""The two locks: requirements.lock is exactly the runtime (the closure of the project's
-dependencies, nothing a test or a checker needs), requirements-dev.lock adds the tools
-on top of it, and each package is pinned once."""
+"""The locks: requirements.lock is exactly the server's runtime (the closure of the
+project's dependencies and its `server` extra, nothing a test or a checker needs),
+requirements-client.lock exactly the SDK's (the closure of the dependencies alone, at
+the runtime lock's versions), requirements-dev.lock adds the tools on top of the
+runtime, requirements-integrations.lock the agent frameworks on top of that, and each
+package is pinned once."""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def _closure(roots: list[str]) -> set[str]:
 def test_the_runtime_lock_is_exactly_what_the_project_needs():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = _pins(ROOT / "requirements.lock")
-    assert set(runtime) == _closure(project["dependencies"])
+    assert set(runtime) == _closure(project["dependencies"] + project["optional-dependencies"]["server"])
     assert not {_norm(tool) for tool in DEV_TOOLS} & set(runtime)
     assert not [name for name in runtime if name.startswith("types-")]
     assert "opentelemetry-exporter-otlp-proto-grpc" in runtime and "python-json-logger" in runtime
@@ -64,4 +67,26 @@ def test_the_dev_lock_adds_the_tools_on_top_of_the_runtime_lock():
     test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert {_norm(Requirement(r).name) for r in test_extra} <= set(dev) | set(runtime)
     for name, version in {**runtime, **dev}.items():
+        assert metadata.version(name) == version, f"{name}: installed {metadata.version(name)}, locked {version}"
+
+
+SERVER_ONLY = {"cedarpy", "starlette", "uvicorn", "psycopg", "mcp", "pydantic", "jinja2", "opentelemetry-sdk"}
+
+
+def test_the_client_lock_is_exactly_the_sdk_at_the_runtime_locks_versions():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    client, runtime = _pins(ROOT / "requirements-client.lock"), _pins(ROOT / "requirements.lock")
+    assert set(client) == _closure(project["dependencies"])
+    assert not SERVER_ONLY & set(client)
+    assert {name: runtime.get(name) for name in client} == client
+
+
+def test_the_integrations_lock_adds_only_the_frameworks_and_what_they_need():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    runtime, dev = _pins(ROOT / "requirements.lock"), _pins(ROOT / "requirements-dev.lock")
+    frameworks = _pins(ROOT / "requirements-integrations.lock")
+    assert not set(frameworks) & (set(runtime) | set(dev))
+    assert set(frameworks) == _closure(extras["openai-agents"] + extras["langgraph"]) - set(runtime) - set(dev)
+    assert {"openai-agents", "langgraph", "langchain-core"} <= set(frameworks)
+    for name, version in frameworks.items():
         assert metadata.version(name) == version, f"{name}: installed {metadata.version(name)}, locked {version}"

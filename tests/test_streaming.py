@@ -206,13 +206,126 @@ def test_ten_thousand_one_byte_fragments_are_bounded_in_memory():
     assert summary(answers) == [("RefusedCall", "toolu_2", "note", "input_too_large")]
 
 
-def test_split_utf8_bytes_join_and_a_lone_surrogate_is_left_to_the_strict_parser():
+def test_split_utf8_bytes_join():
     assembly = CallAssembly()
     raw = '{"city": "Zürich 📦"}'.encode()
     assembly.open(0, "toolu_1", "t")
     for i in range(len(raw)):
         assembly.append(0, raw[i:i + 1])  # every multibyte character split across fragments
     assert summary(assembly.end(0)) == [("AssembledCall", "toolu_1", "t", raw)]
+
+
+def utf16_halves(text: str) -> str:
+    """The text as an SDK hands it over when it decoded JSON `\\uXXXX` escapes one by one:
+    every character outside the BMP as its two surrogate code points."""
+    units = text.encode("utf-16-le")
+    return "".join(chr(int.from_bytes(units[i:i + 2], "little")) for i in range(0, len(units), 2))
+
+
+def test_a_surrogate_pair_split_across_fragments_assembles_and_digests_like_the_unsplit_call():
+    unsplit = '{"note": "grin \U0001F600 and box \U0001F4E6"}'
+    halves = utf16_halves(unsplit)
+    high = halves.index("\ud83d")
+    # `"\ud83d"` ends one fragment, `"\ude00"` starts the next (the emoji split in its halves)
+    events = [{"type": "content_block_start", "index": 0,
+               "content_block": {"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}},
+              *({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": p}}
+                for p in (halves[:high + 1], halves[high + 1:high + 3], halves[high + 3:])),
+              {"type": "content_block_stop", "index": 0}]
+    split = answers_of(AnthropicToolStream(), events)
+    whole = answers_of(AnthropicToolStream(), anthropic_tool(0, "toolu_1", "t", unsplit, size=1000))
+    escaped_text = json.dumps(json.loads(unsplit))  # the JSON escape text `\\ud83d\\ude00`, also split
+    escaped = answers_of(AnthropicToolStream(), anthropic_tool(0, "toolu_1", "t", escaped_text, size=7))
+    assert summary(split) == summary(whole) == [("AssembledCall", "toolu_1", "t", unsplit.encode())]
+    assert split[0].input_json.decode("utf-8") == unsplit
+
+    def digest(raw: bytes) -> str:
+        return call_digest(tool="t", input=parse_strict_json(raw, max_bytes=1 << 20), principal_type="User",
+                           principal_id="alice", tenant="acme", call_id="toolu_1")
+
+    assert digest(split[0].input_json) == digest(whole[0].input_json) == digest(escaped[0].input_json)
+
+
+@pytest.mark.parametrize("fragments", [
+    ['{"note": "\ud83d', 'x"}'],             # a high half followed by no low half
+    ['{"note": "\ud83d', '"}'],              # a high half at a fragment's end, the string then closes
+    ['{"note": "', '\ude00"}'],              # a low half with no high half before it
+    ['{"note": "\ude00\ud83d"}'],           # the halves in the wrong order, in one fragment
+    ['{"note": "x"}', '\ud83d'],             # a high half as the very last fragment
+], ids=["high-then-text", "high-then-quote", "low-alone", "reversed", "high-at-end"])
+def test_a_lone_surrogate_is_refused_and_the_rest_of_the_turn_assembles(fragments):
+    events = [{"type": "content_block_start", "index": 0,
+               "content_block": {"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}},
+              *({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": p}}
+                for p in fragments),
+              {"type": "content_block_stop", "index": 0},
+              *anthropic_tool(1, "toolu_2", "lookup_order", LOOKUP)]
+    assert summary(answers_of(AnthropicToolStream(), events)) == [
+        ("RefusedCall", "toolu_1", "t", "invalid_unicode"),
+        ("AssembledCall", "toolu_2", "lookup_order", LOOKUP.encode())]
+    assert RefusedCall("toolu_1", "t", "invalid_unicode").to_tool_result()["is_error"] is True
+
+
+def test_a_lone_surrogate_in_final_arguments_or_after_a_bytes_fragment_is_refused():
+    stream = ResponsesToolStream()
+    events = [{"type": "response.output_item.added", "output_index": 0,
+               "item": {"type": "function_call", "id": "fc", "call_id": "call_1", "name": "t", "arguments": ""}},
+              {"type": "response.function_call_arguments.done", "item_id": "fc", "arguments": '{"a": "\udfff"}'}]
+    assert summary(answers_of(stream, events)) == [("RefusedCall", "call_1", "t", "invalid_unicode")]
+    assembly = CallAssembly()
+    assembly.open(0, "toolu_1", "t")
+    assembly.append(0, '{"a": "\ud83d')
+    assert summary(assembly.append(0, b'"}')) == [("RefusedCall", "toolu_1", "t", "invalid_unicode")]
+
+
+# -- blocks the provider runs itself --------------------------------------------------------
+
+
+def test_server_tool_blocks_are_ignored_and_every_client_call_after_them_assembles():
+    """A turn as the Messages API streams it with web search and an MCP connector on: the
+    server blocks stream `input_json_delta` too, and are none of the runtime's business."""
+    events = [{"type": "message_start", "message": {"id": "msg_1", "content": []}},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Searching."}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "content_block_start", "index": 1,
+               "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}},
+              {"type": "content_block_delta", "index": 1,
+               "delta": {"type": "input_json_delta", "partial_json": '{"query": "order'}},
+              {"type": "content_block_delta", "index": 1,
+               "delta": {"type": "input_json_delta", "partial_json": ' 4471 delays"}'}},
+              {"type": "content_block_stop", "index": 1},
+              {"type": "content_block_start", "index": 2,
+               "content_block": {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+                                 "content": [{"type": "web_search_result", "url": "https://forum.example/t/9912",
+                                              "title": "Delivery delays", "encrypted_content": "Eq..."}]}},
+              {"type": "content_block_stop", "index": 2},
+              *anthropic_tool(3, "toolu_1", "issue_refund", REFUND, size=4),
+              {"type": "content_block_start", "index": 4,
+               "content_block": {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "search_docs",
+                                 "server_name": "docs", "input": {}}},
+              {"type": "content_block_delta", "index": 4,
+               "delta": {"type": "input_json_delta", "partial_json": '{"q": "refunds"}'}},
+              {"type": "content_block_stop", "index": 4},
+              *anthropic_tool(5, "toolu_2", "lookup_order", LOOKUP),
+              {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+              {"type": "message_stop"}]
+    stream = AnthropicToolStream()
+    assert summary(answers_of(stream, events)) == [("AssembledCall", "toolu_1", "issue_refund", REFUND.encode()),
+                                                   ("AssembledCall", "toolu_2", "lookup_order", LOOKUP.encode())]
+    assert stream.problems == []
+
+
+def test_a_tool_block_opened_over_a_server_blocks_index_breaks_the_stream():
+    """Else the tool block's deltas would be ignored as the server block's, and the call
+    would run with arguments the model never sent (`{}`)."""
+    events = [{"type": "content_block_start", "index": 0,
+               "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}},
+              *anthropic_tool(0, "toolu_1", "issue_refund", REFUND),
+              *anthropic_tool(1, "toolu_2", "lookup_order", LOOKUP)]
+    stream = AnthropicToolStream()
+    assert summary(answers_of(stream, events)) == [("RefusedCall", "toolu_2", "lookup_order", "stream_broken")]
+    assert stream.problems[0] == "block 0 opened twice"
 
 
 def test_more_calls_than_one_batch_are_refused():
@@ -316,10 +429,13 @@ JSON_VALUES = st.recursive(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5), data=st.data(),
-       ascii_only=st.booleans(), shape=st.sampled_from(["anthropic", "chat", "responses", "bytes"]))
-def test_any_fragmentation_digests_like_the_unsplit_call(args, data, ascii_only, shape):
+       ascii_only=st.booleans(), shape=st.sampled_from(["anthropic", "chat", "responses", "bytes"]),
+       halves=st.booleans())
+def test_any_fragmentation_digests_like_the_unsplit_call(args, data, ascii_only, shape, halves):
     text = json.dumps(args, ensure_ascii=ascii_only)
-    unit = text.encode() if shape == "bytes" else text
+    # `halves`: the text as an SDK that decoded escapes one by one hands it over, so a cut
+    # may fall between the two halves of a surrogate pair
+    unit = text.encode() if shape == "bytes" else utf16_halves(text) if halves else text
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(unit) - 1)), max_size=12)))
     parts = [unit[a:b] for a, b in zip([0, *cuts], [*cuts, len(unit)], strict=True)]
     if shape == "anthropic":

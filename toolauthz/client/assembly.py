@@ -19,6 +19,11 @@ nothing was authorized), in the order the blocks end. The rules:
 * more than `max_calls` blocks in one stream (64: one turn's batch): the rest are refused
   `too_many_calls`;
 * a stream that ends with a call still open refuses it `stream_incomplete`;
+* text fragments are joined as text: an SDK that decoded the event's JSON hands over a
+  character outside the BMP split into its two UTF-16 halves when the provider split it
+  (`"\\ud83d"` + `"\\ude00"`), and the halves join into the one character, so the call
+  has the same bytes (and digest) as the unsplit call; a half left alone (a lone
+  surrogate) cannot be UTF-8 and is refused `invalid_unicode`;
 * a fragment for a call the stream never opened, or for one that already ended, or a
   block opened twice, breaks the stream: every call still open is refused
   `stream_broken`, and so is every call after it. `problems` says what happened.
@@ -50,6 +55,7 @@ REFUSALS = {
     "stream_broken": "The response stream was malformed; the call was not executed.",
     "stream_mismatch": "The call's streamed arguments disagree with its final arguments; it was not executed.",
     "too_many_calls": "Too many tool calls were proposed at once; this one was not executed.",
+    "invalid_unicode": "The call's arguments are not valid Unicode text; it was not executed.",
 }
 
 
@@ -81,12 +87,26 @@ Answer = AssembledCall | RefusedCall
 
 
 class _Open:
-    __slots__ = ("call_id", "name", "item_id", "limit", "data", "refused")
+    __slots__ = ("call_id", "name", "item_id", "limit", "data", "refused", "high")
 
     def __init__(self, call_id: str, name: str, item_id: str, limit: int):
         self.call_id, self.name, self.item_id, self.limit = call_id, name, item_id, limit
         self.data = bytearray()
         self.refused = ""  # the refusal already answered for this call, if any
+        self.high = ""  # a high surrogate that ended the last text fragment: its pair may follow
+
+
+def _is_high_surrogate(char: str) -> bool:
+    return "\ud800" <= char <= "\udbff"
+
+
+def _utf8(text: str) -> bytes | None:
+    """UTF-8 of text whose surrogate pairs are joined into their characters; None when a
+    surrogate is left alone (no UTF-8 exists for it)."""
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le").encode("utf-8")
+    except UnicodeError:
+        return None
 
 
 class CallAssembly:
@@ -139,7 +159,9 @@ class CallAssembly:
             return self.fail(f"a fragment for block {key!r}, which {why}")
         if call.refused:
             return []
-        piece = fragment.encode("utf-8", "surrogatepass") if isinstance(fragment, str) else bytes(fragment)
+        piece = self._piece(call, fragment)
+        if piece is None:
+            return self._refuse(call, "invalid_unicode")
         if len(call.data) + len(piece) > call.limit:
             return self._refuse(call, "input_too_large")
         call.data += piece
@@ -161,8 +183,12 @@ class CallAssembly:
         self._ended.add(key)
         if call.refused:
             return []
+        if call.high:
+            return self._refuse(call, "invalid_unicode")
         if final is not None:
-            whole = final.encode("utf-8", "surrogatepass") if isinstance(final, str) else bytes(final)
+            whole = _utf8(final) if isinstance(final, str) else bytes(final)
+            if whole is None:
+                return self._refuse(call, "invalid_unicode")
             if call.data and bytes(call.data) != whole:
                 return self._refuse(call, "stream_mismatch")
             if not call.data:
@@ -204,6 +230,17 @@ class CallAssembly:
 
     # -- inside ------------------------------------------------------------------------
 
+    @staticmethod
+    def _piece(call: _Open, fragment: str | bytes) -> bytes | None:
+        """A fragment's bytes, holding back a high surrogate at its end until the next
+        fragment says whether its pair follows; None for a surrogate left alone."""
+        if not isinstance(fragment, str):
+            return None if call.high else bytes(fragment)
+        text, call.high = call.high + fragment, ""
+        if text and _is_high_surrogate(text[-1]):
+            text, call.high = text[:-1], text[-1]
+        return _utf8(text)
+
     def _limit(self, name: str) -> int:
         limit = self._limit_of(name) if TOOL_NAME.fullmatch(name or "") else None
         return limit if isinstance(limit, int) and limit > 0 else self._default
@@ -211,5 +248,6 @@ class CallAssembly:
     def _refuse(self, call: _Open, code: str) -> list[Answer]:
         call.refused = code
         call.data = bytearray()  # a refused call's text is never kept
+        call.high = ""
         self._finished.setdefault(call.call_id, None)
         return [RefusedCall(call.call_id, call.name, code, call.item_id)]

@@ -11,8 +11,12 @@ One class per API shape, each feeding `CallAssembly` (client/assembly.py, the ru
 
 * `AnthropicToolStream`, the Messages API: `content_block_start` with a `tool_use` block
   opens a call keyed by the block's index; `input_json_delta` appends `partial_json`;
-  `content_block_stop` ends it. Text, thinking and server-tool blocks are ignored, but an
-  `input_json_delta` for one of them breaks the stream.
+  `content_block_stop` ends it. Blocks the provider runs itself (`server_tool_use`,
+  `mcp_tool_use`, `web_search_tool_result`, any block type other than the four below)
+  are tracked and ignored, their `input_json_delta`s too: they are not calls this
+  runtime executes, and client tool calls after them in the turn are assembled as usual.
+  Text and thinking blocks carry no arguments: an `input_json_delta` for one breaks the
+  stream.
 * `ChatCompletionsToolStream`, OpenAI Chat Completions: `choices[].delta.tool_calls[]`
   fragments keyed by (choice, `index`); the first names `id` and `function.name`, a later
   one that names another id breaks the stream. A choice's `finish_reason` ends its calls
@@ -38,6 +42,10 @@ from toolauthz.client.assembly import Answer, CallAssembly
 __all__ = ["AnthropicToolStream", "ChatCompletionsToolStream", "ResponsesToolStream"]
 
 _ENDED_WELL = ("tool_calls", "stop", "function_call")
+# The Messages API's blocks that are not run on the provider's side: a client tool call
+# and the blocks that never carry arguments. Every other block type is the provider's.
+_CLIENT_TOOL_BLOCK = "tool_use"
+_ARGUMENTLESS_BLOCKS = frozenset({"text", "thinking", "redacted_thinking"})
 
 
 def _plain(event: Any) -> Mapping[str, Any]:
@@ -73,15 +81,20 @@ class AnthropicToolStream(_ToolStream):
 
     def __init__(self, limits: Any = None, **options: Any):
         super().__init__(limits, **options)
-        self._other_blocks: set[Hashable] = set()
+        self._other_blocks: set[Hashable] = set()  # text and thinking
+        self._server_blocks: set[Hashable] = set()  # run by the provider: tracked, ignored
 
     def feed(self, event: Any) -> list[Answer]:
         e = _plain(event)
         kind, index = e.get("type"), e.get("index")
         if kind == "content_block_start":
             block = _get(e, "content_block") or {}
-            if _get(block, "type") != "tool_use":
-                self._other_blocks.add(index)
+            block_type = _get(block, "type")
+            if self._seen(index):  # a tool block opened over a server block would run with no arguments
+                return self.assembly.fail(f"block {index!r} opened twice")
+            if block_type != _CLIENT_TOOL_BLOCK:
+                blocks = self._other_blocks if block_type in _ARGUMENTLESS_BLOCKS else self._server_blocks
+                blocks.add(index)
                 return []
             answers = self.assembly.open(index, _get(block, "id"), _get(block, "name"))
             start = _get(block, "input")
@@ -90,6 +103,8 @@ class AnthropicToolStream(_ToolStream):
                 answers += self.assembly.append(index, json.dumps(start, ensure_ascii=False, separators=(",", ":")))
             return answers
         if kind == "content_block_delta":
+            if index in self._server_blocks:
+                return []
             delta = _get(e, "delta") or {}
             if _get(delta, "type") != "input_json_delta":
                 return [] if index in self._other_blocks or self.assembly.is_open(index) else \
@@ -101,12 +116,16 @@ class AnthropicToolStream(_ToolStream):
                 return self.assembly.fail(f"block {index!r}: `partial_json` is not a string")
             return self.assembly.append(index, fragment)
         if kind == "content_block_stop":
-            if index in self._other_blocks:
+            if index in self._other_blocks or index in self._server_blocks:
                 return []
             return self.assembly.end(index)
         if kind == "message_stop":
             return self.close()
         return []
+
+    def _seen(self, index: Hashable) -> bool:
+        return (index in self._other_blocks or index in self._server_blocks or self.assembly.is_open(index)
+                or self.assembly.has_ended(index))
 
 
 class ChatCompletionsToolStream(_ToolStream):

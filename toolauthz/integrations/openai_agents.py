@@ -1,0 +1,226 @@
+"""The OpenAI Agents SDK (`openai-agents`): its `function_tool`s run only as the sidecar allows.
+
+    guarded = AgentsGuard(AsyncGuard(client, context_from_session, ToolSet()))
+    agent = Agent(name="support", tools=guarded.tools([issue_refund, lookup_order]),
+                  model=guarded.model(model))     # optional: one AuthorizeBatch per turn
+    result = await Runner.run(agent, "refund order 4471")
+    # result.interruptions: the calls an approver must decide in the sidecar (approval ids
+    # in `guarded.approval_ids`); later, from the RunState (serialized or not):
+    result = await Runner.run(agent, state)
+
+Where each rule of the Guard lands in the SDK's tool loop:
+
+* `needs_approval` asks the sidecar (recorded and audited like any call): APPROVAL_REQUIRED
+  becomes the SDK's interruption (`result.interruptions`, a resumable `RunState`); any
+  other decision lets the SDK invoke the tool. With the agent's model wrapped
+  (`guarded.model(model)`), the first `needs_approval` of a turn decides all the turn's
+  calls in one AuthorizeBatch, on the exact argument text the model sent; otherwise (or
+  for a RunState resumed without the model's answer) each call is one Authorize.
+* `on_invoke_tool` is `AsyncGuard.run`: Authorize again (a replay of the same call id and
+  digest: the recorded decision, a fresh token), Verify immediately before the tool's own
+  invoker runs (with the arguments decoded from the authorized bytes), then
+  ReportOutcome. A DENY, a rejected or expired approval, an approval still pending, a
+  failed verification come back as the string the SDK shows the model as the tool's
+  result, and the tool does not run.
+* Resuming a RunState runs the tool only when the sidecar says an approver granted the
+  approval: the SDK's own `state.approve()` only lets the SDK call `on_invoke_tool`,
+  where the Guard asks the sidecar again; without a grant the model reads that the call
+  waits for approval. `state.reject()` ends the call in the SDK without running it.
+* The call id and idempotency key is the SDK's `tool_call_id` (the provider's call id);
+  identity is the Guard's TrustedContext, built from the runtime's session, never from
+  the arguments or the SDK's run context.
+* A call already executed (this Guard, or any runtime: the sidecar's single-use token)
+  never runs again: a replayed run executes nothing.
+* Cancelling the run's task: a call that had not started ends `cancelled`, one that had
+  `outcome_unknown` (the AsyncGuard's rules).
+
+The SDK offers no hook that holds a turn's calls before the first `needs_approval`; the
+model wrapper is that hook: it only reads the model's answer (docs/integrations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from toolauthz.client import AsyncGuard, ProposedCall
+from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from toolauthz.client.tools import ToolInvocation
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+try:
+    from agents import FunctionTool
+    from agents.models.interface import Model
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError("toolauthz.integrations.openai_agents needs the SDK: "
+                      "pip install 'toolauthz[openai-agents]'") from exc
+
+__all__ = ["AgentsGuard"]
+
+log = logging.getLogger("toolauthz.integrations")
+
+
+class AgentsGuard:
+    """Wraps an SDK run's function tools around one AsyncGuard (one per model run: its
+    TrustedContext is that run's session). The Guard's ToolSet receives each wrapped
+    tool's implementation; give it an empty ToolSet (with output schemas if any).
+
+    `approval_check_seconds`: when an invocation finds its call held for approval (a
+    resumed RunState), how long the Guard watches the approval for a person's decision
+    before answering that it still waits: an approval already decided answers at once."""
+
+    def __init__(self, guard: AsyncGuard, *, approval_check_seconds: float = 1.0):
+        if approval_check_seconds < 0:
+            raise ValueError("approval_check_seconds must be >= 0")
+        self.guard = guard
+        self.approval_check_seconds = approval_check_seconds
+        self.approval_ids: dict[str, str] = {}  # call id -> the sidecar's approval id, while pending
+        self._contexts: dict[str, ToolContext[Any]] = {}  # call id -> the SDK's context, while it runs
+        self._names: set[str] = set()  # the wrapped tools
+        self._turn: dict[str, tuple[str, str]] = {}  # the last model turn's calls: id -> (tool, argument text)
+        self._decided: dict[str, asyncio.Future[pb.AuthorizeResponse | None]] = {}  # the turn's batch answers
+
+    def model(self, model: Model) -> Model:
+        """The agent's model, read by the adapter: each answer's function calls (of the
+        wrapped tools) are the turn whose decisions one AuthorizeBatch makes."""
+        return _TurnReader(model, self._on_turn)
+
+    def tools(self, tools: Iterable[FunctionTool]) -> list[FunctionTool]:
+        return [self.tool(tool) for tool in tools]
+
+    def tool(self, tool: FunctionTool) -> FunctionTool:
+        """The same tool, authorized, verified and reported through the sidecar."""
+        if not isinstance(tool, FunctionTool):
+            raise TypeError("AgentsGuard wraps FunctionTools (the SDK's `function_tool`)")
+        invoke = tool.on_invoke_tool
+
+        async def implementation(args: Any, call: ToolInvocation) -> Any:
+            # The SDK's own invoker (argument model, failure handling) on the authorized bytes' value.
+            return await invoke(self._contexts[call.call_id], json.dumps(args, ensure_ascii=False))
+
+        self.guard.tools.register(tool.name, implementation)
+        self._names.add(tool.name)
+
+        async def needs_approval(run_context: Any, params: dict[str, Any], call_id: str) -> bool:
+            return await self._needs_approval(tool.name, params, call_id)
+
+        async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
+            return await self._invoke(tool.name, context, arguments)
+
+        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
+
+    async def _needs_approval(self, name: str, params: dict[str, Any], call_id: str) -> bool:
+        """Whether the sidecar holds this call for a person (then the SDK interrupts)."""
+        known = self.guard.result(call_id)
+        if known is not None and known.terminal:
+            return False  # ended already: the invocation replays the result and runs nothing
+        answer = None
+        if call_id in self._turn:
+            answer = await self._batch_answer(call_id, name)
+            self._turn.pop(call_id, None)  # read once: a later question (a resumed run) asks the sidecar again
+        if answer is None:
+            try:
+                call = ProposedCall.of(call_id, name, json.dumps(params, ensure_ascii=False))
+                answer = await self.guard.client.authorize(self.guard.context, call, timeout=self.guard.rpc_timeout)
+            except Exception:  # fails closed later: the invocation's own Authorize decides
+                log.warning("asking the sidecar whether call %s needs approval failed", call_id, exc_info=True)
+                return False
+        if answer.decision == pb.APPROVAL_REQUIRED and not answer.token:
+            self.approval_ids[call_id] = answer.approval_id
+            return True
+        self.approval_ids.pop(call_id, None)
+        return False
+
+    def _on_turn(self, output: Iterable[Any]) -> None:
+        calls = [(item.call_id, item.name, item.arguments) for item in output
+                 if getattr(item, "type", None) == "function_call" and getattr(item, "name", None) in self._names
+                 and isinstance(getattr(item, "call_id", None), str)
+                 and isinstance(getattr(item, "arguments", None), str)]
+        ids = Counter(call_id for call_id, _, _ in calls)
+        # A call id the model gave twice is left out: each of those asks on its own, and the
+        # Guard refuses the second (the same id is never two calls).
+        self._turn = {call_id: (name, text) for call_id, name, text in calls if ids[call_id] == 1}
+
+    async def _batch_answer(self, call_id: str, name: str) -> pb.AuthorizeResponse | None:
+        """The turn's AuthorizeBatch answer for the call (the first caller of a turn sends
+        the batch); None when the batch failed or did not answer this call as proposed
+        (then the call asks on its own)."""
+        if self._turn.get(call_id, ("", ""))[0] != name:
+            return None
+        if call_id not in self._decided:
+            undecided = [cid for cid in self._turn if cid not in self._decided]
+            loop = asyncio.get_running_loop()
+            futures = {cid: loop.create_future() for cid in undecided}
+            self._decided.update(futures)
+            calls = [ProposedCall.of(cid, *self._turn[cid]) for cid in undecided]
+            try:
+                answers = await self.guard.client.authorize_batch(self.guard.context, calls,
+                                                                  timeout=self.guard.rpc_timeout)
+            except Exception:  # each call then asks on its own, and its invocation decides anyway
+                log.warning("the turn's AuthorizeBatch failed", exc_info=True)
+                answers = []
+            for i, cid in enumerate(undecided):
+                ok = i < len(answers) and answers[i].WhichOneof("answer") == "response"
+                futures[cid].set_result(answers[i].response if ok else None)
+        return await self._decided[call_id]
+
+    async def _invoke(self, name: str, context: ToolContext[Any], arguments: str) -> Any:
+        call_id = context.tool_call_id
+        self._contexts[call_id] = context
+        try:
+            result = await self.guard.run(call_id, name, arguments, approval_wait=self.approval_check_seconds)
+        finally:
+            self._contexts.pop(call_id, None)
+        if result.status == APPROVAL_PENDING:
+            self.approval_ids[call_id] = result.approval_id
+        else:
+            self.approval_ids.pop(call_id, None)
+        return model_visible(result)
+
+
+def model_visible(result: CallResult) -> Any:
+    """What the model reads as the tool's result: the tool's own output when it ran, else
+    the Guard's model-safe text (why it did not run)."""
+    if result.status == COMPLETED:
+        return result.output
+    return result.content
+
+
+class _TurnReader(Model):
+    """The agent's model, unchanged, telling the adapter each answer's output items."""
+
+    def __init__(self, inner: Model, on_turn: Any):
+        self._inner = inner
+        self._on_turn = on_turn
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = await self._inner.get_response(*args, **kwargs)
+        self._on_turn(response.output)
+        return response
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._events(self._inner.stream_response(*args, **kwargs))
+
+    async def _events(self, events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for event in events:
+            if getattr(event, "type", None) == "response.completed":
+                self._on_turn(event.response.output)
+            yield event
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        await self._inner._cleanup_on_run_end(owner)
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self._inner.get_retry_advice(request)
+
+    def __getattr__(self, name: str) -> Any:  # anything else the SDK asks of the model
+        return getattr(self._inner, name)
