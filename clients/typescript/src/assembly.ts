@@ -139,6 +139,10 @@ export class CallAssembly {
     return [{ callId: call.callId, name: call.name, inputJson: data }];
   }
 
+  isOpen(key: Key): boolean {
+    return this.open_.has(key);
+  }
+
   /** The stream ended: a call still open never finished. */
   close(): Answer[] {
     return this.endAll("stream_incomplete");
