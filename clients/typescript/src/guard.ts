@@ -25,15 +25,17 @@
  */
 import { debuglog } from "node:util";
 
-import type { AuthzClient, OutcomeName, OutcomeReport } from "./client.js";
+import type { AuthzClient, OutcomeReport } from "./client.js";
 import { contextMessage, RpcError } from "./client.js";
 import { checkCallId, ProposedCall, type TrustedContext } from "./context.js";
+import { canonicalJson } from "./digest.js";
+import { Attempt, cancelled, type End, fail, pendingApproval, rejected, unknown } from "./ends.js";
+import { endOfRun, execute } from "./execution.js";
 import * as apb from "./gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "./gen/toolauthz/v1/authorizer_pb.js";
 import * as r from "./results.js";
 import { CallResult } from "./results.js";
-import { type Tool, ToolError, type ToolInvocation, OutputProblem, ToolSet } from "./tools.js";
-import { canonicalJson } from "./digest.js";
+import type { Tool, ToolSet } from "./tools.js";
 import { runTurn } from "./turn.js";
 
 const log = debuglog("toolauthz");
@@ -80,23 +82,6 @@ interface CallState {
   running: boolean;
   result?: CallResult;
 }
-
-/** What one run of a call has got to (read when it is cut short). */
-class Attempt {
-  authorizeSent = false;
-  decision = "";
-  decisionId = "";
-  approvalId = "";
-  started = false;
-}
-
-/** A result, and what to report for it: [status, error code, output digest] or undefined. */
-interface End {
-  result: CallResult;
-  report?: [OutcomeName, string, string];
-}
-
-type Ran = { output: unknown } | { error: unknown } | { cut: "timeout" | "cancelled_after_start" } | { notStarted: true };
 
 export class Guard {
   readonly approvalWaitMs: number;
@@ -148,7 +133,7 @@ export class Guard {
     const att = Object.assign(new Attempt(), { authorizeSent: true, decision: pending.decision,
       decisionId: pending.decisionId, approvalId: pending.approvalId });
     const call = new ProposedCall(callId, pending.name, "");
-    return this.finish(callId, await this.reporting(this.cancelled(call, att, true)));
+    return this.finish(callId, await this.reporting(cancelled(call, att, true)));
   }
 
   /** The last result of a call id (terminal, or approval pending), or undefined. */
@@ -193,8 +178,8 @@ export class Guard {
       this.calls.set(call.callId, { name: call.name, signature, running: true });
       return undefined;
     }
-    if (state.signature !== signature) return this.rejected(call, "call_id_reused");
-    if (state.running) return this.rejected(call, "call_in_progress");
+    if (state.signature !== signature) return rejected(call, "call_id_reused");
+    if (state.running) return rejected(call, "call_in_progress");
     if (state.result?.terminal) return state.result.with({ replayed: true });
     state.running = true; // waiting for approval: run it again (resume)
     return undefined;
@@ -222,8 +207,8 @@ export class Guard {
       end = await this.decide(call, att, options, authorized);
     } catch (error) {
       log("guard failed in call %s: %s", call.callId, error);
-      end = att.started ? this.unknown(call, att, "internal_error")
-        : this.fail(call, att, "internal_error", { report: att.authorizeSent });
+      end = att.started ? unknown(call, att, "internal_error")
+        : fail(call, att, "internal_error", { report: att.authorizeSent });
     }
     return this.finish(call.callId, await this.reporting(end));
   }
@@ -240,54 +225,56 @@ export class Guard {
   }
 
   private async decide(call: ProposedCall, att: Attempt, options: RunOptions, authorized?: Authorized): Promise<End> {
-    const cancelled = () => options.signal?.aborted === true;
-    if (cancelled()) return this.cancelled(call, att, authorized !== undefined);
+    const aborted = () => options.signal?.aborted === true;
+    if (aborted()) return cancelled(call, att, authorized !== undefined);
     let ctx: pb.TrustedContext;
     let response: pb.AuthorizeResponse;
     if (authorized === undefined) {
       const found = await this.callContext(call);
-      if (found === undefined) return this.fail(call, att, "context_error", { report: false });
+      if (found === undefined) return fail(call, att, "context_error", { report: false });
       ctx = found;
       att.authorizeSent = true;
       try {
         response = await this.client.authorize(ctx, call, { timeoutMs: this.rpcTimeoutMs });
       } catch (error) {
-        return this.fail(call, att, this.authorizeFailed(call, error));
+        return fail(call, att, this.authorizeFailed(call, error));
       }
     } else {
       att.authorizeSent = true;
       let answer: pb.AuthorizeResponse | RpcError;
       [ctx, answer] = authorized;
-      if (answer instanceof RpcError) return this.fail(call, att, this.authorizeFailed(call, answer));
+      if (answer instanceof RpcError) return fail(call, att, this.authorizeFailed(call, answer));
       response = answer;
     }
     const tool = this.onAuthorized(call, att, response);
     if (!(tool instanceof ToolHolder)) return tool;
     let token = response.token;
     if (response.decision === pb.Decision.APPROVAL_REQUIRED) {
-      if (cancelled()) return this.cancelled(call, att, true);
+      if (aborted()) return cancelled(call, att, true);
       const waited = await this.awaitApproval(call, att, ctx, options);
       if (typeof waited !== "string") return waited;
       token = waited;
     }
-    if (cancelled()) return this.cancelled(call, att, true);
+    if (aborted()) return cancelled(call, att, true);
     let verified: pb.VerifyResponse;
     try {
       verified = await this.client.verify(token, ctx, call, { timeoutMs: this.rpcTimeoutMs });
     } catch (error) {
       log("Verify of call %s failed: %s", call.callId, RpcError.of(error).code);
-      return this.fail(call, att, "verification_unavailable");
+      return fail(call, att, "verification_unavailable");
     }
     this.emit("verify", call, { valid: verified.valid, code: verified.code });
     if (!verified.valid) {
       if (verified.code === "already_used") { // another runtime executed it and owns the outcome
-        return this.fail(call, att, "already_executed", { report: false, detail: { verify: verified.code } });
+        return fail(call, att, "already_executed", { report: false, detail: { verify: verified.code } });
       }
-      return this.fail(call, att, "verification_failed", { detail: { verify: verified.code } });
+      return fail(call, att, "verification_failed", { detail: { verify: verified.code } });
     }
-    if (cancelled()) return this.cancelled(call, att, true);
-    const ran = await this.execute(tool.tool, call, att, options);
-    return this.onRan(call, att, tool.tool, ran);
+    if (aborted()) return cancelled(call, att, true);
+    const ms = options.timeoutMs ?? tool.tool.options.timeoutMs ?? this.executionTimeoutMs;
+    this.emit("execute", call, { deadlineMs: ms });
+    const ran = await execute(tool.tool, call, att, this.context, ms, options.signal);
+    return endOfRun(call, att, tool.tool, ran);
   }
 
   private onAuthorized(call: ProposedCall, att: Attempt, response: pb.AuthorizeResponse): End | ToolHolder {
@@ -302,17 +289,17 @@ export class Guard {
       const code = ["invalid_input", "unknown_tool", ...NOT_OURS].includes(first) ? first : "denied";
       const content = NOT_OURS.includes(code) ? r.MESSAGES[code]
         : r.refused(response.errors.map((e) => e.message), response.reasons);
-      return this.fail(call, att, code, { report: !NOT_OURS.includes(code), content,
+      return fail(call, att, code, { report: !NOT_OURS.includes(code), content,
         detail: { errors: codes, reasons: [...response.reasons] } });
     }
     if (response.decision === pb.Decision.ALLOW && response.token === "") {
       // A replay of a call that was already executed (by this or another runtime).
-      return this.fail(call, att, "already_executed", { report: false });
+      return fail(call, att, "already_executed", { report: false });
     }
-    if (DECISIONS[response.decision] === undefined) return this.fail(call, att, "authorization_error");
+    if (DECISIONS[response.decision] === undefined) return fail(call, att, "authorization_error");
     const tool = this.tools.get(call.name);
-    if (tool === undefined) return this.fail(call, att, "unknown_tool", { content: r.toolUnavailable(call.name) });
-    if (call.arguments === undefined) return this.fail(call, att, "invalid_input"); // the sidecar accepted it: fail closed anyway
+    if (tool === undefined) return fail(call, att, "unknown_tool", { content: r.toolUnavailable(call.name) });
+    if (call.arguments === undefined) return fail(call, att, "invalid_input"); // the sidecar accepted it: fail closed anyway
     return new ToolHolder(tool);
   }
 
@@ -321,7 +308,7 @@ export class Guard {
                               options: RunOptions): Promise<End | string> {
     const wait = options.approvalWaitMs ?? this.approvalWaitMs;
     this.emit("approval_wait", call, { approvalId: att.approvalId, ms: wait });
-    if (wait <= 0) return this.pendingApproval(call, att);
+    if (wait <= 0) return pendingApproval(call, att);
     let approval: apb.Approval | undefined;
     try {
       for await (const state of this.client.watchApproval(att.approvalId, contextMessage(this.context),
@@ -339,74 +326,20 @@ export class Guard {
       }
     }
     if (approval === undefined) {
-      return options.signal?.aborted ? this.cancelled(call, att, true) : this.pendingApproval(call, att);
+      return options.signal?.aborted ? cancelled(call, att, true) : pendingApproval(call, att);
     }
-    if (approval.status === apb.ApprovalStatus.REJECTED) return this.fail(call, att, "approval_rejected");
-    if (approval.status === apb.ApprovalStatus.EXPIRED) return this.fail(call, att, "approval_expired");
+    if (approval.status === apb.ApprovalStatus.REJECTED) return fail(call, att, "approval_rejected");
+    if (approval.status === apb.ApprovalStatus.EXPIRED) return fail(call, att, "approval_expired");
     if (approval.token) return approval.token;
     // Approved, but the watch carried no token: the replayed Authorize issues one.
     let again: pb.AuthorizeResponse;
     try {
       again = await this.client.authorize(ctx, call, { timeoutMs: this.rpcTimeoutMs });
     } catch (error) {
-      return this.fail(call, att, this.authorizeFailed(call, error));
+      return fail(call, att, this.authorizeFailed(call, error));
     }
     if (again.decision === pb.Decision.ALLOW && again.token) return again.token;
-    return this.fail(call, att, "approval_unavailable");
-  }
-
-  private async execute(tool: Tool, call: ProposedCall, att: Attempt, options: RunOptions): Promise<Ran> {
-    if (options.signal?.aborted) return { notStarted: true };
-    const ms = options.timeoutMs ?? tool.options.timeoutMs ?? this.executionTimeoutMs;
-    const controller = new AbortController();
-    const invocation: ToolInvocation = Object.freeze({ callId: call.callId, name: call.name, context: this.context,
-      signal: controller.signal, deadline: Date.now() + ms, decisionId: att.decisionId, approvalId: att.approvalId });
-    this.emit("execute", call, { deadlineMs: ms });
-    let timer: NodeJS.Timeout | undefined;
-    let onAbort: (() => void) | undefined;
-    const cut = new Promise<Ran>((resolve) => {
-      timer = setTimeout(() => resolve({ cut: "timeout" }), ms);
-      onAbort = () => resolve({ cut: "cancelled_after_start" });
-      options.signal?.addEventListener("abort", onAbort, { once: true });
-    });
-    att.started = true;
-    let running: Promise<Ran>;
-    try {
-      running = Promise.resolve(tool.fn(call.arguments!, invocation)).then((output) => ({ output }),
-        (error: unknown) => ({ error }));
-    } catch (error) {
-      running = Promise.resolve({ error });
-    }
-    try {
-      const ran = await Promise.race([running, cut]);
-      if ("cut" in ran) controller.abort(); // ask the tool to stop; its late result is discarded
-      return ran;
-    } finally {
-      clearTimeout(timer);
-      if (onAbort) options.signal?.removeEventListener("abort", onAbort);
-    }
-  }
-
-  private onRan(call: ProposedCall, att: Attempt, tool: Tool, ran: Ran): End {
-    if ("notStarted" in ran) return this.cancelled(call, att, true);
-    if ("cut" in ran) return this.unknown(call, att, ran.cut);
-    if ("error" in ran) {
-      if (ran.error instanceof ToolError) return this.fail(call, att, ran.error.code, { content: ran.error.message });
-      log("tool %s failed in call %s: %s", call.name, call.callId, ran.error);
-      const kind = ran.error instanceof Error ? ran.error.name : typeof ran.error;
-      return this.fail(call, att, "execution_error", { detail: { exception: kind } });
-    }
-    let content: string;
-    let digest: string;
-    try {
-      [content, digest] = tool.checkOutput(ran.output);
-    } catch (problem) {
-      const why = problem instanceof OutputProblem ? problem.message : "the output could not be checked";
-      log("tool %s returned invalid output for call %s: %s", call.name, call.callId, why);
-      return this.fail(call, att, "invalid_output", { detail: { why } });
-    }
-    return { result: this.resultOf(call, att, "completed", "", content, { output: ran.output, executed: true }),
-      report: ["completed", "", digest] };
+    return fail(call, att, "approval_unavailable");
   }
 
   /** ReportOutcome for an End that has something to report: the result as reported. */
@@ -433,41 +366,6 @@ export class Guard {
     return TRANSIENT.includes(failure.code) ? "authorization_unavailable" : "authorization_error";
   }
 
-  // -- results ------------------------------------------------------------------------
-
-  private rejected(call: ProposedCall, code: string): CallResult {
-    return new CallResult({ callId: call.callId, name: call.name, status: "rejected", code,
-      content: r.MESSAGES[code], replayed: true });
-  }
-
-  private resultOf(call: ProposedCall, att: Attempt, status: r.Status, code: string, content: string,
-                   extra: Partial<r.CallResultInit> = {}): CallResult {
-    return new CallResult({ callId: call.callId, name: call.name, status, code,
-      content: content || (r.MESSAGES[code] ?? ""), decision: att.decision, decisionId: att.decisionId,
-      approvalId: att.approvalId, ...extra });
-  }
-
-  fail(call: ProposedCall, att: Attempt, code: string,
-       options: { report?: boolean; content?: string; detail?: Record<string, unknown> } = {}): End {
-    const result = this.resultOf(call, att, "failed", code, options.content ?? "", { executed: att.started,
-      detail: options.detail });
-    return { result, report: options.report === false ? undefined : ["failed", code, ""] };
-  }
-
-  private cancelled(call: ProposedCall, att: Attempt, report: boolean): End {
-    return { result: this.resultOf(call, att, "cancelled", "cancelled", ""),
-      report: report ? ["cancelled", "cancelled", ""] : undefined };
-  }
-
-  private unknown(call: ProposedCall, att: Attempt, code: string): End {
-    return { result: this.resultOf(call, att, "outcome_unknown", code, "", { executed: true }),
-      report: ["outcome_unknown", code, ""] };
-  }
-
-  private pendingApproval(call: ProposedCall, att: Attempt): End {
-    return { result: this.resultOf(call, att, "approval_pending", "approval_pending", r.approvalPending(att.approvalId)) };
-  }
-
   private emit(kind: GuardEvent["kind"], call: { callId: string; name: string }, data: Record<string, unknown>): void {
     if (this.observer === undefined) return;
     try {
@@ -488,4 +386,4 @@ export type TurnCall = readonly [string, string, string | Uint8Array]
   | { callId: string; name: string; inputJson: string | Uint8Array }
   | { callId: string; name: string; refused: string; content: string };
 
-export { Attempt, GuardStateError };
+export { GuardStateError };

@@ -17,6 +17,7 @@ import { create } from "@bufbuild/protobuf";
 
 import { contextMessage, RpcError } from "./client.js";
 import type { ProposedCall } from "./context.js";
+import { Attempt, fail } from "./ends.js";
 import * as pb from "./gen/toolauthz/v1/authorizer_pb.js";
 import type { Authorized, Guard, RunOptions, TurnCall } from "./guard.js";
 import { CallResult } from "./results.js";
@@ -38,7 +39,7 @@ export async function runTurn(guard: Guard, calls: Iterable<TurnCall>, options: 
     if (slot.call === undefined) continue;
     slot.context = await guard.callContext(slot.call);
     if (slot.context === undefined) {
-      const end = guard.fail(slot.call, freshAttempt(), "context_error", { report: false });
+      const end = fail(slot.call, new Attempt(), "context_error", { report: false });
       slot.result = guard.finish(slot.call.callId, end.result);
     }
   }
@@ -137,8 +138,4 @@ function groups(slots: readonly Slot[]): Slot[][] {
     else out.push([slot]);
   }
   return out;
-}
-
-function freshAttempt() {
-  return { authorizeSent: false, decision: "", decisionId: "", approvalId: "", started: false };
 }

@@ -28,6 +28,7 @@ import { ProposedCall, type TrustedContext } from "../context.js";
 import { Decision } from "../gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type GuardOptions } from "../guard.js";
 import { ToolSet } from "../tools.js";
+import { Bounded } from "./bounded.js";
 
 type AnyFunctionTool = FunctionTool<any, any, any>;
 type Details = Parameters<AnyFunctionTool["invoke"]>[2];
@@ -43,7 +44,7 @@ export function guardAgentTools(client: GuardClient, context: TrustedContext, to
                                 options: GuardOptions = {}): GuardedAgentTools {
   const implementations = new ToolSet();
   const guard = new Guard(client, context, implementations, options);
-  const approvals = new Map<string, string>();
+  const approvals = new Bounded<string, string>();
   const invocations = new Map<string, { runContext: RunContext<any>; details: Details }>();
 
   async function decision(callId: string, name: string, input: string) {

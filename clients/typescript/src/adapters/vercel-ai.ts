@@ -32,8 +32,7 @@ import { Decision } from "../gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type GuardOptions } from "../guard.js";
 import type { CallResult } from "../results.js";
 import { ToolSet } from "../tools.js";
-
-const MAX_REMEMBERED = 1024; // raw argument texts kept for calls not yet executed
+import { Bounded } from "./bounded.js";
 
 /** A guarded call that did not complete: `message` is model-safe; `result` is the whole answer. */
 export class GuardedCallError extends Error {
@@ -61,7 +60,7 @@ export function guardAiTools<T extends AiToolSet>(client: GuardClient, context: 
   const raw = new Bounded<string, Uint8Array>();
   const refused = new Bounded<string, RefusedCall>();
   const executions = new Map<string, ToolExecutionOptions>();
-  const approvals = new Map<string, string>();
+  const approvals = new Bounded<string, string>();
   const implementations = new ToolSet();
   const wrapped: Record<string, AiTool> = {};
   const guard = new Guard(client, context, implementations, options);
@@ -173,25 +172,3 @@ async function lastOf(values: AsyncIterable<unknown>): Promise<unknown> {
   for await (const value of values) last = value;
   return last;
 }
-
-/** A map that forgets its oldest entries beyond MAX_REMEMBERED (a model cannot grow it without bound). */
-class Bounded<K, V> {
-  private readonly map = new Map<K, V>();
-
-  set(key: K, value: V): void {
-    this.map.delete(key);
-    this.map.set(key, value);
-    while (this.map.size > MAX_REMEMBERED) this.map.delete(this.map.keys().next().value as K);
-  }
-
-  get(key: K): V | undefined {
-    return this.map.get(key);
-  }
-
-  take(key: K): V | undefined {
-    const value = this.map.get(key);
-    this.map.delete(key);
-    return value;
-  }
-}
-
