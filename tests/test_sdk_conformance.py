@@ -110,18 +110,21 @@ class ScriptedClient:
     def watch_approval(self, approval_id, context=None, *, timeout=None):
         self.rpcs.append(["WatchApproval", approval_id])
         queue = self.script.get("WatchApproval")
-        return _Stream(queue.pop(0) if queue else [{"error": "UNIMPLEMENTED"}])
+        return _Stream(queue.pop(0) if queue else [{"error": "UNIMPLEMENTED"}], self.cancel)
 
 
 class _Stream:
-    def __init__(self, states: list[dict]):
+    def __init__(self, states: list[dict], cancel: list[threading.Event]):
         self._states = states
+        self._cancel = cancel
 
     def __iter__(self) -> Iterator[apb.Approval]:
         for state in self._states:
             if "error" in state:
                 raise CallError(grpc.StatusCode[state["error"]], "scripted")
-            yield json_format.ParseDict(state, apb.Approval())
+            if state.get("then_cancel"):
+                self._cancel[0].set()
+            yield json_format.ParseDict({k: v for k, v in state.items() if k != "then_cancel"}, apb.Approval())
 
     def cancel(self) -> bool:
         return True

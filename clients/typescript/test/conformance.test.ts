@@ -104,7 +104,9 @@ class ScriptedClient implements GuardClient {
     const states = this.script.WatchApproval?.length ? this.script.WatchApproval.shift() : [{ error: "UNIMPLEMENTED" }];
     for (const state of states) {
       if (state.error !== undefined) throw new RpcError(state.error, "scripted");
-      yield fromJson(apb.ApprovalSchema, state);
+      const { then_cancel: cancels, ...approval } = state;
+      if (cancels) this.cancel.abort();
+      yield fromJson(apb.ApprovalSchema, approval);
     }
   }
 }
