@@ -104,3 +104,25 @@ describe("results and tools", () => {
     assert.match(digest, /^[0-9a-f]{64}$/);
   });
 });
+
+describe("layering", () => {
+  test("the core imports no framework; adapters import only types from theirs (optional peers)", async () => {
+    const { readdirSync, readFileSync } = await import("node:fs");
+    const { join } = await import("node:path");
+    const { packageRoot } = await import("./support.js");
+    const src = join(packageRoot(), "src");
+    const frameworks = /from "(ai|ai\/[^"]*|@openai\/agents[^"]*|zod)"/;
+    for (const name of readdirSync(src).filter((n) => n.endsWith(".ts"))) {
+      assert.doesNotMatch(readFileSync(join(src, name), "utf8"), frameworks, name);
+    }
+    for (const name of readdirSync(join(src, "adapters"))) {
+      for (const line of readFileSync(join(src, "adapters", name), "utf8").split("\n")) {
+        if (frameworks.test(line)) assert.match(line, /^import type /, `${name}: ${line}`);
+      }
+      assert.doesNotMatch(readFileSync(join(src, "adapters", name), "utf8"), /from "\.\.\/adapters/);
+    }
+    for (const name of ["json.ts", "digest.ts", "context.ts"]) {
+      assert.doesNotMatch(readFileSync(join(src, name), "utf8"), /from "\.\/(client|guard|turn|adapters)/, name);
+    }
+  });
+});
