@@ -225,3 +225,15 @@ def test_stream_assembly(case):
             raise AssertionError(f"unknown event {kind}")
     assert [_answer(a) for a in answers] == case["expect"]
     assert assembly.broken == case.get("broken", False)
+
+
+# ---- the model-safe texts -----------------------------------------------------------------
+
+
+def test_the_model_safe_texts_are_the_shared_ones():
+    from toolauthz.client.assembly import REFUSALS
+    from toolauthz.client.results import MESSAGES
+
+    shared = json.loads((CASES / "messages.json").read_text(encoding="utf-8"))
+    assert MESSAGES == shared["messages"]
+    assert REFUSALS == shared["refusals"]

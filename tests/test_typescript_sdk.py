@@ -78,6 +78,11 @@ def test_the_packed_tarball_installs_into_an_empty_project_and_works(npm, tmp_pa
         "import { callDigest, parseStrictJson, Guard, AuthzClient } from '@toolauthz/client';\n"
         "const [call, input] = JSON.parse(process.argv[1]);\n"
         "if (typeof Guard !== 'function' || typeof AuthzClient !== 'function') throw new Error('missing exports');\n"
+        "// The adapters need no framework installed: they import only its types.\n"
+        "const { guardAiTools } = await import('@toolauthz/client/vercel-ai');\n"
+        "const { guardAgentTools } = await import('@toolauthz/client/openai-agents');\n"
+        "if (typeof guardAiTools !== 'function' || typeof guardAgentTools !== 'function')\n"
+        "  throw new Error('no adapters');\n"
         "console.log(callDigest({ tool: call.tool, tenant: call.tenant, callId: call.call_id,\n"
         "  principalType: call.principal.type, principalId: call.principal.id }, parseStrictJson(input)));\n"
     )

@@ -10,7 +10,7 @@ import { describe, test } from "node:test";
 
 import { fromJson, type JsonObject } from "@bufbuild/protobuf";
 
-import { CallAssembly } from "../src/assembly.js";
+import { CallAssembly, REFUSALS } from "../src/assembly.js";
 import { RpcError } from "../src/client.js";
 import { Principal, TrustedContext } from "../src/context.js";
 import { callDigest, canonicalJson } from "../src/digest.js";
@@ -18,7 +18,7 @@ import * as apb from "../src/gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type TurnCall } from "../src/guard.js";
 import { InvalidInputError, parseStrictJson } from "../src/json.js";
-import type { CallResult } from "../src/results.js";
+import { type CallResult, MESSAGES } from "../src/results.js";
 import { ToolError, type ToolInvocation, ToolSet } from "../src/tools.js";
 import { repoRoot } from "./support.js";
 
@@ -186,4 +186,10 @@ describe("streams", () => {
       assert.equal(assembly.broken, c.broken ?? false);
     });
   }
+});
+
+test("the model-safe texts are the shared ones", () => {
+  const shared = JSON.parse(readFileSync(join(dir, "messages.json"), "utf8"));
+  assert.deepEqual({ ...MESSAGES }, shared.messages);
+  assert.deepEqual({ ...REFUSALS }, shared.refusals);
 });
