@@ -48,3 +48,10 @@ if [ "${1:-}" = "--dev" ] && { [ ! -f "$conformance/node_modules/.package-lock.j
   fi
   npm ci --prefix "$conformance" --no-audit --no-fund --loglevel=error
 fi
+# --dev: the TypeScript SDK's pinned dependencies (clients/typescript/package-lock.json), for
+# its tests (tests/test_typescript_sdk.py); only when npm is installed (.ci/run installs it).
+ts=clients/typescript
+if [ "${1:-}" = "--dev" ] && command -v npm >/dev/null \
+  && { [ ! -f "$ts/node_modules/.package-lock.json" ] || [ "$ts/package-lock.json" -nt "$ts/node_modules/.package-lock.json" ]; }; then
+  (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
+fi
