@@ -74,7 +74,13 @@ FENCES: tuple[Fence, ...] = (
           may_import=frozenset({"toolauthz.client", "toolauthz.errors", "toolauthz.model", "toolauthz.strict_json",
                                 "toolauthz.digest", "toolauthz.display.escape", "toolauthz.files.tools",
                                 "toolauthz.tokens", "toolauthz.proto", "toolauthz.identity.jwks", "toolauthz.clock"}),
-          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy"})),
+          imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy", "toolauthz.integrations"})),
+    # Adapters for agent frameworks: runtimes like the MCP proxy, through the SDK only
+    # (each framework is an optional extra; the package itself imports none of them).
+    # The CLI's `hook claude-code` uses the Claude hook decision.
+    Fence("toolauthz.integrations",
+          may_import=frozenset({"toolauthz.integrations", "toolauthz.client", "toolauthz.proto"}),
+          imported_by=frozenset({"toolauthz.cli"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
     # It checks bearer access tokens against its identity provider's keys (jwks).
@@ -89,7 +95,7 @@ FENCES: tuple[Fence, ...] = (
     Fence("toolauthz.proto",
           may_import=frozenset({"toolauthz.proto"}),
           imported_by=frozenset({"toolauthz.client", "toolauthz.mcp_proxy", "toolauthz.service", "toolauthz.server",
-                                 "toolauthz.cli"})),
+                                 "toolauthz.cli", "toolauthz.integrations"})),
 )
 
 # Imports that break the rules today, each with the reason and the way out. An entry

@@ -10,10 +10,17 @@ meanwhile then acts as it would have.
 
 from __future__ import annotations
 
+import sys
+
 from toolauthz.server.reload_requests import install_early
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["hook"]:  # runs before every tool use of an agent: none of the server's imports
+        from toolauthz.cli.hook import main as hook
+
+        return hook(args)
     install_early()
     from toolauthz.cli.main import main as run  # the heavy imports
 

@@ -1,0 +1,160 @@
+"""The decision behind a Claude tool use: what a `PreToolUse` hook (Claude Code's command
+hook, the Claude Agent SDK's hook callback) answers for one proposed call, and the
+outcome its `PostToolUse` hook reports.
+
+A hook *decides*; it cannot *verify at execution*. Claude Code runs the tool itself once
+the hook said allow, so there is no point just before execution where a token could be
+checked against the bytes about to run. What the hook can do is done here: authorize the
+exact input with the configured identity, and on ALLOW spend the token at once (Verify),
+so that the call id's one execution is recorded in the sidecar's ledger and a replayed
+`tool_use_id` is refused. docs/frameworks.md lists what this does and does not guarantee.
+
+Identity comes from the configuration the hook was given (tenant, principal, run id),
+never from the hook's input: that input is written by the agent and its model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from toolauthz.client import AuthzClient, ProposedCall, TrustedContext
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+
+__all__ = ["ALLOW", "ASK", "DEFER", "DENY", "HookAnswer", "ToolUseDecider", "tool_input_json"]
+
+log = logging.getLogger("toolauthz.integrations")
+
+ALLOW, DENY, ASK, DEFER = "allow", "deny", "ask", "defer"
+PENDING_ANSWERS = frozenset({ASK, DENY, DEFER})
+
+# Model-safe texts: the reason of a deny is shown to the model, of an ask to the person.
+UNAVAILABLE = "the tool call could not be authorized right now (the policy sidecar is unreachable); it was not run"
+NOT_AUTHORIZED = "the tool call could not be authorized; it was not run"
+ALREADY_RUN = "this tool call was already authorized and run once; it is not run again"
+NOT_VERIFIED = "the tool call's authorization could not be confirmed; it was not run"
+
+
+def _pending(approval_id: str) -> str:
+    return (f"this tool call needs approval by a person before it can run; approval request {approval_id} "
+            "is open in toolauthz, and it has not been run")
+
+
+def _refused(answer: pb.AuthorizeResponse) -> str:
+    parts = [e.message.rstrip(".") for e in answer.errors if e.message]
+    if answer.reasons:
+        parts.append("refused by policy " + ", ".join(f"`{r}`" for r in answer.reasons))
+    return "not allowed by policy, the tool call was not run: " + ("; ".join(parts) or "refused by policy")
+
+
+@dataclass(frozen=True)
+class HookAnswer:
+    """What the hook answers: `decision` is allow, deny, ask or defer; `reason` is
+    model-safe (a deny's reason reaches the model, an ask's the person at the terminal)."""
+
+    decision: str
+    reason: str
+    approval_id: str = ""
+    decision_id: str = ""
+
+    def pre_tool_use_output(self) -> dict[str, Any]:
+        """The documented `PreToolUse` hook output (Claude Code and the Agent SDK)."""
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": self.decision,
+                                       "permissionDecisionReason": self.reason}}
+
+
+def tool_input_json(tool_input: Any) -> bytes:
+    """The tool input as the sidecar authorizes it. A hook receives the input already
+    parsed, so its JSON text is the best there is (integers survive; the sidecar parses
+    strictly and validates against the tool's pinned schema). A non-object is refused."""
+    if not isinstance(tool_input, Mapping):
+        raise ValueError("tool_input must be a JSON object")
+    return json.dumps(tool_input, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass")
+
+
+class ToolUseDecider:
+    """Answers PreToolUse for one configured identity.
+
+    `on_pending` is the answer while a person has not approved the call: `deny` (the
+    default: nothing runs on the framework's own say), `ask` (the person at the terminal
+    decides: the sidecar's approver is not consulted, see docs/frameworks.md) or `defer`
+    (the Agent SDK ends the run; resumed with the same `tool_use_id`, the hook asks the
+    sidecar again and allows only once an approver granted it)."""
+
+    def __init__(self, client: AuthzClient, context: TrustedContext, *, on_pending: str = DENY,
+                 rpc_timeout: float | None = None):
+        if on_pending not in PENDING_ANSWERS:
+            raise ValueError(f"on_pending must be one of {sorted(PENDING_ANSWERS)}, not `{on_pending}`")
+        self.client = client
+        self.context = context
+        self.on_pending = on_pending
+        self.rpc_timeout = rpc_timeout
+
+    def decide(self, tool_use_id: str, tool_name: str, tool_input: Any) -> HookAnswer:
+        """Authorize, and on ALLOW spend the token. Any failure is a deny."""
+        try:
+            call = ProposedCall.of(tool_use_id, tool_name, tool_input_json(tool_input))
+        except (TypeError, ValueError) as exc:
+            return HookAnswer(DENY, f"the tool call is malformed and was not run: {exc}")
+        try:
+            answer = self.client.authorize(self.context, call, timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            log.warning("authorize failed for %s: %s", tool_use_id, exc.code())
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return HookAnswer(DENY, NOT_AUTHORIZED + f": {(exc.details() or '')[:300]}")
+            return HookAnswer(DENY, UNAVAILABLE)
+        if answer.decision == pb.DENY:
+            self._close_denied(call.call_id)
+            return HookAnswer(DENY, _refused(answer), decision_id=answer.decision_id)
+        if answer.decision == pb.APPROVAL_REQUIRED:
+            return HookAnswer(self.on_pending, _pending(answer.approval_id), approval_id=answer.approval_id,
+                              decision_id=answer.decision_id)
+        if answer.decision != pb.ALLOW:
+            return HookAnswer(DENY, NOT_AUTHORIZED, decision_id=answer.decision_id)
+        if not answer.token:  # a replayed ALLOW whose token was spent: it already ran
+            return HookAnswer(DENY, ALREADY_RUN, decision_id=answer.decision_id)
+        return self._spend(answer, call)
+
+    def _spend(self, answer: pb.AuthorizeResponse, call: ProposedCall) -> HookAnswer:
+        """Verify consumes the token: the ledger then holds this call id's one execution."""
+        try:
+            verified = self.client.verify(answer.token, self.context, call, timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            log.warning("verify failed for %s: %s", call.call_id, exc.code())
+            return HookAnswer(DENY, NOT_VERIFIED, decision_id=answer.decision_id)
+        if not verified.valid:
+            reason = ALREADY_RUN if verified.code == "already_used" else NOT_VERIFIED
+            return HookAnswer(DENY, reason, decision_id=answer.decision_id)
+        return HookAnswer(ALLOW, "allowed by toolauthz policy", approval_id=answer.approval_id,
+                          decision_id=answer.decision_id)
+
+    def _close_denied(self, call_id: str) -> None:
+        """A denial honoured is an outcome too (`failed/denied`), as the Guard records it.
+        Denials refused before the ledger (unknown tool, invalid input) are answered
+        NOT_FOUND, which changes nothing here."""
+        try:
+            self.client.report_outcome(self.context, call_id, "failed", error_code="denied", timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            log.info("denied call %s not closed: %s", call_id, exc.code())
+
+    def report(self, tool_use_id: str, succeeded: bool) -> bool:
+        """A `PostToolUse` (or `PostToolUseFailure`) hook's outcome for a call this hook
+        allowed; False when the sidecar did not take it (not in its ledger, already
+        reported, unreachable). Never raises."""
+        try:
+            self.client.report_outcome(self.context, tool_use_id, "completed" if succeeded else "failed",
+                                       error_code="" if succeeded else "execution_error",
+                                       timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            log.warning("outcome of %s not recorded: %s", tool_use_id, exc.code())
+            return False
+        except ValueError as exc:  # an unusable call id: never in the ledger
+            log.warning("outcome of an unusable call id not recorded: %s", exc)
+            return False
+        return True
