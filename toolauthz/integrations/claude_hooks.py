@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ import grpc
 from toolauthz.client import AuthzClient, ProposedCall, TrustedContext
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
-__all__ = ["ALLOW", "ASK", "DEFER", "DENY", "HookAnswer", "ToolUseDecider", "tool_input_json"]
+__all__ = ["ALLOW", "ASK", "DEFER", "DENY", "HookAnswer", "ToolUseDecider", "catalog_name", "tool_input_json"]
 
 log = logging.getLogger("toolauthz.integrations")
 
@@ -68,6 +69,32 @@ class HookAnswer:
                                        "permissionDecisionReason": self.reason}}
 
 
+_BUILT_IN = re.compile(r"(?:[A-Z][a-z0-9]*)+")
+_MCP_TOOL = re.compile(r"mcp__[a-z0-9]+(?:_[a-z0-9]+)*__[a-z0-9_]+")
+_WORD = re.compile(r"[A-Z][a-z0-9]*")
+
+
+def catalog_name(tool_name: str) -> str:
+    """The bundle's name for a Claude tool. Catalog names are lowercase snake case, Claude
+    Code's built-in tools are CamelCase: `Bash` is `bash`, `WebFetch` is `web_fetch`,
+    `MultiEdit` is `multi_edit`. An MCP tool keeps its name when it is already lowercase
+    (`mcp__github__create_issue`). Both rules are one-to-one, and no name of one form can
+    be the name of the other (only MCP names hold `__`), so two Claude tools never share a
+    policy by accident; anything else is refused."""
+    if not isinstance(tool_name, str):
+        raise ValueError("the tool name is not a string")
+    if _BUILT_IN.fullmatch(tool_name):
+        name = "_".join(word.lower() for word in _WORD.findall(tool_name))
+    elif _MCP_TOOL.fullmatch(tool_name):
+        name = tool_name
+    else:
+        raise ValueError(f"tool `{json.dumps(tool_name)[1:-1][:100]}` has no catalog name (a CamelCase built-in "
+                         "or a lowercase mcp__server__tool name)")
+    if len(name) > 64:
+        raise ValueError("the tool name is longer than a catalog name may be")
+    return name
+
+
 def tool_input_json(tool_input: Any) -> bytes:
     """The tool input as the sidecar authorizes it. A hook receives the input already
     parsed, so its JSON text is the best there is (integers survive; the sidecar parses
@@ -99,7 +126,7 @@ class ToolUseDecider:
     def decide(self, tool_use_id: str, tool_name: str, tool_input: Any) -> HookAnswer:
         """Authorize, and on ALLOW spend the token. Any failure is a deny."""
         try:
-            call = ProposedCall.of(tool_use_id, tool_name, tool_input_json(tool_input))
+            call = ProposedCall.of(tool_use_id, catalog_name(tool_name), tool_input_json(tool_input))
         except (TypeError, ValueError) as exc:
             return HookAnswer(DENY, f"the tool call is malformed and was not run: {exc}")
         try:
