@@ -157,3 +157,25 @@ def test_identity_comes_from_the_configuration_never_from_stdin(address, sidecar
     env = {"TOOLAUTHZ_TENANT": "acme", "TOOLAUTHZ_PRINCIPAL": "User::alice", "TOOLAUTHZ_SERVER": address}
     _, output, _ = hook(forged, env=env)
     assert answer(output)[0] == "allow" and sidecar.ledger.get("acme", "toolu_cc_9").principal == 'User::"alice"'
+
+
+def test_a_rejected_approval_is_deny_and_closes_the_call(address, sidecar):
+    push = pre_tool_use("Bash", {"command": "git push --force"}, "toolu_cc_10")
+    _, output, _ = hook(push, *ALICE, server=address)
+    assert answer(output)[0] == "deny"
+    with AuthzClient(address) as client:
+        [pending] = client.list_approvals(tenant="acme")
+        client.decide_approval(pending.approval_id, BOB, "reject", "no force pushes")
+    _, output, _ = hook(push, *ALICE, server=address)
+    assert answer(output) == ("deny", "a person reviewed this tool call and rejected it; it was not run")
+    assert sidecar.ledger.get("acme", "toolu_cc_10").outcome == "failed"
+
+
+@pytest.mark.parametrize(("failure", "outcome"), [({"error": "exit 1"}, "failed"),
+                                                  ({"error": "interrupted", "is_interrupt": True}, "outcome_unknown")])
+def test_a_failed_or_interrupted_tool_is_reported_as_such(address, sidecar, failure, outcome):
+    call = pre_tool_use("Bash", {"command": "make test"}, "toolu_cc_11")
+    assert answer(hook(call, *ALICE, server=address)[1])[0] == "allow"
+    status, output, _ = hook({**call, "hook_event_name": "PostToolUseFailure", **failure}, *ALICE, server=address)
+    assert (status, output) == (0, None)
+    assert sidecar.ledger.get("acme", "toolu_cc_11").outcome == outcome

@@ -5,7 +5,7 @@ Claude Code runs the hook once per event with the event's JSON on stdin:
 
     PreToolUse          authorize; print the decision (allow, deny with the reason, ask or defer)
     PostToolUse         report the allowed call `completed`
-    PostToolUseFailure  report it `failed`
+    PostToolUseFailure  report it `failed` (`outcome_unknown` when it was interrupted)
 
 Who the agent acts for comes from the flags or the environment that the hook was
 configured with (`--tenant`, `--principal`), never from stdin: the input is written by
@@ -28,7 +28,7 @@ from typing import Any
 from toolauthz.cli.approvals import DEFAULT_SERVER, SERVER_ENV, client_tls
 from toolauthz.cli.options import TLS_ENV, TLS_HELP, parse_principal
 from toolauthz.client import AuthzClient, Principal, TrustedContext
-from toolauthz.integrations.claude_hooks import DENY, PENDING_ANSWERS, HookAnswer, ToolUseDecider
+from toolauthz.integrations.claude_hooks import DENY, PENDING_ANSWERS, HookAnswer, ToolUseDecider, post_tool_outcome
 
 TENANT_ENV = "TOOLAUTHZ_TENANT"
 PRINCIPAL_ENV = "TOOLAUTHZ_PRINCIPAL"
@@ -68,7 +68,7 @@ def run_claude_code(args: argparse.Namespace) -> int:
             answer = _pre_tool_use(args, event)
             print(json.dumps(answer.pre_tool_use_output()))
         elif name in ("PostToolUse", "PostToolUseFailure"):
-            _decider(args, event).report(_text(event, "tool_use_id"), succeeded=name == "PostToolUse")
+            _decider(args, event).report(_text(event, "tool_use_id"), post_tool_outcome(event))
         else:
             raise HookInputError(f"unsupported hook event `{_shown(name)}`: configure it for PreToolUse, "
                                  "PostToolUse or PostToolUseFailure")

@@ -25,9 +25,11 @@ from typing import Any
 import grpc
 
 from toolauthz.client import AuthzClient, ProposedCall, TrustedContext
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
-__all__ = ["ALLOW", "ASK", "DEFER", "DENY", "HookAnswer", "ToolUseDecider", "catalog_name", "tool_input_json"]
+__all__ = ["ALLOW", "ASK", "DEFER", "DENY", "HookAnswer", "ToolUseDecider", "catalog_name", "post_tool_outcome",
+           "tool_input_json"]
 
 log = logging.getLogger("toolauthz.integrations")
 
@@ -39,6 +41,10 @@ UNAVAILABLE = "the tool call could not be authorized right now (the policy sidec
 NOT_AUTHORIZED = "the tool call could not be authorized; it was not run"
 ALREADY_RUN = "this tool call was already authorized and run once; it is not run again"
 NOT_VERIFIED = "the tool call's authorization could not be confirmed; it was not run"
+REJECTED = "a person reviewed this tool call and rejected it; it was not run"
+EXPIRED = "the approval request for this tool call expired; it was not run"
+# What a post-tool hook reports, with the error code it carries.
+OUTCOMES = {"completed": "", "failed": "execution_error", "outcome_unknown": "interrupted"}
 
 
 def _pending(approval_id: str) -> str:
@@ -95,6 +101,13 @@ def catalog_name(tool_name: str) -> str:
     return name
 
 
+def post_tool_outcome(event: Mapping[str, Any]) -> str:
+    """The outcome a post-tool hook event reports: an interrupted tool had started."""
+    if event.get("hook_event_name") == "PostToolUse":
+        return "completed"
+    return "outcome_unknown" if event.get("is_interrupt") is True else "failed"
+
+
 def tool_input_json(tool_input: Any) -> bytes:
     """The tool input as the sidecar authorizes it. A hook receives the input already
     parsed, so its JSON text is the best there is (integers survive; the sidecar parses
@@ -123,7 +136,7 @@ class ToolUseDecider:
         self.on_pending = on_pending
         self.rpc_timeout = rpc_timeout
 
-    def decide(self, tool_use_id: str, tool_name: str, tool_input: Any) -> HookAnswer:
+    def decide(self, tool_use_id: str, tool_name: Any, tool_input: Any) -> HookAnswer:
         """Authorize, and on ALLOW spend the token. Any failure is a deny."""
         try:
             call = ProposedCall.of(tool_use_id, catalog_name(tool_name), tool_input_json(tool_input))
@@ -137,16 +150,42 @@ class ToolUseDecider:
                 return HookAnswer(DENY, NOT_AUTHORIZED + f": {(exc.details() or '')[:300]}")
             return HookAnswer(DENY, UNAVAILABLE)
         if answer.decision == pb.DENY:
-            self._close_denied(call.call_id)
+            self._close(call.call_id, "denied")
             return HookAnswer(DENY, _refused(answer), decision_id=answer.decision_id)
         if answer.decision == pb.APPROVAL_REQUIRED:
-            return HookAnswer(self.on_pending, _pending(answer.approval_id), approval_id=answer.approval_id,
-                              decision_id=answer.decision_id)
+            return self._awaiting(answer, call.call_id)
         if answer.decision != pb.ALLOW:
             return HookAnswer(DENY, NOT_AUTHORIZED, decision_id=answer.decision_id)
         if not answer.token:  # a replayed ALLOW whose token was spent: it already ran
             return HookAnswer(DENY, ALREADY_RUN, decision_id=answer.decision_id)
         return self._spend(answer, call)
+
+    def _awaiting(self, answer: pb.AuthorizeResponse, call_id: str) -> HookAnswer:
+        """APPROVAL_REQUIRED, replayed the same whether the person has not decided yet or
+        rejected the call: the approval's own state (the watch's first message) tells.
+        A rejected or expired call is closed `failed`; anything else is still pending."""
+        status = self._approval_status(answer.approval_id)
+        if status in (apb.REJECTED, apb.EXPIRED):
+            code = "approval_rejected" if status == apb.REJECTED else "approval_expired"
+            self._close(call_id, code)
+            reason = REJECTED if status == apb.REJECTED else EXPIRED
+            return HookAnswer(DENY, reason, approval_id=answer.approval_id, decision_id=answer.decision_id)
+        return HookAnswer(self.on_pending, _pending(answer.approval_id), approval_id=answer.approval_id,
+                          decision_id=answer.decision_id)
+
+    def _approval_status(self, approval_id: str) -> int:
+        try:
+            stream = self.client.watch_approval(approval_id, self.context, timeout=self.rpc_timeout or 5.0)
+        except (grpc.RpcError, ValueError):
+            return apb.PENDING
+        try:
+            for approval in stream:
+                return approval.status
+        except grpc.RpcError as exc:
+            log.info("approval %s not read: %s", approval_id, exc.code())
+        finally:
+            stream.cancel()
+        return apb.PENDING
 
     def _spend(self, answer: pb.AuthorizeResponse, call: ProposedCall) -> HookAnswer:
         """Verify consumes the token: the ledger then holds this call id's one execution."""
@@ -161,22 +200,24 @@ class ToolUseDecider:
         return HookAnswer(ALLOW, "allowed by toolauthz policy", approval_id=answer.approval_id,
                           decision_id=answer.decision_id)
 
-    def _close_denied(self, call_id: str) -> None:
-        """A denial honoured is an outcome too (`failed/denied`), as the Guard records it.
-        Denials refused before the ledger (unknown tool, invalid input) are answered
+    def _close(self, call_id: str, code: str) -> None:
+        """A refusal honoured is an outcome too (`failed` with `code`), as the Guard records
+        it. Denials refused before the ledger (unknown tool, invalid input) are answered
         NOT_FOUND, which changes nothing here."""
         try:
-            self.client.report_outcome(self.context, call_id, "failed", error_code="denied", timeout=self.rpc_timeout)
+            self.client.report_outcome(self.context, call_id, "failed", error_code=code, timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
             log.info("denied call %s not closed: %s", call_id, exc.code())
 
-    def report(self, tool_use_id: str, succeeded: bool) -> bool:
-        """A `PostToolUse` (or `PostToolUseFailure`) hook's outcome for a call this hook
-        allowed; False when the sidecar did not take it (not in its ledger, already
-        reported, unreachable). Never raises."""
+    def report(self, tool_use_id: str, outcome: str) -> bool:
+        """The outcome of a call this hook allowed, from `PostToolUse` (`completed`) or
+        `PostToolUseFailure` (`failed`, or `outcome_unknown` when the tool was interrupted:
+        it started, so it may have acted). False when the sidecar did not take it (not in
+        its ledger, already reported, unreachable). Never raises."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome `{outcome}`")
         try:
-            self.client.report_outcome(self.context, tool_use_id, "completed" if succeeded else "failed",
-                                       error_code="" if succeeded else "execution_error",
+            self.client.report_outcome(self.context, tool_use_id, outcome, error_code=OUTCOMES[outcome],
                                        timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
             log.warning("outcome of %s not recorded: %s", tool_use_id, exc.code())
