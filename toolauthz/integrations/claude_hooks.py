@@ -170,6 +170,14 @@ class ToolUseDecider:
             self._close(call_id, code)
             reason = REJECTED if status == apb.REJECTED else EXPIRED
             return HookAnswer(DENY, reason, approval_id=answer.approval_id, decision_id=answer.decision_id)
+        if self.on_pending == DEFER and answer.replayed:
+            # Claude Code honours `defer` once: a resumed session that defers the same call
+            # again loses it ("tool result missing"). Resumed before the approver decided,
+            # the call ends here, not run (`cancelled`: it never started), with a reason the
+            # model can act on; a later approval of it can no longer run anything.
+            self._report(call_id, "cancelled", "resumed_before_approval")
+            return HookAnswer(DENY, _pending(answer.approval_id) + "; the run was resumed before that, so it "
+                              "was cancelled", approval_id=answer.approval_id, decision_id=answer.decision_id)
         return HookAnswer(self.on_pending, _pending(answer.approval_id), approval_id=answer.approval_id,
                           decision_id=answer.decision_id)
 
@@ -204,10 +212,13 @@ class ToolUseDecider:
         """A refusal honoured is an outcome too (`failed` with `code`), as the Guard records
         it. Denials refused before the ledger (unknown tool, invalid input) are answered
         NOT_FOUND, which changes nothing here."""
+        self._report(call_id, "failed", code)
+
+    def _report(self, call_id: str, outcome: str, code: str) -> None:
         try:
-            self.client.report_outcome(self.context, call_id, "failed", error_code=code, timeout=self.rpc_timeout)
+            self.client.report_outcome(self.context, call_id, outcome, error_code=code, timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
-            log.info("denied call %s not closed: %s", call_id, exc.code())
+            log.info("call %s not closed: %s", call_id, exc.code())
 
     def report(self, tool_use_id: str, outcome: str) -> bool:
         """The outcome of a call this hook allowed, from `PostToolUse` (`completed`) or
