@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 
@@ -163,3 +164,37 @@ def test_can_use_tool_allows_and_denies_from_the_sidecar(client, sidecar, worksp
     assert runs(workspace) == 1 and api.tool_results["toolu_sdk_5"][1] is False
     assert api.tool_results["toolu_sdk_6"][1] is True and "bash-no-recursive-force-delete" in \
         api.tool_results["toolu_sdk_6"][0]
+
+
+def test_an_interrupted_turn_closes_its_allowed_calls_outcome_unknown(client, sidecar, workspace):
+    """The turn is interrupted once the hook allowed a Bash call that blocks (it reads a
+    FIFO nobody writes). Claude Code sends no post-tool event for it; `interrupted()`
+    closes it `outcome_unknown`: allowed, so it may have started and acted."""
+    authz = ClaudeAgentAuthz(client, alice("coding-run-3"))
+    fifo = workspace / "ws" / "wait.fifo"
+    os.mkfifo(fifo)
+    allowed = asyncio.Event()
+    decide = authz.pre_tool_use
+
+    async def pre_tool_use(input_data, tool_use_id, context):
+        answer = await decide(input_data, tool_use_id, context)
+        allowed.set()
+        return answer
+
+    authz.pre_tool_use = pre_tool_use  # type: ignore[method-assign]
+
+    async def go(api: ScriptedMessagesApi) -> list[str]:
+        async with ClaudeSDKClient(options=options(authz, api, workspace)) as sdk:
+            await sdk.query("wait")
+            await allowed.wait()
+            await sdk.interrupt()
+            async for message in sdk.receive_response():
+                del message
+        return await authz.interrupted()
+
+    call = bash("toolu_sdk_8", f"cat {fifo}; echo ran >> runs.txt")
+    with ScriptedMessagesApi([call]) as api:
+        closed = asyncio.run(asyncio.wait_for(go(api), 120))
+    assert closed == ["toolu_sdk_8"] and runs(workspace) == 0
+    assert sidecar.ledger.get("acme", "toolu_sdk_8").outcome == "outcome_unknown"
+    assert authz.decider.unfinished() == []

@@ -62,6 +62,12 @@ class ClaudeAgentAuthz:
             await asyncio.to_thread(self.decider.report, call_id, post_tool_outcome(input_data))
         return {}
 
+    async def interrupted(self) -> list[str]:
+        """Call after interrupting a turn (`ClaudeSDKClient.interrupt()`, a cancelled task):
+        every call the hooks allowed whose outcome never came ends `outcome_unknown`
+        (Claude Code sends no post-tool event for an interrupted tool). Returns their ids."""
+        return await asyncio.to_thread(self.decider.interrupted)
+
     async def can_use_tool(self, tool_name: str, tool_input: dict[str, Any],
                            context: ToolPermissionContext) -> PermissionResult:
         """`ClaudeAgentOptions(can_use_tool=authz.can_use_tool)`."""

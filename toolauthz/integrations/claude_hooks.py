@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,9 @@ class ToolUseDecider:
         self.context = context
         self.on_pending = on_pending
         self.rpc_timeout = rpc_timeout
+        # Calls this decider allowed whose outcome no post-tool hook has reported yet.
+        self._open: set[str] = set()
+        self._open_lock = threading.Lock()
 
     def decide(self, tool_use_id: str, tool_name: Any, tool_input: Any) -> HookAnswer:
         """Authorize, and on ALLOW spend the token. Any failure is a deny."""
@@ -205,8 +209,26 @@ class ToolUseDecider:
         if not verified.valid:
             reason = ALREADY_RUN if verified.code == "already_used" else NOT_VERIFIED
             return HookAnswer(DENY, reason, decision_id=answer.decision_id)
+        with self._open_lock:
+            self._open.add(call.call_id)
         return HookAnswer(ALLOW, "allowed by toolauthz policy", approval_id=answer.approval_id,
                           decision_id=answer.decision_id)
+
+    def unfinished(self) -> list[str]:
+        """The calls this decider allowed that have no reported outcome yet."""
+        with self._open_lock:
+            return sorted(self._open)
+
+    def interrupted(self) -> list[str]:
+        """After the runtime interrupted a turn: every call allowed and not reported ends
+        `outcome_unknown`. Claude Code sends no post-tool event for a tool it interrupts
+        (or for one it never started after the allow), and a call that was allowed may
+        have started: it may have acted, so it is reconciled, never retried. Returns the
+        call ids closed."""
+        closed = self.unfinished()
+        for call_id in closed:
+            self.report(call_id, "outcome_unknown")
+        return closed
 
     def _close(self, call_id: str, code: str) -> None:
         """A refusal honoured is an outcome too (`failed` with `code`), as the Guard records
@@ -227,6 +249,8 @@ class ToolUseDecider:
         its ledger, already reported, unreachable). Never raises."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome `{outcome}`")
+        with self._open_lock:
+            self._open.discard(tool_use_id)
         try:
             self.client.report_outcome(self.context, tool_use_id, outcome, error_code=OUTCOMES[outcome],
                                        timeout=self.rpc_timeout)
