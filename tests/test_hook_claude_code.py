@@ -179,3 +179,10 @@ def test_a_failed_or_interrupted_tool_is_reported_as_such(address, sidecar, fail
     status, output, _ = hook({**call, "hook_event_name": "PostToolUseFailure", **failure}, *ALICE, server=address)
     assert (status, output) == (0, None)
     assert sidecar.ledger.get("acme", "toolu_cc_11").outcome == outcome
+
+
+def test_the_coding_bundle_passes_its_own_policy_suite():
+    done = subprocess.run([str(CONSOLE_SCRIPT), "test", str(ROOT / "examples" / "claude_code" / "policies")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 failed" in done.stdout and "9 of 9 policies reached" in done.stdout, done.stdout
