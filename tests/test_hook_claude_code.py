@@ -138,6 +138,7 @@ def test_sidecar_down_is_deny(tmp_path):
     (json.dumps(pre_tool_use("Bash\n", {"command": "ls"}, "toolu_cc_8")), "has no catalog name"),
     (json.dumps(pre_tool_use("Bash", {"command": "ls"}, "toolu cc\u202e")), "call_id must match"),
     (b"{" * 1_100_000, "larger than 1048576 bytes"),
+    (b'{"tool_input": ' + b"[" * 500_000, "nested too deeply"),
 ])
 def test_malformed_stdin_is_deny_with_a_clear_reason(address, sidecar, stdin, why):
     status, output, stderr = hook(stdin, *ALICE, server=address)

@@ -146,6 +146,22 @@ def test_denied_call_is_a_failed_tool_result_the_model_sees(server, bundle_dir, 
     assert events(sidecar, "toolu_pa_2") == [("authorize", "DENY"), ("outcome", "failed")]
 
 
+def test_duplicate_keys_are_refused_by_the_sidecar_not_resolved_by_the_framework(server, bundle_dir, sidecar):
+    """Pydantic AI would keep the last `amount_cents` (1,000,000); the sidecar parses the
+    model's own bytes strictly and refuses them: nothing runs."""
+    shop = Shop()
+    doubled = '{"order_id": "ord_1", "amount_cents": 1500, "amount_cents": 1000000}'
+
+    async def scenario():
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client:
+            agent = agent_for(shop, client, bundle_dir, scripted(("issue_refund", doubled, "toolu_pa_dup")))
+            return await agent.run("refund", deps=ALICE)
+
+    result = run(scenario)
+    assert "not executed" in result.output and shop.runs == Counter()
+    assert events(sidecar, "toolu_pa_dup") == [("authorize", "DENY")]  # refused before the ledger
+
+
 def test_approval_granted_by_another_principal_then_resumed_runs_once(server, bundle_dir, sidecar):
     shop = Shop()
 

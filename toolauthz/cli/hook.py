@@ -108,6 +108,8 @@ def _read_event(stream: Any) -> dict[str, Any]:
         event = json.loads(data)
     except (UnicodeDecodeError, ValueError):
         raise HookInputError("the hook input on stdin is not JSON") from None
+    except RecursionError:
+        raise HookInputError("the hook input on stdin is nested too deeply") from None
     if not isinstance(event, dict):
         raise HookInputError("the hook input on stdin is not a JSON object")
     return event
