@@ -187,3 +187,10 @@ def test_the_coding_bundle_passes_its_own_policy_suite():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 failed" in done.stdout and "9 of 9 policies reached" in done.stdout, done.stdout
+
+
+def test_unreadable_tls_files_are_deny_not_a_traceback(address, tmp_path):
+    status, output, stderr = hook(pre_tool_use("Bash", {"command": "ls"}, "toolu_cc_12"), *ALICE, "--ca",
+                                  str(tmp_path / "missing.pem"), server=address)
+    assert status == 0 and answer(output)[0] == "deny" and "Traceback" not in stderr
+    assert "TLS files are unusable" in answer(output)[1]

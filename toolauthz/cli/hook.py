@@ -95,8 +95,11 @@ def _decider(args: argparse.Namespace, event: dict[str, Any]) -> ToolUseDecider:
         context = TrustedContext(tenant, Principal(parsed.type, parsed.id), args.run_id or _text(event, "session_id"))
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise HookInputError(f"the configured identity is unusable: {exc}") from None
-    client = AuthzClient(args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER, timeout=args.timeout,
-                         tls=client_tls(args))
+    try:
+        client = AuthzClient(args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER, timeout=args.timeout,
+                             tls=client_tls(args))
+    except (OSError, ValueError) as exc:
+        raise HookInputError(f"the sidecar's address or TLS files are unusable: {_shown(str(exc))}") from None
     return ToolUseDecider(client, context, on_pending=args.on_pending, rpc_timeout=args.timeout)
 
 

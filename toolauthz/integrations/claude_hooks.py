@@ -153,6 +153,9 @@ class ToolUseDecider:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 return HookAnswer(DENY, NOT_AUTHORIZED + f": {(exc.details() or '')[:300]}")
             return HookAnswer(DENY, UNAVAILABLE)
+        except Exception:  # noqa: BLE001 - fail closed: whatever broke, no allow
+            log.exception("authorize failed for %s", tool_use_id)
+            return HookAnswer(DENY, NOT_AUTHORIZED)
         if answer.decision == pb.DENY:
             self._close(call.call_id, "denied")
             return HookAnswer(DENY, _refused(answer), decision_id=answer.decision_id)
@@ -203,8 +206,8 @@ class ToolUseDecider:
         """Verify consumes the token: the ledger then holds this call id's one execution."""
         try:
             verified = self.client.verify(answer.token, self.context, call, timeout=self.rpc_timeout)
-        except grpc.RpcError as exc:
-            log.warning("verify failed for %s: %s", call.call_id, exc.code())
+        except Exception as exc:  # noqa: BLE001 - never retried (it consumes the token): not run
+            log.warning("verify failed for %s: %s", call.call_id, exc)
             return HookAnswer(DENY, NOT_VERIFIED, decision_id=answer.decision_id)
         if not verified.valid:
             reason = ALREADY_RUN if verified.code == "already_used" else NOT_VERIFIED
