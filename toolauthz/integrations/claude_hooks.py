@@ -153,7 +153,7 @@ class ToolUseDecider:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 return HookAnswer(DENY, NOT_AUTHORIZED + f": {(exc.details() or '')[:300]}")
             return HookAnswer(DENY, UNAVAILABLE)
-        except Exception:
+        except Exception:  # fail closed: whatever broke, no allow
             log.exception("authorize failed for %s", tool_use_id)
             return HookAnswer(DENY, NOT_AUTHORIZED)
         if answer.decision == pb.DENY:
