@@ -141,8 +141,8 @@ def test_a_rejected_approval_is_a_deny_on_resume(client, sidecar, workspace):
         [pending] = client.list_approvals(tenant="acme")
         client.decide_approval(pending.approval_id, BOB, "reject", "no force pushes")
         run("", dataclasses.replace(opts, resume=first.session_id))
-    assert api.tool_results["toolu_sdk_4"] == ("a person reviewed this tool call and rejected it; it was not run",
-                                               True) or "rejected it" in api.tool_results["toolu_sdk_4"][0]
+    text, is_error = api.tool_results["toolu_sdk_4"]
+    assert is_error and "a person reviewed this tool call and rejected it; it was not run" in text
     assert runs(workspace) == 0 and sidecar.ledger.get("acme", "toolu_sdk_4").outcome == "failed"
 
 
