@@ -194,3 +194,30 @@ def test_unreadable_tls_files_are_deny_not_a_traceback(address, tmp_path):
                                   str(tmp_path / "missing.pem"), server=address)
     assert status == 0 and answer(output)[0] == "deny" and "Traceback" not in stderr
     assert "TLS files are unusable" in answer(output)[1]
+
+
+def test_approval_wait_allows_once_the_approver_decides_while_the_hook_waits(address, sidecar):
+    """The hook waits on the approval (Claude Code waits on the hook): the approver's
+    decision, whether it lands before or after the hook starts watching, is what allows it."""
+    push = pre_tool_use("Bash", {"command": "git push origin release"}, "toolu_cc_13")
+    assert answer(hook(push, *ALICE, server=address)[1])[0] == "deny"  # the request is open
+    with AuthzClient(address) as client:
+        [pending] = client.list_approvals(tenant="acme")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("TOOLAUTHZ_")}
+        with subprocess.Popen([str(CONSOLE_SCRIPT), "hook", "claude-code", "--server", address, *ALICE,
+                               "--approval-wait", "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=base) as waiting:
+            waiting.stdin.write(json.dumps(push).encode())
+            waiting.stdin.close()
+            client.decide_approval(pending.approval_id, BOB, "approve", "release")
+            out, err = waiting.stdout.read(), waiting.stderr.read()
+            waiting.wait(timeout=90)
+    assert waiting.returncode == 0 and answer(json.loads(out))[0] == "allow", err
+    assert sidecar.ledger.get("acme", "toolu_cc_13").verified_jti
+
+
+def test_approval_wait_over_without_a_decision_is_the_pending_answer(address, sidecar):
+    push = pre_tool_use("Bash", {"command": "git push origin hotfix"}, "toolu_cc_14")
+    _, output, _ = hook(push, *ALICE, "--approval-wait", "0.5", server=address)
+    assert answer(output)[0] == "deny" and "has not been run" in answer(output)[1]
+    assert not sidecar.ledger.get("acme", "toolu_cc_14").verified_jti

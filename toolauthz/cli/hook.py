@@ -50,6 +50,9 @@ def add_hook_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     claude.add_argument("--on-pending", choices=sorted(PENDING_ANSWERS), default=DENY,
                         help="the answer while a call waits for an approver: deny (default), ask (the person at "
                              "the terminal decides instead) or defer (claude -p: the run ends and resumes later)")
+    claude.add_argument("--approval-wait", type=float, default=0.0,
+                        help="seconds to wait for an approver's decision before answering --on-pending "
+                             "(default 0; keep it below the hook's own timeout)")
     claude.add_argument("--timeout", type=float, default=5.0, help="seconds per sidecar request (default 5)")
     for name, env in TLS_ENV.items():
         claude.add_argument(f"--{name}", default=None, help=f"{TLS_HELP[name]}; default ${env}")
@@ -100,7 +103,10 @@ def _decider(args: argparse.Namespace, event: dict[str, Any]) -> ToolUseDecider:
                              tls=client_tls(args))
     except (OSError, ValueError) as exc:
         raise HookInputError(f"the sidecar's address or TLS files are unusable: {_shown(str(exc))}") from None
-    return ToolUseDecider(client, context, on_pending=args.on_pending, rpc_timeout=args.timeout)
+    if not args.approval_wait >= 0:
+        raise HookInputError("--approval-wait must be zero or more seconds")
+    return ToolUseDecider(client, context, on_pending=args.on_pending, approval_wait=args.approval_wait,
+                          rpc_timeout=args.timeout)
 
 
 def _read_event(stream: Any) -> dict[str, Any]:

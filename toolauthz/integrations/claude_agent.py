@@ -37,12 +37,14 @@ __all__ = ["ClaudeAgentAuthz"]
 
 
 class ClaudeAgentAuthz:
-    """`ClaudeAgentAuthz(client, context, on_pending="defer")`; `on_pending` as
-    `ToolUseDecider` takes it (`defer`, `deny` or `ask`)."""
+    """`ClaudeAgentAuthz(client, context, on_pending="defer", approval_wait=0)`; both as
+    `ToolUseDecider` takes them (`approval_wait`: seconds the hook waits for the approver
+    before answering `on_pending`; keep it below the hook matcher's timeout)."""
 
     def __init__(self, client: AuthzClient, context: TrustedContext, *, on_pending: str = DEFER,
-                 rpc_timeout: float | None = None):
-        self.decider = ToolUseDecider(client, context, on_pending=on_pending, rpc_timeout=rpc_timeout)
+                 approval_wait: float = 0.0, rpc_timeout: float | None = None):
+        self.decider = ToolUseDecider(client, context, on_pending=on_pending, approval_wait=approval_wait,
+                                      rpc_timeout=rpc_timeout)
 
     def hooks(self, matcher: str | None = None, *, timeout: float | None = None) -> dict[HookEvent, list[HookMatcher]]:
         """`ClaudeAgentOptions(hooks=...)`: every tool (or those `matcher` names)."""

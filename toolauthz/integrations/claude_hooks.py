@@ -129,12 +129,15 @@ class ToolUseDecider:
     sidecar again and allows only once an approver granted it)."""
 
     def __init__(self, client: AuthzClient, context: TrustedContext, *, on_pending: str = DENY,
-                 rpc_timeout: float | None = None):
+                 approval_wait: float = 0.0, rpc_timeout: float | None = None):
         if on_pending not in PENDING_ANSWERS:
             raise ValueError(f"on_pending must be one of {sorted(PENDING_ANSWERS)}, not `{on_pending}`")
         self.client = client
         self.context = context
         self.on_pending = on_pending
+        if not approval_wait >= 0:
+            raise ValueError("approval_wait must be zero or more seconds")
+        self.approval_wait = approval_wait
         self.rpc_timeout = rpc_timeout
         # Calls this decider allowed whose outcome no post-tool hook has reported yet.
         self._open: set[str] = set()
@@ -160,18 +163,23 @@ class ToolUseDecider:
             self._close(call.call_id, "denied")
             return HookAnswer(DENY, _refused(answer), decision_id=answer.decision_id)
         if answer.decision == pb.APPROVAL_REQUIRED:
-            return self._awaiting(answer, call.call_id)
+            return self._awaiting(answer, call)
         if answer.decision != pb.ALLOW:
             return HookAnswer(DENY, NOT_AUTHORIZED, decision_id=answer.decision_id)
         if not answer.token:  # a replayed ALLOW whose token was spent: it already ran
             return HookAnswer(DENY, ALREADY_RUN, decision_id=answer.decision_id)
         return self._spend(answer, call)
 
-    def _awaiting(self, answer: pb.AuthorizeResponse, call_id: str) -> HookAnswer:
+    def _awaiting(self, answer: pb.AuthorizeResponse, call: ProposedCall) -> HookAnswer:
         """APPROVAL_REQUIRED, replayed the same whether the person has not decided yet or
-        rejected the call: the approval's own state (the watch's first message) tells.
-        A rejected or expired call is closed `failed`; anything else is still pending."""
+        rejected the call: the approval's own state (the watch) tells, waiting up to
+        `approval_wait` seconds for the decision. Approved: asked again, the sidecar
+        answers ALLOW with a token, spent at once. Rejected or expired: closed `failed`.
+        Anything else is still pending."""
+        call_id = call.call_id
         status = self._approval_status(answer.approval_id)
+        if status == apb.APPROVED:
+            return self._approved(call)
         if status in (apb.REJECTED, apb.EXPIRED):
             code = "approval_rejected" if status == apb.REJECTED else "approval_expired"
             self._close(call_id, code)
@@ -189,18 +197,34 @@ class ToolUseDecider:
                           decision_id=answer.decision_id)
 
     def _approval_status(self, approval_id: str) -> int:
+        """The approval's state: its current one (the watch's first message), or with
+        `approval_wait` the first decided one within that many seconds. Unknown (an
+        error, the wait over) is PENDING: nothing runs on it."""
+        wait = self.approval_wait or self.rpc_timeout or 5.0
         try:
-            stream = self.client.watch_approval(approval_id, self.context, timeout=self.rpc_timeout or 5.0)
+            stream = self.client.watch_approval(approval_id, self.context, timeout=wait)
         except (grpc.RpcError, ValueError):
             return apb.PENDING
         try:
             for approval in stream:
-                return approval.status
+                if approval.status != apb.PENDING or not self.approval_wait:
+                    return approval.status
         except grpc.RpcError as exc:
-            log.info("approval %s not read: %s", approval_id, exc.code())
+            log.info("approval %s not decided: %s", approval_id, exc.code())
         finally:
             stream.cancel()
         return apb.PENDING
+
+    def _approved(self, call: ProposedCall) -> HookAnswer:
+        try:
+            answer = self.client.authorize(self.context, call, timeout=self.rpc_timeout)
+        except Exception:  # fail closed: approved, but no token to spend
+            log.exception("authorize after approval failed for %s", call.call_id)
+            return HookAnswer(DENY, UNAVAILABLE)
+        if answer.decision != pb.ALLOW or not answer.token:
+            reason = ALREADY_RUN if answer.decision == pb.ALLOW else NOT_AUTHORIZED
+            return HookAnswer(DENY, reason, approval_id=answer.approval_id, decision_id=answer.decision_id)
+        return self._spend(answer, call)
 
     def _spend(self, answer: pb.AuthorizeResponse, call: ProposedCall) -> HookAnswer:
         """Verify consumes the token: the ledger then holds this call id's one execution."""
