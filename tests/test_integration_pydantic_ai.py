@@ -239,21 +239,11 @@ def test_cancelled_turn_before_and_after_the_tool_started(server, bundle_dir, si
     async def scenario():
         async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client:
             agent = agent_for(shop, client, bundle_dir, scripted(("issue_refund", SMALL, "toolu_pa_8")))
-            guarded = agent.toolsets[-1]
-            seen = {}
-
-            async def capture():
-                async with agent.iter("refund", deps=ALICE) as agent_run:
-                    async for node in agent_run:
-                        seen["run"] = agent_run
-                        del node
-
-            task = asyncio.create_task(capture())
-            await shop.entered.wait()
+            task = asyncio.create_task(agent.run("refund", deps=ALICE))
+            await shop.entered.wait()  # the refund has started
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            return guarded
 
     run(scenario)
     assert shop.runs == Counter({"issue_refund": 1})
@@ -274,9 +264,12 @@ def test_cancelled_before_start_is_cancelled_and_nothing_runs(server, bundle_dir
     def context_of(ctx):
         return TrustedContext("acme", Principal("User", "alice"), "run-9", entities=slow_entities)
 
+    outcomes = []
+
     async def scenario():
         async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client:
-            guarded = SidecarToolset(shop.toolset, client=client, context_of=context_of)
+            guarded = SidecarToolset(shop.toolset, client=client, context_of=context_of,
+                                     guard_options={"observer": lambda e: e.kind == "outcome" and outcomes.append(e)})
             agent = Agent(scripted(("issue_refund", SMALL, "toolu_pa_9")), toolsets=[guarded], deps_type=Session)
             task = asyncio.create_task(agent.run("refund", deps=ALICE))
             await asked.wait()
@@ -286,6 +279,7 @@ def test_cancelled_before_start_is_cancelled_and_nothing_runs(server, bundle_dir
 
     run(scenario)
     assert shop.runs == Counter()
+    assert [(e.call_id, e.data["status"], e.data["executed"]) for e in outcomes] == [("toolu_pa_9", "cancelled", False)]
     assert sidecar.ledger.get("acme", "toolu_pa_9") is None  # the sidecar never saw it: nothing to record
 
 
