@@ -221,3 +221,22 @@ def test_approval_wait_over_without_a_decision_is_the_pending_answer(address, si
     _, output, _ = hook(push, *ALICE, "--approval-wait", "0.5", server=address)
     assert answer(output)[0] == "deny" and "has not been run" in answer(output)[1]
     assert not sidecar.ledger.get("acme", "toolu_cc_14").verified_jti
+
+
+@pytest.mark.parametrize(("claude_name", "catalog"), [
+    ("Bash", "bash"), ("Edit", "edit"), ("WebFetch", "web_fetch"), ("MultiEdit", "multi_edit"),
+    ("NotebookEdit", "notebook_edit"), ("mcp__github__create_issue", "mcp__github__create_issue"),
+])
+def test_claude_tool_names_map_one_to_one(claude_name, catalog):
+    from toolauthz.integrations.claude_hooks import catalog_name
+
+    assert catalog_name(claude_name) == catalog
+
+
+@pytest.mark.parametrize("refused", ["bash", "Web_Fetch", "webFetch", "Bash\n", "Bash\u200b", "mcp__srv__Tool",
+                                     "mcp__a-b__x", "mcp_github_x", "B" * 65, "", "Ваsh"])
+def test_names_of_no_form_are_refused(refused):
+    from toolauthz.integrations.claude_hooks import catalog_name
+
+    with pytest.raises(ValueError):
+        catalog_name(refused)
