@@ -141,8 +141,7 @@ class McpProxy:
         self.catalog.on_lists_changed = self.list_watch.announce
         async with self.catalog.connected(), anyio.create_task_group() as tg:
             self.server.instructions = instructions_of(self.catalog.links)
-            if self.settings.list_watch_seconds > 0:
-                await self.list_watch.check()  # what the lists are decided on, before the first one
+            if self.settings.list_watch_seconds > 0:  # its first check is at once, off the start-up path
                 tg.start_soon(self.list_watch.run, self.settings.list_watch_seconds)
             try:
                 yield self
