@@ -255,6 +255,8 @@ def test_a_changed_bundle_changes_the_lists_and_the_client_hears_of_it(server, s
 
     async def body(proxy, client):
         assert [t.name for t in (await client.list_tools()).tools] == ["read_note"]
+        with anyio.fail_after(20):
+            await proxy.list_watch.first_checked.wait()
         policies = bundle_dir / "governed.cedar"
         policies.write_text(policies.read_text().split('@id("bob-deletes-nothing")')[0])
         assert await anyio.to_thread.run_sync(sidecar.reloader.reload)

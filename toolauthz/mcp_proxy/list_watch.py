@@ -33,11 +33,13 @@ class ListWatch:
         self.session_of = session_of  # () -> the stdio client's session, or None
         self.rpc_timeout = rpc_timeout
         self._seen: tuple[str, Any] | None = None
+        self.first_checked = anyio.Event()  # what later checks compare with is known (tests await it)
 
     async def run(self, interval: float) -> None:
         """Checks forever, every `interval` seconds (the gateway cancels it)."""
         while True:
             await self.check()
+            self.first_checked.set()
             await anyio.sleep(interval)
 
     async def check(self) -> None:
