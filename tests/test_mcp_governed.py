@@ -416,3 +416,29 @@ def test_a_cancelled_call_is_cancelled_upstream_too(server, bundle_dir):
     run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
     [outcome] = [e for e in events if e.kind == "outcome"]
     assert outcome.data["status"] == "outcome_unknown"  # the upstream had started it
+
+
+def test_a_2026_client_gets_no_sampling_request_the_upstream_hears_why(server, bundle_dir):
+    """The client's default mode (2026-07-28) has no back channel in a call the gateway
+    serves: the upstream's sampling request is answered with an error, the call goes on."""
+    _srv, port = server
+    upstream = RichUpstream()
+    asked: list[str] = []
+
+    async def sample(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append("asked")
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hello"), model="m")
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")), authz)
+        try:
+            async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
+                    Client(proxy.server, cache=None, sampling_callback=sample) as client:
+                result = await client.call_tool("read_note", {"note_id": "n9"})
+                assert "no back-channel" in result.structured_content["text"]
+        finally:
+            await authz.close()
+
+    anyio.run(main)
+    assert asked == []
