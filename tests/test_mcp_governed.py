@@ -17,7 +17,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_governed_support import RichUpstream, govern
+from mcp_governed_support import RESOURCE_FILES, RichUpstream, govern
 from mcp_support import approve, example_bundle, wait_for
 
 import toolauthz
@@ -442,3 +442,20 @@ def test_a_2026_client_gets_no_sampling_request_the_upstream_hears_why(server, b
 
     anyio.run(main)
     assert asked == []
+
+
+def test_a_uri_an_exact_entry_names_never_falls_through_to_a_template(server, bundle_dir):
+    """`first_note` names note://notes/n1, which the upstream does not offer as a resource:
+    the read is refused, not routed through the `note_file` template that also matches."""
+    _srv, port = server
+    upstream = RichUpstream()
+    (bundle_dir / "tools" / "first_note.yaml").write_text(
+        RESOURCE_FILES["readme.yaml"].replace("name: readme", "name: first_note")
+        .replace("note://readme", "note://notes/n1").replace("The notes index.", "The first note."))
+
+    async def alice(proxy, client):
+        assert (await refused(client.read_resource("note://notes/n1"))).error.code == -32002
+        assert (await client.read_resource("note://notes/n2")).contents  # the template's own URIs still read
+
+    run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
+    assert upstream.reads == ["note://notes/n2"]
