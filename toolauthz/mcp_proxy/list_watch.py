@@ -5,10 +5,10 @@ What a user sees depends on the sidecar's bundle (ListVisible), the catalog's to
 and what each upstream offers. The gateway checks the first two every
 `list_watch_seconds` (the sidecar's `policy_version` through GetStatus, the tool files'
 signature) and hears the third from the upstreams' own list_changed notifications;
-any change is announced. The announcements go to the stdio client (a 2025-11-25 session
-over HTTP has no stream the gateway keeps for it, and the 2026-07-28 era announces
-through `subscriptions/listen`, which the gateway does not serve): such clients re-list
-when they choose.
+any change is announced, to the stdio client and to each 2025-11-25 session over HTTP
+that sent a request (on its standalone stream; an announcement carries no data, so every
+session may hear it). The 2026-07-28 era announces through `subscriptions/listen`, which
+the gateway does not serve: such clients re-list when they choose.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ log = logging.getLogger("toolauthz.mcp_proxy")
 
 
 class ListWatch:
-    def __init__(self, authz: Any, bundle: pathlib.Path, session_of: Any, *, rpc_timeout: float | None):
+    def __init__(self, authz: Any, bundle: pathlib.Path, sessions_of: Any, *, rpc_timeout: float | None):
         self.authz = authz
         self.bundle = bundle
-        self.session_of = session_of  # () -> the stdio client's session, or None
+        self.sessions_of = sessions_of  # () -> the sessions to tell
         self.rpc_timeout = rpc_timeout
         self._seen: tuple[str, Any] | None = None
         self.first_checked = anyio.Event()  # what later checks compare with is known (tests await it)
@@ -55,12 +55,10 @@ class ListWatch:
             await self.announce()
 
     async def announce(self) -> None:
-        session = self.session_of()
-        if session is None:
-            return
-        try:
-            await session.send_tool_list_changed()
-            await session.send_resource_list_changed()
-            await session.send_prompt_list_changed()
-        except Exception:  # logged; an announcement is a courtesy, the next list is right anyway
-            log.debug("could not announce changed lists", exc_info=True)
+        for session in self.sessions_of():
+            try:
+                await session.send_tool_list_changed()
+                await session.send_resource_list_changed()
+                await session.send_prompt_list_changed()
+            except Exception:  # logged; an announcement is a courtesy, the next list is right anyway
+                log.debug("could not announce changed lists", exc_info=True)
