@@ -233,6 +233,10 @@ class BundleReloader:
         """Holds the serving bundle back (it decides nothing) while the fleet's floor is
         above its revision: another process activated a newer one, and this one has none
         to load. A store that cannot be read changes nothing: decisions need it anyway."""
+        with self._lock:  # never between a reload's read of the floor and its swap
+            self._check_floor()
+
+    def _check_floor(self) -> None:
         serving = self._holder.current
         if self._floor is None or self._keys is None or serving.revision is None:
             return
