@@ -93,6 +93,8 @@ def test_allow_rollback_refuses_a_reason_that_is_not_one_printable_line(tmp_path
         refused = toolauthz("bundle", "allow-rollback", "--to", "1", "--reason", reason,
                             "--data-dir", str(tmp_path / "data"))
         assert refused.returncode == 1 and "--reason must be 1 to 500 printable characters" in refused.stderr
+    below = toolauthz("bundle", "allow-rollback", "--to", "-1", "--reason", "r", "--data-dir", str(tmp_path / "data"))
+    assert below.returncode == 1 and "--to must be a revision from 0 to 2^53 - 1" in below.stderr
 
 
 def with_keys(settings, bundle, key: Ed25519PrivateKey, name: str):
