@@ -215,19 +215,19 @@ class BundleReloader:
                 shown = ", ".join(f"`{name}`" for name in asking[:5]) + (" and more" if len(asking) > 5 else "")
                 notices.append(f"restart needed: {shown} set audit.retain_input, which applies only after a "
                                "restart (inputs are not retained until then)")
-        for notice in notices:
-            if notice not in self.restart_needed:
-                log.warning("%s", notice)
-        self.restart_needed = tuple(notices)
+        new = [notice for notice in notices if notice not in self.restart_needed]
+        self.restart_needed = tuple(notices)  # in status before the log says so
+        for notice in new:
+            log.warning("%s", notice)
 
     def _note_settings_changes(self) -> None:
         if self._settings_changes is None:
             return
         notices = self._settings_changes()
-        for notice in notices:
-            if notice not in self.settings_changed:
-                log.warning("%s", notice)
-        self.settings_changed = notices
+        new = [notice for notice in notices if notice not in self.settings_changed]
+        self.settings_changed = notices  # in status before the log says so
+        for notice in new:
+            log.warning("%s", notice)
 
     def check_floor(self) -> None:
         """Holds the serving bundle back (it decides nothing) while the fleet's floor is
