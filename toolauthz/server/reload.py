@@ -245,11 +245,12 @@ class BundleReloader:
         except StoreUnavailable:
             return
         if stored is not None and stored.revision > serving.revision:
-            if not self._holder.held_back:
-                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
-                          "bundle at the floor loads", serving.revision, stored.revision)
+            newly = not self._holder.held_back
             self._holder.hold_back(f"revision {serving.revision} is below the fleet's floor, {stored.revision}: "
                                    "no decision until a bundle at the floor loads")
+            if newly:
+                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
+                          "bundle at the floor loads", serving.revision, stored.revision)
         else:
             self._holder.release()
 
