@@ -93,6 +93,8 @@ def test_allow_rollback_refuses_a_reason_that_is_not_one_printable_line(tmp_path
         refused = toolauthz("bundle", "allow-rollback", "--to", "1", "--reason", reason,
                             "--data-dir", str(tmp_path / "data"))
         assert refused.returncode == 1 and "--reason must be 1 to 500 printable characters" in refused.stderr
+    below = toolauthz("bundle", "allow-rollback", "--to", "-1", "--reason", "r", "--data-dir", str(tmp_path / "data"))
+    assert below.returncode == 1 and "--to must be a revision from 0 to 2^53 - 1" in below.stderr
 
 
 def with_keys(settings, bundle, key: Ed25519PrivateKey, name: str):
@@ -243,3 +245,21 @@ def test_a_config_change_only_a_restart_applies_is_logged_and_in_status(tmp_path
         status = pb_grpc.ToolAuthorizerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
     assert any("`approvals_listen`, `listen` changed" in notice for notice in status.notices)
     assert status.bundle_revision == 1 and status.bundle_signer == "ci-1" and len(status.bundle_digest) == 64
+
+
+def test_the_floor_only_rises_and_comes_down_with_its_audit_record(store):
+    from toolauthz.audit.records import SYSTEM_TENANT, AuditEvent
+
+    floor = store.bundle_floor
+    assert floor.current() is None
+    assert floor.lift(5, "a" * 64, 10.0).revision == 5
+    lower = floor.lift(3, "b" * 64, 11.0)  # another process activated 5 first: it answers 5
+    assert (lower.revision, lower.digest) == (5, "a" * 64)
+    assert floor.lift(5, "c" * 64, 12.0).digest == "a" * 64  # revision 5 names the first bundle
+    record = AuditEvent(kind="bundle", time=13.0, tenant=SYSTEM_TENANT, result="rollback_allowed",
+                        detail={"from_revision": 5, "to_revision": 2, "reason": "test", "operator": "me"})
+    floor.lower(2, 13.0, record)
+    assert (floor.current().revision, floor.current().digest) == (2, "")
+    [written] = store.audit_log.query(AuditQuery(kind="bundle"), limit=5)
+    assert written.event.result == "rollback_allowed" and written.event.detail["to_revision"] == 2
+    assert floor.lift(2, "d" * 64, 14.0).digest == "d" * 64  # the bundle activated after a rollback
