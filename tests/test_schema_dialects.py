@@ -190,7 +190,8 @@ def test_an_imported_draft_07_tool_with_a_hyphenated_name_loads(bundle_dir):
 
     schema = {"$schema": D7, "type": "object", "required": ["url"],
               "properties": {"url": {"type": "string", "format": "uri"},
-                             "tags": {"type": "array", "items": [{"$ref": "#/definitions/tag"}], "additionalItems": False}},
+                             "tags": {"type": "array", "items": [{"$ref": "#/definitions/tag"}],
+                                      "additionalItems": False}},
               "definitions": {"tag": {"type": "string", "maxLength": 20}}}
     odd = {"type": "object", "properties": {"n": {"type": "integer", "format": "int32"}}}
     out = io.StringIO()
