@@ -163,6 +163,18 @@ def test_mcp_proxy_refuses_a_bad_configuration_before_serving(bundle_dir, argv, 
     assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_listen_port_in_use_is_one_line(bundle_dir):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = toolauthz(*proxy_argv(bundle_dir, 9, "--listen", f"http://127.0.0.1:{port}"), "--", *UPSTREAM)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"toolauthz: --listen http://127.0.0.1:{port}: Address already in use" in done.stderr
+
+
 def test_a_misspelt_configuration_key_is_refused(bundle_dir, tmp_path):
     config = tmp_path / "gateway.yaml"
     config.write_text("execution_timeout: 5\ntenant: acme\nprincipal: User::alice\n")
