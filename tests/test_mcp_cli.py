@@ -157,6 +157,7 @@ def test_mcp_proxy_over_stdio_with_the_official_client(server, bundle_dir):
     (["--listen", "http://0.0.0.0:8808"], "--listen must be `stdio` or http://127.0.0.1:PORT (loopback only)"),
     (["--execution-timeout", "0"], "execution_timeout_seconds must be a number of seconds above 0"),
     (["--allowed-host", "*.example"], "allowed_hosts: `*.example` is not a host name"),
+    (["--approval-wait", "-1"], "approval_wait_seconds must be 0 or a number of seconds up to 86400"),
 ])
 def test_mcp_proxy_refuses_a_bad_configuration_before_serving(bundle_dir, argv, says):
     done = toolauthz(*proxy_argv(bundle_dir, 9, *argv), "--", *UPSTREAM)

@@ -161,7 +161,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"),
                              tenant=str(config["tenant"]) if config.get("tenant") else None,
                              principal=Principal(principal.type, principal.id) if principal is not None else None,
-                             approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
+                             approval_wait_seconds=_approval_wait(config.get("approval_wait_seconds", 0)),
                              execution_timeout=seconds_of(config.get("execution_timeout_seconds", 30.0),
                                                           "execution_timeout_seconds"),
                              downstream="stdio" if http is None else "http", oauth=oauth,
@@ -174,6 +174,14 @@ def run_proxy(args: argparse.Namespace) -> int:
     except BaseExceptionGroup as group:  # the task groups wrap a failure of one part: say which
         raise _innermost(group) from None
     return 0
+
+
+def _approval_wait(raw: Any) -> float:
+    from toolauthz.mcp_proxy.config import MAX_EXECUTION_SECONDS
+
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= MAX_EXECUTION_SECONDS:
+        raise RequestError(f"approval_wait_seconds must be 0 or a number of seconds up to {int(MAX_EXECUTION_SECONDS)}")
+    return float(raw)
 
 
 def _bound(host: str, port: int) -> Any:
