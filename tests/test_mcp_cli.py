@@ -260,3 +260,20 @@ def test_a_refused_host_reaches_neither_the_sidecar_nor_the_upstream(server, sid
         assert [r.event.tool for r in sidecar.audit_log.query(AuditQuery(kind="authorize"), limit=10)] == ["read_note"]
     finally:
         stop(running)
+
+
+def test_host_rules_unit():
+    from toolauthz.errors import RequestError
+    from toolauthz.mcp_proxy.hosts import check_allowed_hosts, transport_security
+
+    assert check_allowed_hosts(["Gateway.Internal", "10.0.0.5:8808", "[::1]"]) == (
+        "gateway.internal", "10.0.0.5:8808", "[::1]")
+    for bad in (["*"], ["evil.example/path"], ["a b"], ["x\n"], ["user@host"], "gateway.internal", [3]):
+        with pytest.raises(RequestError):
+            check_allowed_hosts(bad)
+    rules = transport_security("127.0.0.2", ("gateway.internal",), "https://tools.example/mcp")
+    assert rules.enable_dns_rebinding_protection
+    assert {"127.0.0.2:*", "gateway.internal:*", "tools.example", "tools.example:*"} <= set(rules.allowed_hosts)
+    assert not any(h.startswith(("localhost", "127.0.0.1")) for h in rules.allowed_hosts)  # not its address
+    assert {"localhost:*", "[::1]:*"} <= set(transport_security("127.0.0.1").allowed_hosts)
+    assert "[::1]:*" in transport_security("::1").allowed_hosts
