@@ -279,3 +279,32 @@ def test_upstream_unavailable_refusals_are_audited_per_caller_tool_and_minute(se
         ("delete_note", ("upstream_unavailable",), f"count=1 minute={minute + 60}"),  # written when it stopped
     ])
     assert {(e.tenant, e.principal) for e in records()} == {("acme", 'User::"alice"')}
+
+
+def test_a_tool_that_raises_outcome_unknown_is_never_failed(server, sidecar):
+    """The SDK side of upstream_lost: any tool may say its effect is unknown."""
+    from toolauthz.client import AsyncGuard, ToolOutcomeUnknown, ToolSet, TrustedContext
+
+    _srv, port = server
+    tools = ToolSet()
+
+    async def read_note(args: Any, call: Any) -> Any:
+        raise ToolOutcomeUnknown("upstream_lost", "The connection was lost; whether it took effect is unknown.")
+
+    tools.register("read_note", read_note)
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        try:
+            guard = AsyncGuard(authz, TrustedContext("acme", Principal("User", "alice"), "run-1"), tools)
+            result = await guard.run("toolu_1", "read_note", '{"note_id":"n1"}')
+        finally:
+            await authz.close()
+        assert (result.status, result.code, result.executed) == ("outcome_unknown", "upstream_lost", True)
+        assert result.content == "The connection was lost; whether it took effect is unknown."
+
+    anyio.run(main)
+    from toolauthz.audit.store import AuditQuery
+
+    [outcome] = [r.event for r in sidecar.audit_log.query(AuditQuery(kind="outcome"), limit=5)]
+    assert (outcome.result, outcome.detail["error_code"]) == ("outcome_unknown", "upstream_lost")
