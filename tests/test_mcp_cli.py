@@ -8,67 +8,21 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import anyio
 import httpx2 as httpx
 import pytest
 import yaml
 from mcp import Client, StdioServerParameters
-from mcp_support import example_bundle, text
+from mcp_support import ROOT, example_bundle, start, stop, text
 
 from toolauthz.audit.store import AuditQuery
 from toolauthz.mcp_proxy.pins import load_pins
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLAUTHZ = str(pathlib.Path(sys.executable).parent / "toolauthz")  # the console script of this venv
 UPSTREAM = [sys.executable, "-m", "examples.mcp_gateway.upstream"]
 bundle_dir = example_bundle  # the sidecar (conftest) and the gateway load a copy of the example bundle
-
-
-@dataclass
-class Running:
-    """A subprocess whose output a thread drains: `lines` so far, `seen` set once a line
-    contains `wanted`."""
-
-    proc: subprocess.Popen[str]
-    wanted: str
-    lines: list[str] = field(default_factory=list)
-    seen: threading.Event = field(default_factory=threading.Event)
-    ended: threading.Event = field(default_factory=threading.Event)
-
-    def drain(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line)
-            if self.wanted in line:
-                self.seen.set()
-        self.ended.set()
-
-    def wait_for_line(self) -> str:
-        """The first line with `wanted`; fails if the process ends first."""
-        while not self.seen.wait(0.1):  # wakes to notice a process that ended without it
-            assert not self.ended.is_set(), "".join(self.lines)[-3000:]
-        return next(line for line in self.lines if self.wanted in line)
-
-
-def start(argv: list[str], wanted: str, *, output: str = "stderr") -> Running:
-    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE if output == "stdout" else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE if output == "stderr" else subprocess.DEVNULL)
-    running = Running(proc, wanted)
-    threading.Thread(target=running.drain, args=(getattr(proc, output),), daemon=True).start()
-    return running
-
-
-def stop(running: Running) -> None:
-    running.proc.terminate()
-    running.proc.wait(60)
-    running.ended.wait(60)  # the drain reached the end of the output
-    for stream in (running.proc.stdout, running.proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def toolauthz(*argv: str) -> subprocess.CompletedProcess[str]:

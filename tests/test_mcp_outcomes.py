@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -17,8 +16,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_support import Upstream, example_bundle, serve_http, stop_http, text
-from test_mcp_cli import start, stop
+from mcp_support import LONG, Upstream, example_bundle, run_gateway, serve_http, start, stop, stop_http, text
 
 from toolauthz.client import AsyncAuthzClient, GuardEvent, Principal
 from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
@@ -26,24 +24,6 @@ from toolauthz.mcp_proxy.upstreams import UpstreamLink, UpstreamLost, UpstreamSp
 
 bundle_dir = example_bundle
 DYING = str(pathlib.Path(__file__).resolve().parent / "mcp_dying_upstream.py")
-LONG = 600.0  # an execution timeout no test reaches: a call that ends did so for another reason
-
-
-def run_gateway(port: int, bundle: pathlib.Path, spec: UpstreamSpec, events: list[GuardEvent],
-                body: Callable[[Client], Awaitable[None]], *, execution_timeout: float = LONG) -> None:
-    async def main() -> None:
-        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
-        settings = ProxySettings(bundle=bundle, tenant="acme", principal=Principal("User", "alice"),
-                                 execution_timeout=execution_timeout)
-        proxy = McpProxy(settings, authz)
-        proxy.observers.append(events.append)
-        try:
-            async with proxy.connected(spec), Client(proxy.server, cache=None) as client:
-                await body(client)
-        finally:
-            await authz.close()
-
-    anyio.run(main)
 
 
 def outcomes(events: list[GuardEvent]) -> list[tuple[str, str]]:
