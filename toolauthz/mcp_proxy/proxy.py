@@ -166,8 +166,14 @@ class McpProxy:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
+                # The counts not yet written, within one RPC timeout in all: a sidecar that is
+                # gone must not hold the gateway's shutdown.
                 with anyio.CancelScope(shield=True):
-                    await self._report_refusals(self._unavailable.flush())  # the counts not yet written
+                    with anyio.move_on_after(self.settings.rpc_timeout or 10.0) as bounded:
+                        await self._report_refusals(self._unavailable.flush())
+                    if bounded.cancelled_caught:
+                        log.warning("the last upstream_unavailable counts were not recorded: the sidecar did not "
+                                    "take them in time")
 
     def _use_tools(self, tools: ToolSet) -> None:
         self._tools = tools
