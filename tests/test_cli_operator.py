@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 
@@ -25,7 +26,7 @@ import toolauthz
 from toolauthz.server.config.loading import ENVIRONMENT, load_settings
 from toolauthz.server.config.reference import json_schema, render_reference, undescribed
 from toolauthz.server.observability import start_metrics_server
-from toolauthz.server.probes import Readiness
+from toolauthz.server.probes import BoundedRead, Readiness
 
 TOOLAUTHZ = pathlib.Path(sys.executable).parent / "toolauthz"
 CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
@@ -340,3 +341,21 @@ def _the_audit_trail_reads_as_json(data: pathlib.Path) -> None:
     assert json.loads(verified.stdout)["ok"] is True and json.loads(verified.stdout)["records"] >= 2
     shadow = toolauthz_cli("audit", "--data-dir", str(data), "shadow", "--since", "1h", "--output", "json")
     assert json.loads(shadow.stdout)["decisions"] >= 2
+
+
+def test_a_hung_store_read_is_not_ready_and_is_never_joined_by_a_second():
+    release = threading.Event()
+    reads: list[int] = []
+
+    def hung() -> bool:
+        reads.append(1)
+        release.wait()
+        return True
+
+    probe = BoundedRead(hung, limit=0.05)
+    try:
+        assert probe() is False  # answered at the limit, not when the read ends
+        assert probe() is False
+        assert reads == [1]  # the second probe waited on the first read
+    finally:
+        release.set()
