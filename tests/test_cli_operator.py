@@ -359,3 +359,12 @@ def test_a_hung_store_read_is_not_ready_and_is_never_joined_by_a_second():
         assert reads == [1]  # the second probe waited on the first read
     finally:
         release.set()
+
+
+def test_the_mcp_gateway_reports_the_version(bundle_dir):
+    from toolauthz.client import Principal
+    from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
+
+    proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")),
+                     authz=None)  # type: ignore[arg-type]  # never called: only its server's options are read
+    assert proxy.server.create_initialization_options().server_version == toolauthz.__version__

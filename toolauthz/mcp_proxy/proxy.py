@@ -13,6 +13,7 @@ but the drift check, with the upstream call as the tool's implementation.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import pathlib
@@ -88,8 +89,8 @@ class McpProxy:
         self.settings = settings
         self.authz = authz
         self.connection_id = str(ULID())  # the stdio connection's session
-        self.server: Server[Any] = Server("toolauthz-mcp-proxy", on_list_tools=self._list_tools,
-                                          on_call_tool=self._call_tool)
+        self.server: Server[Any] = Server("toolauthz-mcp-proxy", version=_gateway_version(),
+                                          on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         self.observers: list[Callable[[GuardEvent], None]] = []
         self.catalog: Catalog
         self._tools = ToolSet()
@@ -266,3 +267,12 @@ class McpProxy:
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _gateway_version() -> str:
+    """The installed toolauthz's version (its metadata is toolauthz.__version__), which
+    the gateway reports in `serverInfo`; the gateway imports nothing of the sidecar's."""
+    try:
+        return importlib.metadata.version("toolauthz")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
