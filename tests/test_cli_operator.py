@@ -4,6 +4,7 @@ configuration reference and schema, and the HTTP probes of a served sidecar."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.metadata
 import json
 import os
@@ -368,3 +369,22 @@ def test_the_mcp_gateway_reports_the_version(bundle_dir):
     proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")),
                      authz=None)  # type: ignore[arg-type]  # never called: only its server's options are read
     assert proxy.server.create_initialization_options().server_version == toolauthz.__version__
+
+
+@pytest.mark.parametrize("host, status", [("127.0.0.1", 200), ("localhost:9464", 200), ("[::1]:1", 200),
+                                          ("rebound.example:9464", 403), ("10.0.0.5:9464", 403), ("", 403)])
+def test_the_metrics_listener_answers_only_a_host_no_dns_name_can_rebind(host, status):
+    server = start_metrics_server("127.0.0.1", 0, None, Readiness())
+    try:
+        for path in ("/metrics", "/healthz"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            connection.putrequest("GET", path, skip_host=True)
+            if host:
+                connection.putheader("Host", host)
+            connection.endheaders()
+            answer = connection.getresponse()
+            answer.read()
+            connection.close()
+            assert answer.status == status, (path, host)
+    finally:
+        server.close()

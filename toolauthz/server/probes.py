@@ -6,6 +6,10 @@ health service's meaning: 200 `SERVING` once the listeners serve and while the s
 be read; 503 `NOT_SERVING` before that, while the store cannot be read, and from the
 moment a drain begins (SIGTERM), so a load balancer stops sending work first. Any other
 path is 404: a probe pointed at a wrong path fails instead of reading metrics as health.
+
+Like every listener, it answers only a `Host` that no DNS name can be rebound to (a
+loopback name on a loopback address; a loopback name or an IP address elsewhere), so a
+web page cannot read it through DNS rebinding (403 otherwise).
 """
 
 from __future__ import annotations
@@ -83,11 +87,15 @@ class Readiness:
             return False
 
 
-def probe_app(metrics_app: Callable[..., Iterable[bytes]], readiness: Readiness) -> Callable[..., Iterable[bytes]]:
-    """A WSGI app: the three routes above, GET (and HEAD) only."""
+def probe_app(metrics_app: Callable[..., Iterable[bytes]], readiness: Readiness,
+              answers_host: Callable[[str], bool]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: the three routes above, GET (and HEAD) only, for the Hosts `answers_host` takes."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        if not answers_host(environ.get("HTTP_HOST", "")):
+            return _answer(start_response, "403 Forbidden", b"this listener answers requests for a loopback host "
+                                                            b"or an IP address only\n")
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _answer(start_response, "405 Method Not Allowed", b"method not allowed\n", (("Allow", "GET, HEAD"),))
         if path == "/metrics":
