@@ -415,3 +415,4 @@ class McpProxy:
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
