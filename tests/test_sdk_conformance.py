@@ -174,7 +174,11 @@ def test_guard(case):
     tools = ToolSet()
     for name, behaviour in case["tools"].items():
         tools.register(name, _tool(behaviour, cancel))
-    context = TrustedContext("acme", Principal("User", "alice"), "run-1")
+    def failing_entities(call):
+        raise RuntimeError("the runtime's store is down")
+
+    context = TrustedContext("acme", Principal("User", "alice"), "run-1",
+                             entities=failing_entities if case.get("entities") == "throws" else None)
     guard = Guard(client, context, tools)  # type: ignore[arg-type]  # the scripted stand-in
     for step in case["runs"]:
         cancel[0] = threading.Event()

@@ -145,7 +145,8 @@ describe("guard", () => {
       const client = new ScriptedClient(c.script);
       const tools = new ToolSet();
       for (const [name, behaviour] of Object.entries(c.tools)) tools.register(name, tool(behaviour, client));
-      const guard = new Guard(client, new TrustedContext("acme", new Principal("User", "alice"), "run-1"), tools);
+      const entities = c.entities === "throws" ? () => { throw new Error("the runtime's store is down"); } : undefined;
+      const guard = new Guard(client, new TrustedContext("acme", new Principal("User", "alice"), "run-1", entities), tools);
       for (const step of c.runs) {
         client.cancel = new AbortController();
         if (step.cancel_pending !== undefined) {
