@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from toolauthz.client import Guard, Principal, ToolError, ToolSet, TrustedContext
 from toolauthz.client.assembly import CallAssembly
+from toolauthz.client.streaming import AnthropicToolStream
 from toolauthz.client.sync import OutcomeReport
 from toolauthz.client.turn import CallError
 from toolauthz.digest import call_digest, canonical_json
@@ -213,6 +214,12 @@ def _answer(answer) -> dict:
 
 @pytest.mark.parametrize("case", STREAMS, ids=[c["name"] for c in STREAMS])
 def test_stream_assembly(case):
+    if case.get("api") == "anthropic":
+        stream = AnthropicToolStream(case.get("limits", {}))
+        answers = [a for event in case["api_events"] for a in stream.feed(event)] + stream.close()
+        assert [_answer(a) for a in answers] == case["expect"]
+        assert stream.assembly.broken == case.get("broken", False)
+        return
     assembly = CallAssembly(case.get("limits", {}), **({"max_calls": case["max_calls"]} if "max_calls" in case else {}))
     answers: list = []
     for op in case["events"]:
