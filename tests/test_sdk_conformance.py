@@ -23,7 +23,7 @@ from google.protobuf import json_format
 
 from toolauthz.client import Guard, Principal, ToolError, ToolSet, TrustedContext
 from toolauthz.client.assembly import CallAssembly
-from toolauthz.client.streaming import AnthropicToolStream
+from toolauthz.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream
 from toolauthz.client.sync import OutcomeReport
 from toolauthz.client.turn import CallError
 from toolauthz.digest import call_digest, canonical_json
@@ -214,8 +214,10 @@ def _answer(answer) -> dict:
 
 @pytest.mark.parametrize("case", STREAMS, ids=[c["name"] for c in STREAMS])
 def test_stream_assembly(case):
-    if case.get("api") == "anthropic":
-        stream = AnthropicToolStream(case.get("limits", {}))
+    if "api" in case:
+        adapters = {"anthropic": AnthropicToolStream, "chat_completions": ChatCompletionsToolStream,
+                    "responses": ResponsesToolStream}
+        stream = adapters[case["api"]](case.get("limits", {}))
         answers = [a for event in case["api_events"] for a in stream.feed(event)] + stream.close()
         assert [_answer(a) for a in answers] == case["expect"]
         assert stream.assembly.broken == case.get("broken", False)

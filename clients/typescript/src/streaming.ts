@@ -1,6 +1,17 @@
 /**
- * Streamed tool calls of a model API, assembled for the Guard (the rules of
+ * Streamed tool calls of the major model APIs, assembled for the Guard (the rules of
  * toolauthz/client/streaming.py; tests/conformance/sdk/streams.json checks both SDKs).
+ *
+ * `ChatCompletionsToolStream`, OpenAI Chat Completions: `choices[].delta.tool_calls[]`
+ * fragments keyed by (choice, `index`); the first names `id` and `function.name`, a later
+ * one naming another id breaks the stream. A `finish_reason` of `tool_calls`, `stop` or
+ * `function_call` ends the calls; `length` or `content_filter` refuses them.
+ *
+ * `ResponsesToolStream`, the OpenAI Responses API: `response.output_item.added` with a
+ * `function_call` item opens a call keyed by the item id (its `call_id` is the call's id);
+ * `response.function_call_arguments.delta` appends; `.done` (or the item's
+ * `response.output_item.done`) ends it, and its whole `arguments` must equal what
+ * streamed; `response.failed`, `response.incomplete` and `error` refuse the open calls.
  *
  * `AnthropicToolStream`, the Messages API: `content_block_start` with a `tool_use` block
  * opens a call keyed by the block's index; `input_json_delta` appends `partial_json`;
@@ -13,7 +24,7 @@
  *     answers.push(...stream.close());
  *     const results = await guard.runTurn(answers);
  */
-import { type Answer, CallAssembly } from "./assembly.js";
+import { type Answer, CallAssembly, type Key } from "./assembly.js";
 
 type Event = Record<string, unknown>;
 
@@ -73,4 +84,119 @@ export class AnthropicToolStream {
   close(): Answer[] {
     return this.assembly.close();
   }
+}
+
+const ENDED_WELL = ["tool_calls", "stop", "function_call"];
+type Limits = ConstructorParameters<typeof CallAssembly>[0];
+type Options = ConstructorParameters<typeof CallAssembly>[1];
+
+export class ChatCompletionsToolStream {
+  readonly assembly: CallAssembly;
+  private readonly ids = new Map<Key, { choice: unknown; index: unknown; callId: string }>();
+
+  constructor(limits: Limits = {}, options: Options = {}) {
+    this.assembly = new CallAssembly(limits, options);
+  }
+
+  feed(chunk: unknown): Answer[] {
+    const answers: Answer[] = [];
+    const choices = get(chunk, "choices");
+    for (const choice of Array.isArray(choices) ? choices : []) {
+      const number = get(choice, "index") ?? 0;
+      const fragments = get(get(choice, "delta"), "tool_calls");
+      for (const fragment of Array.isArray(fragments) ? fragments : []) answers.push(...this.fragment(number, fragment));
+      const reason = get(choice, "finish_reason");
+      if (!reason) continue;
+      const keys = [...this.ids].filter(([, v]) => v.choice === number)
+        .sort(([, a], [, b]) => Number(a.index) - Number(b.index)).map(([key]) => key)
+        .filter((key) => this.assembly.isOpen(key));
+      answers.push(...this.assembly.endAll(keys, ENDED_WELL.includes(String(reason)) ? undefined : "stream_incomplete"));
+    }
+    return answers;
+  }
+
+  close(): Answer[] {
+    return this.assembly.close();
+  }
+
+  private fragment(number: unknown, fragment: unknown): Answer[] {
+    const index = get(fragment, "index");
+    const key = `${String(number)}:${String(index)}`;
+    const fn = get(fragment, "function");
+    const callId = get(fragment, "id");
+    const answers: Answer[] = [];
+    const known = this.ids.get(key);
+    if (known === undefined) {
+      if (typeof callId !== "string" || callId === "") return this.assembly.fail(`a fragment for tool call ${key}, which was never opened`);
+      this.ids.set(key, { choice: number, index, callId });
+      const name = get(fn, "name");
+      answers.push(...this.assembly.open(key, callId, typeof name === "string" ? name : ""));
+    } else if (callId && callId !== known.callId) {
+      return this.assembly.fail(`tool call ${key} changed its id`);
+    }
+    const args = get(fn, "arguments");
+    if (args) {
+      if (typeof args !== "string") return [...answers, ...this.assembly.fail(`tool call ${key}: \`arguments\` is not a string`)];
+      answers.push(...this.assembly.append(key, args));
+    }
+    return answers;
+  }
+}
+
+export class ResponsesToolStream {
+  readonly assembly: CallAssembly;
+
+  constructor(limits: Limits = {}, options: Options = {}) {
+    this.assembly = new CallAssembly(limits, options);
+  }
+
+  feed(event: unknown): Answer[] {
+    const kind = get(event, "type");
+    if (kind === "response.output_item.added") {
+      const item = get(event, "item");
+      if (get(item, "type") !== "function_call") return [];
+      const key = itemKey(get(item, "id"), get(event, "output_index"));
+      const callId = get(item, "call_id");
+      const name = get(item, "name");
+      const answers = this.assembly.open(key, typeof callId === "string" ? callId : "", typeof name === "string" ? name : "");
+      const initial = get(item, "arguments");
+      if (typeof initial === "string" && initial && this.assembly.isOpen(key)) answers.push(...this.assembly.append(key, initial));
+      return answers;
+    }
+    if (kind === "response.function_call_arguments.delta") {
+      const delta = get(event, "delta");
+      if (typeof delta !== "string") return this.assembly.fail("a function call delta without text");
+      return this.assembly.append(itemKey(get(event, "item_id"), get(event, "output_index")), delta);
+    }
+    if (kind === "response.function_call_arguments.done") {
+      return this.end(itemKey(get(event, "item_id"), get(event, "output_index")), get(event, "arguments"));
+    }
+    if (kind === "response.output_item.done") {
+      const item = get(event, "item");
+      if (get(item, "type") !== "function_call") return [];
+      const key = itemKey(get(item, "id"), get(event, "output_index"));
+      return this.assembly.hasEnded(key) ? [] : this.end(key, get(item, "arguments")); // `.done` already ended it
+    }
+    if (kind === "response.failed" || kind === "response.incomplete" || kind === "error") {
+      return this.assembly.endAll([], "stream_incomplete");
+    }
+    if (kind === "response.completed") return this.close();
+    return [];
+  }
+
+  close(): Answer[] {
+    return this.assembly.close();
+  }
+
+  private end(key: Key, final: unknown): Answer[] {
+    if (final !== undefined && final !== null && typeof final !== "string") {
+      return this.assembly.fail(`item ${key}: \`arguments\` is not a string`);
+    }
+    return this.assembly.end(key, typeof final === "string" ? final : undefined);
+  }
+}
+
+/** An output item's key: its id, or else its place in the output (a key no id can spell). */
+function itemKey(id: unknown, outputIndex: unknown): Key {
+  return typeof id === "string" && id !== "" ? id : `\u0000output:${String(outputIndex)}`;
 }

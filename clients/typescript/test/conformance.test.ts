@@ -17,7 +17,7 @@ import { callDigest, canonicalJson } from "../src/digest.js";
 import * as apb from "../src/gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type TurnCall } from "../src/guard.js";
-import { AnthropicToolStream } from "../src/streaming.js";
+import { AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream } from "../src/streaming.js";
 import { InvalidInputError, parseStrictJson } from "../src/json.js";
 import { type CallResult, MESSAGES } from "../src/results.js";
 import { ToolError, type ToolInvocation, ToolSet } from "../src/tools.js";
@@ -178,8 +178,10 @@ function shown(a: Answer) {
 describe("streams", () => {
   for (const c of load("streams.json")) {
     test(c.name, () => {
-      if (c.api === "anthropic") {
-        const stream = new AnthropicToolStream(c.limits ?? {});
+      if (c.api !== undefined) {
+        const adapters = { anthropic: AnthropicToolStream, chat_completions: ChatCompletionsToolStream,
+          responses: ResponsesToolStream } as const;
+        const stream = new adapters[c.api as keyof typeof adapters](c.limits ?? {});
         const answers = [...c.api_events.flatMap((event: unknown) => stream.feed(event)), ...stream.close()];
         assert.deepEqual(answers.map(shown), c.expect);
         assert.equal(stream.assembly.broken, c.broken ?? false);
