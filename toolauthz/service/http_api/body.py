@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from toolauthz.digest import MAX_DEPTH
 from toolauthz.service.failures import Failure, Status
-from toolauthz.service.http_api.answers import HttpRefusal
+from toolauthz.service.http_api.answers import UNSUPPORTED_MEDIA_TYPE, HttpRefusal
 from toolauthz.service.http_api.json_body import BodyShape, parse_body
 
 __all__ = ["OFF_LOOP_BYTES", "declares_body", "parse_json", "read_body"]
@@ -49,7 +49,8 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         return b""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json":
-        raise HttpRefusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"))
+        raise HttpRefusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"),
+                          UNSUPPORTED_MEDIA_TYPE)
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
