@@ -32,13 +32,15 @@ UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
 
 class HttpRefusal(Exception):
     """An HTTP-only refusal before any work (wrong media type, body too large); `code`:
-    the error code when it is not the failure's gRPC status name."""
+    the error code when it is not the failure's gRPC status name; `body_read`: the body
+    was read whole, so the connection may stay open."""
 
-    def __init__(self, http_status: int, failure: Failure, code: str = ""):
+    def __init__(self, http_status: int, failure: Failure, code: str = "", *, body_read: bool = False):
         super().__init__(failure.message)
         self.http_status = http_status
         self.failure = failure
         self.code = code
+        self.body_read = body_read
 
 
 def error_response(http_status: int, failure: Failure, *, code: str = "", close: bool = False,

@@ -143,7 +143,8 @@ class HttpApi:
                     members = await parse_json(body, route.shape) if route.shape is not None else {}
                     return await route.handle(request, members, seen)
             except HttpRefusal as refusal:
-                return error_response(refusal.http_status, refusal.failure, code=refusal.code, close=unread)
+                return error_response(refusal.http_status, refusal.failure, code=refusal.code,
+                                      close=unread and not refusal.body_read)
             except Exception as exc:  # noqa: BLE001 - the boundary
                 failure = failure_of(exc, where)
                 return error_response(failure.status.http_status, failure, close=unread)
