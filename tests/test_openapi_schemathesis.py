@@ -46,6 +46,8 @@ def http_port(tmp_path) -> Iterator[int]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(http_port, tmp_path):
