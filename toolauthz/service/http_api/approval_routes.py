@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,15 +37,13 @@ from toolauthz.model import TrustedContext
 from toolauthz.service.access import About, Gate
 from toolauthz.service.http_api.approval_json import approval_json, story_json
 from toolauthz.service.http_api.envelope import approval_id_of, call_story_of, viewer_of, wait_seconds_of
+from toolauthz.service.http_api.handlers import Body
 from toolauthz.service.observe import Observation
 from toolauthz.service.ownership import admit_approval_reader
 from toolauthz.service.roles import Rpc
 from toolauthz.service.watching import LoopNotifier, WatchLimits, watch_records
 from toolauthz.store.approvals import ApprovalRecord
 from toolauthz.store.ledger import CallOwner
-
-if TYPE_CHECKING:
-    from toolauthz.service.http_api.handlers import Body
 
 __all__ = ["MAX_STORY_RECORDS", "HttpApprovals"]
 
