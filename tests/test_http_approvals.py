@@ -223,7 +223,11 @@ def test_a_flood_of_waits_is_refused_at_once_decisions_go_on_and_a_disconnect_fr
     assert sidecar.watches.open_watches() == 2
     status, refused = ask(X, "/v1/approval/wait", {"approval_id": mine, "wait_seconds": 55})
     assert (status, refused["error"]["code"]) == (429, "RESOURCE_EXHAUSTED")
-    assert "approvals.max_watches" in refused["error"]["message"]
+    assert "(approvals.max_watches_per_caller)" in refused["error"]["message"]
+    status, refused = ask(CONSOLE, "/v1/approval/wait", {"approval_id": mine, "wait_seconds": 55})
+    assert (status, refused["error"]["code"]) == (429, "RESOURCE_EXHAUSTED")
+    assert "(approvals.max_watches)" in refused["error"]["message"]
+    assert admitted == [X, Y]  # the refused waits never held a place
     status, decided = ask(X, "/v1/authorize", _body(ctx=ALICE, call=Call(
         "toolu_small", "issue_refund", b'{"order_id": "ord_1", "amount_cents": 100}')))
     assert (status, decided["decision"]) == (200, "ALLOW")
