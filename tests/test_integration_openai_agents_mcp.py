@@ -244,3 +244,86 @@ def test_an_mcp_server_cannot_stand_in_for_a_function_tool(server, sidecar):
 def test_an_agent_only_governs_through_its_guard():
     with pytest.raises(TypeError, match="takes the SDK's `Agent`"):
         AgentsGuard(AsyncGuard.__new__(AsyncGuard)).agent(object())  # type: ignore[arg-type]
+
+
+def test_a_rejected_approval_never_reaches_the_server_even_if_the_sdk_approves(server, sidecar, channel):
+    shop = ShopServer()
+
+    async def scenario():
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
+            model = _approval_script()
+            agent = governed_agent(guarded, mcp, model)
+            result = await Runner.run(agent, "refund 60")
+            await asyncio.to_thread(AuthzClient(channel, timeout=5.0).decide_approval,
+                                    guarded.approval_ids["call_big"], BOB, "reject", "not this one")
+            state = result.to_state()
+            for item in result.interruptions:
+                state.approve(item)
+            return await Runner.run(agent, state), model
+
+    result, model = run(scenario())
+    assert shop.calls == [] and result.final_output == "refunded"
+    assert "rejected" in outputs_of(model)["call_big"].lower()
+    assert outcome_of(sidecar, "call_big") == "failed"
+
+
+def test_a_failing_mcp_tool_is_reported_once_with_the_sdks_failure_text(server, sidecar):
+    shop = ShopServer()
+
+    async def broken(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        shop.calls.append((params.name, params.arguments or {}))
+        raise RuntimeError("the order service is down")
+
+    shop.server = Server("shop", on_list_tools=shop._list, on_call_tool=broken)
+
+    async def scenario():
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
+            model = ScriptedModel([[function_call("lookup_order", {"order_id": "ord_1"}, call_id="call_down")],
+                                   [assistant_message("sorry")]])
+            result = await Runner.run(governed_agent(guarded, mcp, model), "look")
+            return result, outputs_of(model)
+
+    result, outputs = run(scenario())
+    assert result.final_output == "sorry"
+    assert shop.runs == Counter({"lookup_order": 1})
+    assert "shipped" not in outputs["call_down"]
+    assert outcome_of(sidecar, "call_down") == "completed"  # the SDK's invoker answered with its failure text
+    assert [e.kind for e in audit(sidecar, "call_down")][-2:] == ["verify", "outcome"]
+
+
+@pytest.fixture
+def prefixed_bundle(bundle_dir):
+    """The example bundle, with the shop server's lookup under the SDK's prefixed name."""
+    tool = (bundle_dir / "tools" / "lookup_order.yaml").read_text()
+    (bundle_dir / "tools" / "mcp_shop__lookup_order.yaml").write_text(
+        tool.replace("name: lookup_order", "name: mcp_shop__lookup_order", 1))
+    (bundle_dir / "mcp_shop.cedar").write_text(
+        'permit (principal, action == Action::"tool:mcp_shop__lookup_order", resource)\n'
+        "when { resource.owner == principal };\n")
+    return bundle_dir
+
+
+def test_with_server_prefixed_names_the_bundle_names_the_prefixed_tool(prefixed_bundle, server, sidecar):
+    shop = ShopServer()
+
+    async def scenario():
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
+            model = ScriptedModel([
+                [function_call("mcp_shop__lookup_order", {"order_id": "ord_1"}, call_id="call_look"),
+                 function_call("mcp_shop__issue_refund", {"order_id": "ord_1", "amount_cents": 100},
+                               call_id="call_refund")],
+                [assistant_message("done")]])
+            agent = Agent(name="support", instructions="help", mcp_servers=[mcp], model=guarded.model(model),
+                          mcp_config={"include_server_in_tool_names": True})
+            await Runner.run(guarded.agent(agent), "look")
+            return outputs_of(model)
+
+    outputs = run(scenario())
+    # the server's own tool name reaches the server; the bundle decided on the prefixed one
+    assert shop.calls == [("lookup_order", {"order_id": "ord_1"})]
+    assert "shipped" in outputs["call_look"]
+    assert sidecar.ledger.get("acme", "call_look").tool == "mcp_shop__lookup_order"
+    assert outputs["call_refund"].endswith("no tool named `mcp_shop__issue_refund` is available.")
