@@ -220,13 +220,8 @@ def test_an_mcp_tool_the_bundle_does_not_know_never_runs(server, sidecar):
 
 def test_an_mcp_server_cannot_stand_in_for_a_function_tool(server, sidecar):
     shop = ShopServer()
-    local = Counter()
-
-    @function_tool
-    def lookup_order(order_id: str) -> dict:
-        """Look an order up."""
-        local["lookup_order"] += 1
-        return {"order_id": order_id, "status": "local"}
+    local: Counter[str] = Counter()
+    lookup_order = _lookup_tool(local)
 
     async def scenario():
         async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
@@ -327,3 +322,57 @@ def test_with_server_prefixed_names_the_bundle_names_the_prefixed_tool(prefixed_
     assert "shipped" in outputs["call_look"]
     assert sidecar.ledger.get("acme", "call_look").tool == "mcp_shop__lookup_order"
     assert outputs["call_refund"].endswith("no tool named `mcp_shop__issue_refund` is available.")
+
+
+def _lookup_tool(runs: Counter) -> Any:
+    @function_tool
+    def lookup_order(order_id: str) -> dict:
+        """Look an order up."""
+        runs["lookup_order"] += 1
+        return {"order_id": order_id, "status": "local"}
+
+    return lookup_order
+
+
+def test_function_and_mcp_tools_of_one_turn_are_governed_together(server, sidecar):
+    shop = ShopServer()
+    shop.tools = [t for t in shop.tools if t.name == "issue_refund"]
+    local: Counter[str] = Counter()
+
+    async def scenario():
+        async with CountingClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
+            model = ScriptedModel([
+                [function_call("lookup_order", {"order_id": "ord_1"}, call_id="call_look"),
+                 function_call("issue_refund", {"order_id": "ord_1", "amount_cents": 1500}, call_id="call_small")],
+                [assistant_message("done")]])
+            await Runner.run(governed_agent(guarded, mcp, model, tools=[_lookup_tool(local)]), "refund 15")
+            return client.rpcs, outputs_of(model)
+
+    rpcs, outputs = run(scenario())
+    assert rpcs["AuthorizeBatch"] == 1  # both calls of the turn in one batch
+    assert local == Counter({"lookup_order": 1})
+    assert shop.calls == [("issue_refund", {"order_id": "ord_1", "amount_cents": 1500})]
+    assert "local" in outputs["call_look"] and "rf_ord_1_1500" in outputs["call_small"]
+    assert outcome_of(sidecar, "call_look") == outcome_of(sidecar, "call_small") == "completed"
+
+
+def test_an_unwrapped_function_tool_fails_the_run_before_anything_runs(server, sidecar):
+    shop = ShopServer()
+    shop.tools = [t for t in shop.tools if t.name == "issue_refund"]
+    local: Counter[str] = Counter()
+
+    async def scenario():
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet()))
+            model = ScriptedModel([[function_call("lookup_order", {"order_id": "ord_1"}, call_id="call_look")],
+                                   [assistant_message("done")]])
+            agent = governed_agent(guarded, mcp, model)
+            agent.tools.append(_lookup_tool(local))  # added after, never wrapped
+            with pytest.raises(UserError, match="tool `lookup_order` is not governed"):
+                await Runner.run(agent, "look")
+            return model
+
+    model = run(scenario())
+    assert local == Counter() and shop.calls == [] and model.last_call is None
+    assert sidecar.ledger.get("acme", "call_look") is None

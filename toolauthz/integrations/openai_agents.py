@@ -54,6 +54,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -99,6 +100,7 @@ class AgentsGuard:
         # call id -> the SDK's context and the invoker of the tool it called, while the call runs
         self._running: dict[str, tuple[ToolContext[Any], Invoker]] = {}
         self._origins: dict[str, object] = {}  # the wrapped tools' names -> where each comes from
+        self._invokers: weakref.WeakSet[Any] = weakref.WeakSet()  # the wrapped tools' on_invoke_tool
         self._turn: dict[str, tuple[str, str]] = {}  # the last model turn's calls: id -> (tool, argument text)
         self._decided: dict[str, asyncio.Future[pb.AuthorizeResponse | None]] = {}  # the turn's batch answers
 
@@ -122,7 +124,8 @@ class AgentsGuard:
         """The same agent, whose MCP servers' tools (`agent.mcp_servers`) are governed like
         its function tools: each time the SDK lists them (every turn, and when a RunState
         resumes), each becomes the wrapped FunctionTool under its SDK name, which is the
-        bundle's tool name. Its function tools are still wrapped with `tools()`."""
+        bundle's tool name. Its function tools are wrapped with `tools()`; one that is not
+        (added to `agent.tools` unwrapped) fails the run before the model is asked."""
         if not isinstance(agent, Agent):
             raise TypeError("AgentsGuard.agent takes the SDK's `Agent`")
         fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
@@ -155,7 +158,13 @@ class AgentsGuard:
         async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
             return await self._invoke(name, invoke, context, arguments)
 
+        self._invokers.add(on_invoke_tool)
         return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
+
+    def governs(self, tool: Tool) -> bool:
+        """Whether the SDK's tool runs through this Guard (hosted tools are not FunctionTools:
+        the provider runs them, and no adapter sees their calls)."""
+        return not isinstance(tool, FunctionTool) or tool.on_invoke_tool in self._invokers
 
     async def _run_invoker(self, args: Any, call: ToolInvocation) -> Any:
         """The tool's implementation in the Guard: the SDK's own invoker of the tool the SDK
@@ -253,6 +262,14 @@ class _GovernedAgent(Agent[Any]):
         if self.toolauthz is None:  # built without a Guard: no MCP tool runs ungoverned
             raise UserError("toolauthz: build a governed agent with `AgentsGuard.agent`")
         return [self.toolauthz.mcp_tool(tool) for tool in tools]
+
+    async def get_all_tools(self, run_context: RunContextWrapper[Any]) -> list[Tool]:
+        tools = await super().get_all_tools(run_context)
+        for tool in tools:
+            if self.toolauthz is None or not self.toolauthz.governs(tool):
+                raise UserError(f"toolauthz: tool `{getattr(tool, 'name', '?')}` is not governed: "
+                                "wrap the agent's function tools with `AgentsGuard.tools`")
+        return tools
 
 
 class _TurnReader(Model):
