@@ -376,3 +376,44 @@ def test_an_unwrapped_function_tool_fails_the_run_before_anything_runs(server, s
     model = run(scenario())
     assert local == Counter() and shop.calls == [] and model.last_call is None
     assert sidecar.ledger.get("acme", "call_look") is None
+
+
+def test_a_run_cancelled_while_the_server_works_reports_outcome_unknown(server, sidecar):
+    shop = ShopServer()
+    entered, hold = asyncio.Event(), asyncio.Event()
+
+    async def slow(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        shop.calls.append((params.name, params.arguments or {}))
+        entered.set()
+        await hold.wait()
+        return types.CallToolResult(content=[types.TextContent(text="late")])
+
+    shop.server = Server("shop", on_list_tools=shop._list, on_call_tool=slow)
+
+    async def scenario():
+        ended = asyncio.Event()
+
+        def observe(event):
+            if event.kind == "outcome" and event.call_id == "call_cut":
+                ended.set()
+
+        async with AsyncAuthzClient(f"127.0.0.1:{server[1]}") as client, connected(shop) as mcp:
+            guarded = AgentsGuard(AsyncGuard(client, alice_session(), ToolSet(), observer=observe))
+            model = ScriptedModel([
+                [function_call("issue_refund", {"order_id": "ord_1", "amount_cents": 1500}, call_id="call_cut")],
+                [assistant_message("done")]])
+            task = asyncio.ensure_future(Runner.run(governed_agent(guarded, mcp, model), "refund 15"))
+            try:
+                await entered.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await ended.wait()  # the SDK's run ends before its tool tasks do
+            finally:
+                hold.set()
+            return guarded.guard.result("call_cut")
+
+    result = run(scenario())
+    assert shop.runs == Counter({"issue_refund": 1})
+    assert (result.status, result.reported) == ("outcome_unknown", "recorded")
+    assert outcome_of(sidecar, "call_cut") == "outcome_unknown"
