@@ -83,9 +83,10 @@ _FUNCTION = "function"  # where a tool wrapped by `tools()` comes from
 
 
 class AgentsGuard:
-    """Wraps an SDK run's function tools around one AsyncGuard (one per model run: its
-    TrustedContext is that run's session). The Guard's ToolSet receives each wrapped
-    tool's implementation; give it an empty ToolSet (with output schemas if any).
+    """Wraps an SDK run's function tools (`tools`) and its agent's MCP servers' tools
+    (`agent`) around one AsyncGuard (one per model run: its TrustedContext is that run's
+    session). The Guard's ToolSet receives each wrapped tool's implementation; give it an
+    empty ToolSet (with output schemas if any).
 
     `approval_check_seconds`: when an invocation finds its call held for approval (a
     resumed RunState), how long the Guard watches the approval for a person's decision
