@@ -6,6 +6,7 @@ a revision that is not above the one it replaces."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator
 
@@ -196,20 +197,18 @@ def test_bundle_sign_refuses_a_revision_not_above_the_one_it_replaces(tmp_path, 
 
     private = tmp_path / "bundle-signing.pem"
     generate_key_file(private)
-    signed = toolauthz("bundle", "sign", str(bundle_dir), "--key", str(private), "--kid", "ci-1", "--revision", "10")
+    sign_as_ci = ("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1")
+    signed = toolauthz(*sign_as_ci, "--revision", "10")
     assert signed.returncode == 0, signed.stderr
     for revision in ("5", "10"):
-        refused = toolauthz("bundle", "sign", str(bundle_dir), "--key", str(private), "--kid", "ci-1",
-                            "--revision", revision)
+        refused = toolauthz(*sign_as_ci, "--revision", revision)
         assert refused.returncode == 1 and f"revision {revision} is not above 10" in refused.stderr
-    forced = toolauthz("bundle", "sign", str(bundle_dir), "--key", str(private), "--kid", "ci-1", "--revision", "5",
-                       "--force")
+    forced = toolauthz(*sign_as_ci, "--revision", "5", "--force")
     assert forced.returncode == 0, forced.stderr
-    assert toolauthz("bundle", "sign", str(bundle_dir), "--key", str(private), "--kid", "ci-1",
-                     "--revision", "6").returncode == 0
+    assert toolauthz(*sign_as_ci, "--revision", "6").returncode == 0
     # An unreadable signature it would replace is refused too (never silently dropped).
     (bundle_dir / SIGNATURE_FILE).write_text("not json")
-    refused = toolauthz("bundle", "sign", str(bundle_dir), "--key", str(private), "--kid", "ci-1", "--revision", "7")
+    refused = toolauthz(*sign_as_ci, "--revision", "7")
     assert refused.returncode == 1 and "cannot read the revision" in refused.stderr
     assert "\n" not in refused.stderr.strip()
 
@@ -218,7 +217,9 @@ def test_a_reload_that_needs_a_restart_says_so_in_the_log_and_status(sidecar, bu
     assert sidecar.authorizer.retainer is None  # no tool retained its inputs at start
     path = bundle_dir / "tools" / "issue_refund.yaml"
     path.write_text(path.read_text().replace("audit:\n", "audit:\n  retain_input: 30d\n"))
-    assert sidecar.reloader.reload() is True
+    # At WARNING on the package's logger whatever an earlier test left its level at.
+    with caplog.at_level(logging.WARNING, logger="toolauthz"):
+        assert sidecar.reloader.reload() is True
     [notice] = sidecar.status().policy.notices
     assert "restart needed" in notice and "`issue_refund`" in notice and "audit.retain_input" in notice
     assert any("restart needed" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
