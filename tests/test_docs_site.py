@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,49 @@ def test_the_readme_is_a_front_page_with_the_quickstart_unchanged():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) < 300
     assert QUICKSTART in readme
+
+
+# One port per listener across every example (docs/ports.md): a setting and the port its
+# examples give it. Two listeners sharing a port in the docs is how a newcomer's second
+# example fails to start beside the first.
+PORT_PLAN = {"console_listen": {"8700"}, "--console-listen": {"8700"}, "http_listen": {"8080"},
+             "metrics_listen": {"9464", "9090"}, "approvals_listen": {"50052"}}
+SETTING_WITH_ADDRESS = re.compile(r"(?P<setting>--console-listen|console_listen|http_listen|metrics_listen|"
+                                  r"approvals_listen)\b[^\n]*?\b(?:127\.0\.0\.1|0\.0\.0\.0|localhost):(?P<port>\d+)")
+EXAMPLE_SUFFIXES = {".md", ".yaml", ".yml", ".py", ".sh", ".ts", ".json"}
+
+
+def _example_files() -> list[pathlib.Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for folder in ("examples", "deploy", "scripts"):
+        found += [p for p in sorted((ROOT / folder).rglob("*"))
+                  if p.suffix in EXAMPLE_SUFFIXES and "node_modules" not in p.parts]
+    return [p for p in found if p.name != "performance.md"]
+
+
+def test_every_example_uses_the_port_plan():
+    wrong = []
+    for path in _example_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            for match in SETTING_WITH_ADDRESS.finditer(line):
+                if match.group("port") not in PORT_PLAN[match.group("setting")]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)}")
+    assert not wrong, "ports outside docs/ports.md's plan:\n" + "\n".join(wrong)
+    plan = (ROOT / "docs" / "ports.md").read_text(encoding="utf-8")
+    for ports in PORT_PLAN.values():
+        assert all(f"| {port} |" in plan for port in ports)
+
+
+def test_the_port_check_finds_a_collision():
+    assert SETTING_WITH_ADDRESS.search("toolauthz serve --console-listen 127.0.0.1:8080").group("port") == "8080"
+    assert SETTING_WITH_ADDRESS.search("console_listen: 127.0.0.1:8700      # HOST:PORT").group("port") == "8700"
+
+
+def test_the_performance_page_is_current_and_dated():
+    lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 600
+    for number, line in enumerate(lines):
+        if line.startswith("|---"):
+            before = " ".join(lines[max(0, number - 16):number])
+            dated = re.search(r"commit [0-9a-f]{7}", before, re.IGNORECASE)
+            assert dated, f"docs/performance.md:{number + 1}: a table without its commit and machine"
