@@ -144,3 +144,19 @@ def test_the_performance_page_is_current_and_dated():
             before = " ".join(lines[max(0, number - 16):number])
             dated = re.search(r"commit [0-9a-f]{7}", before, re.IGNORECASE)
             assert dated, f"docs/performance.md:{number + 1}: a table without its commit and machine"
+
+
+def test_every_excerpt_names_what_checks_it():
+    """An excerpt is not run by tests/test_docs.py; its reason names the test, example or
+    script that runs the whole thing, and that file exists."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_docs import ALL_BLOCKS
+
+    named = re.compile(r"\b(?:tests|examples|clients|scripts|bench|deploy)/[\w./*-]*\w")  # a glob may name several
+    unchecked = []
+    for block in ALL_BLOCKS:
+        if block.excerpt is None:
+            continue
+        if not any(any(ROOT.glob(found)) for found in named.findall(block.excerpt)):
+            unchecked.append(f"{block.where}: {block.excerpt}")
+    assert not unchecked, "excerpts that name nothing checking them:\n" + "\n".join(unchecked)
