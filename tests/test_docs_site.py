@@ -51,6 +51,8 @@ def test_the_site_builds_strict_with_the_readme_as_front_page(tmp_path):
     assert done.returncode == 0, done.stderr[-5000:]
     front = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert "scripts/serve.sh" in front and 'href="contract/"' in front
+    http = (tmp_path / "site" / "http-reference" / "index.html").read_text(encoding="utf-8")
+    assert "/v1/authorize-batch" in http and 'id="authorizerequest"' in http  # rendered from docs/openapi.yaml
 
 
 @pytest.mark.parametrize("mistake, said", [
