@@ -2,7 +2,7 @@
 # Creates .venv with the exact pinned dependencies and the package in editable mode:
 # the runtime (requirements.lock) only, or with --dev the test and development tools too
 # (requirements-dev.lock, which includes the runtime lock), the agent frameworks of the
-# adapters (requirements-integrations.lock), and a wheelhouse of the SDK's own lock
+# adapters (requirements-integrations.lock), mkdocs for the docs site (requirements-docs.lock), and a wheelhouse of the SDK's own lock
 # (requirements-client.lock) from which tests/test_client_install.py installs the SDK
 # alone into a fresh venv, offline.
 # Idempotent: a second run only re-checks what is installed.
@@ -20,7 +20,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra_locks=()
 if [ "$lock" = requirements-dev.lock ]; then
-  extra_locks=(requirements-integrations.lock requirements-integrations-b.lock requirements-client.lock)
+  extra_locks=(requirements-integrations.lock requirements-integrations-b.lock requirements-client.lock requirements-docs.lock)
 fi
 stale=0
 for file in requirements.lock "$lock" pyproject.toml "${extra_locks[@]}"; do
@@ -33,6 +33,8 @@ if [ "$stale" = 1 ]; then
     # The agent frameworks the adapters' tests drive, each lock on top of the dev lock.
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-integrations.lock
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-integrations-b.lock
+    # The documentation site's builder (mkdocs.yml, tests/test_docs_site.py).
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-docs.lock
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
       -r requirements-client.lock -d .venv/wheelhouse-client
   fi

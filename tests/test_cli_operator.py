@@ -329,8 +329,8 @@ def _the_remote_commands_answer(workdir: pathlib.Path, address: str) -> None:
     assert "no --entities were given" in hinted["detail"]["hint"]
 
 
-def test_the_readme_config_block_is_a_valid_config(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_config_block_is_a_valid_config(tmp_path):
+    readme = (ROOT / "docs" / "command-line.md").read_text()
     block = readme.split("The common ones:\n\n```yaml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "readme.yaml"
     path.write_text(block)

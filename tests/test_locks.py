@@ -90,3 +90,13 @@ def test_the_integrations_lock_adds_only_the_frameworks_and_what_they_need():
     assert {"openai-agents", "langgraph", "langchain-core"} <= set(frameworks)
     for name, version in frameworks.items():
         assert metadata.version(name) == version, f"{name}: installed {metadata.version(name)}, locked {version}"
+
+
+def test_the_docs_lock_adds_only_the_site_builder_and_what_it_needs():
+    below = {**_pins(ROOT / "requirements.lock"), **_pins(ROOT / "requirements-dev.lock"),
+             **_pins(ROOT / "requirements-integrations.lock"), **_pins(ROOT / "requirements-integrations-b.lock")}
+    docs = _pins(ROOT / "requirements-docs.lock")
+    assert not set(docs) & set(below)
+    assert set(docs) == _closure(["mkdocs", "mkdocs-material"]) - set(below)
+    for name, version in docs.items():
+        assert metadata.version(name) == version, f"{name}: installed {metadata.version(name)}, locked {version}"
