@@ -270,10 +270,10 @@ def test_one_line_per_listener_says_what_its_callers_may_do(pki):
     assert listener_notices(development, []) == [
         (logging.WARNING, "listener 127.0.0.1:50051 (authorizer, audit): callers are not authenticated (plaintext): "
          "whoever reaches it may call every RPC of its services as any principal and approver (development mode; "
-         "see README, Threat model)"),
+         "see docs/threat-model.md)"),
         (logging.WARNING, "listener 127.0.0.1:50052 (approvals): callers are not authenticated (plaintext): "
          "whoever reaches it may call every RPC of its services as any principal and approver (development mode; "
-         "see README, Threat model)")]
+         "see docs/threat-model.md)")]
     # The same plaintext listener with callers configured: GetKeys only, said so.
     [(level, line)] = listener_notices(development[:1], callers)
     assert (level, line) == (logging.INFO, "listener 127.0.0.1:50051 (authorizer, audit): callers are not "

@@ -40,7 +40,7 @@ def _notice(listener: ListenerSettings, callers: Sequence[CallerSettings], http:
            else "a Unix socket without `identity`" if listener.address.startswith(UNIX_PREFIX) else "plaintext")
     if not callers:
         return logging.WARNING, (f"{what}: callers are not authenticated ({how}): whoever reaches it "
-                                 f"{ANY_PRINCIPAL} (development mode; see README, Threat model)")
+                                 f"{ANY_PRINCIPAL} (development mode; see docs/threat-model.md)")
     return logging.INFO, (f"{what}: callers are not authenticated ({how}): with `callers` configured, they may "
                           f"call GetKeys only")
 

@@ -139,8 +139,8 @@ def check_listener(listener: ListenerSettings) -> Address:
         raise ToolAuthzError(
             f"{where} is off loopback without TLS: anyone who reaches it could act as any principal and "
             f"approver. Give it `tls:` (with `client_ca:` to authenticate callers), listen on 127.0.0.1 or a "
-            f"Unix socket, or say `insecure: true` in its entry of `listeners:` or `http_listeners:` (see README, "
-            f"Threat model)")
+            f"Unix socket, or say `insecure: true` in its entry of `listeners:` or `http_listeners:` (see "
+            f"docs/threat-model.md)")
     if listener.tls is not None:
         load_tls(listener.tls)
     return address

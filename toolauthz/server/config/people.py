@@ -15,7 +15,7 @@ Role = Literal["runtime", "approver", "auditor"]
 
 class CallerSettings(StrictModel):
     """A caller identity (as its listener proves it) and what it may do: its roles, in
-    its tenants ("*": every tenant). See README "Callers and roles"."""
+    its tenants ("*": every tenant). See docs/contract.md, "Callers and roles"."""
 
     id: str = Field(min_length=1, max_length=1024)
     """The caller identity its listener proves: a certificate's URI SAN, `cn:NAME`, or a Unix socket's
@@ -28,7 +28,7 @@ class CallerSettings(StrictModel):
 
 class OidcApproverSettings(StrictModel):
     """The identity provider whose ID tokens prove who decides an approval, and the
-    tenants it is trusted for (README "Callers and roles")."""
+    tenants it is trusted for (docs/contract.md, "Callers and roles")."""
 
     issuer: str = Field(min_length=1)
     """The identity provider's issuer (`iss`), an https:// URL with `discovery`."""
