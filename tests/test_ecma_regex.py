@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolauthz.bundle.catalog import load_catalog, reference_validator
-from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_regex, ecma_schema
+from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_regex
+from toolauthz.bundle.ecma_schema import ecma_schema
 from toolauthz.errors import Problem
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"

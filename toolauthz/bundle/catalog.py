@@ -17,7 +17,8 @@ import jsonschema.validators
 from jsonschema import Draft202012Validator, FormatChecker
 
 from toolauthz.bundle.dialects import DIALECTS, DRAFT_07, DRAFT_2019_09, DRAFT_2020_12, NotTranslatable, to_2020_12
-from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, ecma_schema, is_ecma_regex
+from toolauthz.bundle.ecma_regex import NotEcmaRegex, UnknownSchemaPlace, is_ecma_regex
+from toolauthz.bundle.ecma_schema import ecma_schema
 from toolauthz.bundle.entity_graph import ENTITY_TYPE_NAME
 from toolauthz.bundle.fast_schema import fast_validator
 from toolauthz.bundle.meters import Meter, parse_usage

@@ -32,10 +32,11 @@ from ulid import ULID
 
 from toolauthz import __version__
 from toolauthz.client import AsyncAuthzClient, AsyncGuard, GuardEvent, Principal, ToolSet, TrustedContext
-from toolauthz.client.results import APPROVAL_PENDING, COMPLETED, CallResult
+from toolauthz.client.results import APPROVAL_PENDING, CallResult
 from toolauthz.clock import Clock, SystemClock
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
+from toolauthz.mcp_proxy.answers import advertised, error_result, to_mcp
 from toolauthz.mcp_proxy.auth import AccessTokenVerifier, ResourceServer, caller_of
 from toolauthz.mcp_proxy.catalog import Catalog, Drift, sidecar_catalog
 from toolauthz.mcp_proxy.client_requests import ClientRequests
@@ -43,8 +44,7 @@ from toolauthz.mcp_proxy.governed import Governed
 from toolauthz.mcp_proxy.governed_requests import GovernedRequests
 from toolauthz.mcp_proxy.hosts import transport_security
 from toolauthz.mcp_proxy.list_watch import ListWatch
-from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
-from toolauthz.mcp_proxy.pins import PinnedTool
+from toolauthz.mcp_proxy.passthrough import LogRelay, instructions_of, relaying_progress
 from toolauthz.mcp_proxy.refusal_tally import RefusalTally, Report
 from toolauthz.mcp_proxy.runs import (
     RUN_META_KEY,
@@ -62,9 +62,6 @@ __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
 
 log = logging.getLogger("toolauthz.mcp_proxy")
 TOOL_CHANGED = "tool_changed"
-STATUS_META_KEY = "io.toolauthz/status"  # a result's CallResult.status, when not completed
-CODE_META_KEY = "io.toolauthz/code"
-APPROVAL_META_KEY = "io.toolauthz/approval_id"
 REFUSAL_FLUSH_SECONDS = 5.0  # how often the counts of ended minutes are written (refusal_tally.py)
 _MAX_RUNS = 4096  # Guards (and pending approvals) kept for replay answers; the sidecar's single use covers the rest
 
@@ -259,14 +256,8 @@ class McpProxy:
     async def _list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         self.note_session(ctx)
         exposed = await self.refresh()
-        return types.ListToolsResult(tools=[self._advertised(self.catalog.pins[name], exposed[name])
+        return types.ListToolsResult(tools=[advertised(self.catalog.pins[name], exposed[name])
                                             for name in await self.visible(ctx, exposed)])
-
-    @staticmethod
-    def _advertised(pinned: PinnedTool, upstream: types.Tool | None = None) -> types.Tool:
-        return types.Tool(name=pinned.name, description=pinned.description, input_schema=dict(pinned.input_schema),
-                          output_schema=dict(pinned.output_schema) if pinned.output_schema is not None else None,
-                          annotations=annotations_of(pinned, upstream))
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         run = self.run_of(ctx)
@@ -281,22 +272,22 @@ class McpProxy:
         if broken is not None and name in self.catalog.pins:
             log.warning("tool_changed: refused a call of %s in run %s", display(name), run.name)
             await self.audit_refusal(run, call_id(run, ctx.request_id), name, broken)
-            return _error(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
-                          "refused until its catalog entry is updated. The call was not executed.")
+            return error_result(f"The tool `{name}` changed on its server since it was reviewed; calls to it are "
+                                "refused until its catalog entry is updated. The call was not executed.")
         if name not in exposed:
             upstream = self.catalog.upstream_of(name)
             if upstream is not None and not upstream.connected:
                 await self._audit_unavailable(run, call_id(run, ctx.request_id), name)
-                return _error(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the call was "
-                              "not executed. Try again later.")
-            return _error("The tool is not available here; the call was not executed.")
+                return error_result(f"The tool's server is unavailable right now ({UPSTREAM_UNAVAILABLE}); the "
+                                    "call was not executed. Try again later.")
+            return error_result("The tool is not available here; the call was not executed.")
         try:
             input_json = json.dumps(params.arguments or {}, ensure_ascii=False, separators=(",", ":"),
                                     allow_nan=False)
         except (TypeError, ValueError, RecursionError):
-            return _error("The arguments are not valid JSON; the call was not executed.")
+            return error_result("The arguments are not valid JSON; the call was not executed.")
         result = await self.guarded(ctx, run, name, input_json)
-        return self._to_mcp(result, self.catalog.pins[name], self.catalog.answered.pop(result.call_id))
+        return to_mcp(result, self.catalog.pins[name], self.catalog.answered.pop(result.call_id))
 
     def _caller(self, ctx: Any) -> Caller:
         """Who the request acts for: the configured identity, or the one the request's
@@ -394,25 +385,3 @@ class McpProxy:
                                                               related_request_id=call.ctx.request_id)
         except Exception:  # logged; progress is a courtesy, the call goes on without it
             log.debug("could not send a progress notification", exc_info=True)
-
-    @staticmethod
-    def _to_mcp(result: CallResult, pinned: PinnedTool,
-                upstream_content: list[types.ContentBlock] | None = None) -> types.CallToolResult:
-        """A completed call is the tool's output; anything else (a pending approval too) is
-        `isError: true` with the Guard's model-safe text, and `_meta` says which it is:
-        the same shape as CallResult.to_tool_result. A structured result keeps the
-        upstream's own content blocks (its text as sent), when this call fetched them."""
-        if result.status != COMPLETED:
-            meta = {STATUS_META_KEY: result.status, CODE_META_KEY: result.code}
-            if result.approval_id:
-                meta[APPROVAL_META_KEY] = result.approval_id
-            return types.CallToolResult(content=[types.TextContent(text=result.content)], is_error=True, meta=meta)
-        if pinned.output_schema is not None:
-            content = upstream_content or [types.TextContent(text=json.dumps(result.output, ensure_ascii=False))]
-            return types.CallToolResult(content=content, structured_content=result.output)
-        return types.CallToolResult.model_validate({"content": result.output})
-
-
-def _error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-
