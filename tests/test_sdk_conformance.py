@@ -63,6 +63,15 @@ def test_digest(case):
                        call_id=call["call_id"]) == case["expect"]["digest"]
 
 
+def test_the_stream_cases_cover_what_the_sdks_once_got_wrong():
+    names = {c["name"] for c in STREAMS}
+    assert {"anthropic_server_tool_blocks_and_their_deltas_are_ignored",
+            "anthropic_a_tool_block_opened_over_a_server_block_breaks_the_stream",
+            "anthropic_surrogate_pair_split_across_fragments", "lone_surrogates_are_refused_invalid_unicode",
+            "tool_names_take_mcp_characters_up_to_128"} <= names
+    assert any("digest" in c for c in STREAMS)
+
+
 def test_the_digest_cases_cover_what_naive_encoders_get_wrong():
     names = {c["name"] for c in DIGESTS}
     assert {"utf16_order", "numbers", "nfc", "nfd", "keys_by_utf16_units", "exponent_thresholds",
@@ -212,6 +221,19 @@ def _answer(answer) -> dict:
     return {"call_id": answer.call_id, "name": answer.name, "refused": answer.code}
 
 
+def _check_digest(case: dict, answers: list) -> None:
+    """A case's `digest`: the assembled call digests as its unsplit arguments do, to the value pinned."""
+    want = case.get("digest")
+    if want is None:
+        return
+    fields = {"principal_type": want["principal"]["type"], "principal_id": want["principal"]["id"],
+              "tenant": want["tenant"], "call_id": want["call_id"]}
+    [call] = [a for a in answers if a.call_id == want["call_id"]]
+    unsplit = want["unsplit_input_json"].encode("utf-8")
+    assert call_digest(tool=call.name, input=parse_strict_json(call.input_json, max_bytes=1 << 20), **fields) \
+        == call_digest(tool=call.name, input=parse_strict_json(unsplit, max_bytes=1 << 20), **fields) == want["expect"]
+
+
 @pytest.mark.parametrize("case", STREAMS, ids=[c["name"] for c in STREAMS])
 def test_stream_assembly(case):
     if "api" in case:
@@ -221,6 +243,7 @@ def test_stream_assembly(case):
         answers = [a for event in case["api_events"] for a in stream.feed(event)] + stream.close()
         assert [_answer(a) for a in answers] == case["expect"]
         assert stream.assembly.broken == case.get("broken", False)
+        _check_digest(case, answers)
         return
     assembly = CallAssembly(case.get("limits", {}), **({"max_calls": case["max_calls"]} if "max_calls" in case else {}))
     answers: list = []
@@ -238,6 +261,7 @@ def test_stream_assembly(case):
             raise AssertionError(f"unknown event {kind}")
     assert [_answer(a) for a in answers] == case["expect"]
     assert assembly.broken == case.get("broken", False)
+    _check_digest(case, answers)
 
 
 # ---- the model-safe texts -----------------------------------------------------------------

@@ -12,16 +12,20 @@
  *   then replays the first result), else `call_id_reused`;
  * - an unusable call id: `invalid_call_id`; more than `maxCalls` blocks: `too_many_calls`;
  * - the stream ends with a call open: `stream_incomplete`;
+ * - text fragments are joined as text: an SDK that decoded the event's JSON hands over a
+ *   character outside the BMP in its two UTF-16 halves when the provider split it
+ *   (`"\ud83d"` then `"\ude00"`), and the halves join into the one character, so the
+ *   call has the same bytes (and digest) as the unsplit call; a half left alone (a lone
+ *   surrogate) has no UTF-8 and is refused `invalid_unicode`;
  * - a fragment for a block never opened or already ended, or a block opened twice,
  *   breaks the stream: every open and every later call is refused `stream_broken`.
  */
-import { checkCallId, rawJson } from "./context.js";
+import { checkCallId, TOOL_NAME } from "./context.js";
 
 export const DEFAULT_MAX_INPUT_BYTES = 65536; // the sidecar's default `limits.max_input_bytes`
 export const MAX_CALLS = 64; // one turn's batch
 const MAX_NAME_CHARS = 256;
 const MAX_PROBLEMS = 16;
-const TOOL_NAME = /^[A-Za-z][A-Za-z0-9_.-]{0,63}$/;
 
 export const REFUSALS: Readonly<Record<string, string>> = Object.freeze({
   input_too_large: "The call's arguments are larger than this tool accepts; it was not executed.",
@@ -31,6 +35,7 @@ export const REFUSALS: Readonly<Record<string, string>> = Object.freeze({
   stream_broken: "The response stream was malformed; the call was not executed.",
   stream_mismatch: "The call's streamed arguments disagree with its final arguments; it was not executed.",
   too_many_calls: "Too many tool calls were proposed at once; this one was not executed.",
+  invalid_unicode: "The call's arguments are not valid Unicode text; it was not executed.",
 });
 
 /** A call whose block ended: the exact argument bytes the model sent, for the Guard. */
@@ -55,6 +60,7 @@ class Open {
   chunks: Uint8Array[] = [];
   size = 0;
   refused = "";
+  high = ""; // a high surrogate that ended the last text fragment: its pair may follow
   constructor(readonly callId: string, readonly name: string, readonly limit: number) {}
 
   bytes(): Uint8Array {
@@ -105,7 +111,8 @@ export class CallAssembly {
       return this.fail(`a fragment for block ${JSON.stringify(key)}, which ${why}`);
     }
     if (call.refused) return [];
-    const piece = rawJson(fragment);
+    const piece = CallAssembly.piece(call, fragment);
+    if (piece === null) return this.refuse(call, "invalid_unicode");
     if (call.size + piece.length > call.limit) return this.refuse(call, "input_too_large");
     call.chunks.push(piece);
     call.size += piece.length;
@@ -121,9 +128,11 @@ export class CallAssembly {
     this.open_.delete(key);
     this.ended.add(key);
     if (call.refused) return [];
+    if (call.high) return this.refuse(call, "invalid_unicode");
     let data = call.bytes();
     if (final !== undefined) {
-      const whole = rawJson(final);
+      const whole = typeof final === "string" ? utf8(final) : new Uint8Array(final);
+      if (whole === null) return this.refuse(call, "invalid_unicode");
       if (data.length > 0 && !Buffer.from(data).equals(whole)) return this.refuse(call, "stream_mismatch");
       if (data.length === 0) {
         if (whole.length > call.limit) return this.refuse(call, "input_too_large");
@@ -177,6 +186,21 @@ export class CallAssembly {
     return answers;
   }
 
+  /**
+   * A fragment's bytes, holding back a high surrogate at its end until the next fragment
+   * says whether its pair follows; null for a surrogate left alone.
+   */
+  private static piece(call: Open, fragment: string | Uint8Array): Uint8Array | null {
+    if (typeof fragment !== "string") return call.high ? null : new Uint8Array(fragment);
+    let text = call.high + fragment;
+    call.high = "";
+    if (text.length > 0 && isHighSurrogate(text.charCodeAt(text.length - 1))) {
+      call.high = text.slice(-1);
+      text = text.slice(0, -1);
+    }
+    return utf8(text);
+  }
+
   private limit(name: string): number {
     const limit = TOOL_NAME.test(name) ? this.limitOf(name) : undefined;
     return typeof limit === "number" && Number.isInteger(limit) && limit > 0 ? limit : this.defaultLimit;
@@ -185,7 +209,17 @@ export class CallAssembly {
   private refuse(call: Open, code: string): Answer[] {
     call.refused = code;
     call.chunks = []; // a refused call's text is never kept
+    call.high = "";
     if (!this.finished.has(call.callId)) this.finished.set(call.callId, null);
     return [{ callId: call.callId, name: call.name, refused: code, content: REFUSALS[code]! }];
   }
+}
+
+function isHighSurrogate(unit: number): boolean {
+  return unit >= 0xd800 && unit <= 0xdbff;
+}
+
+/** UTF-8 of text whose surrogate pairs make their characters; null when a surrogate is alone (no UTF-8 exists for it). */
+function utf8(text: string): Uint8Array | null {
+  return text.isWellFormed() ? new TextEncoder().encode(text) : null;
 }

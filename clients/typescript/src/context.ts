@@ -8,6 +8,8 @@ import { InvalidInputError, type JsonValue, parseStrictJson } from "./json.js";
 
 // The sidecar's allow-lists (toolauthz/model.py); `$` without the `m` flag ends the input.
 export const TENANT = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+/** A tool's name: MCP's tool-name characters, 1 to 128 of them (toolauthz/model.py TOOL_NAME). */
+export const TOOL_NAME = /^[A-Za-z0-9_.-]{1,128}$/;
 export const PRINCIPAL_TYPE = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
 export const PRINCIPAL_ID = /^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}$/;
 export const CALL_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$/;

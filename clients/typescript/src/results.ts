@@ -10,13 +10,13 @@
  *     approval_pending waits for a person; running the same call id again resumes it
  *     rejected         this proposal was refused without touching the call it names
  */
+import { TOOL_NAME } from "./context.js";
 
 export type Status = "completed" | "failed" | "cancelled" | "outcome_unknown" | "approval_pending" | "rejected";
 export type Reported = "recorded" | "already_recorded" | "not_in_ledger" | "not_reported" | "conflict"
   | "report_failed";
 export const TERMINAL: ReadonlySet<Status> = new Set(["completed", "failed", "cancelled", "outcome_unknown"]);
 
-const TOOL_NAME = /^[A-Za-z][A-Za-z0-9_.-]{0,63}$/;
 
 export const MESSAGES: Readonly<Record<string, string>> = Object.freeze({
   cancelled: "The call was cancelled before it started; it was not executed.",

@@ -15,9 +15,14 @@
  *
  * `AnthropicToolStream`, the Messages API: `content_block_start` with a `tool_use` block
  * opens a call keyed by the block's index; `input_json_delta` appends `partial_json`;
- * `content_block_stop` ends it; `message_stop` closes the stream. Text, thinking and
- * server-tool blocks are ignored, but an `input_json_delta` for one of them breaks the
- * stream.
+ * `content_block_stop` ends it; `message_stop` closes the stream. Blocks the provider
+ * runs itself (`server_tool_use`, `mcp_tool_use`, `web_search_tool_result`, any block type
+ * other than `tool_use`, `text`, `thinking` and `redacted_thinking`) are tracked and
+ * ignored, their `input_json_delta`s too: they are not calls this runtime executes, and
+ * client tool calls after them in the turn assemble as usual. Text and thinking blocks
+ * carry no arguments: an `input_json_delta` for one breaks the stream. A block opened at
+ * an index already used (a tool block over a server block would run with no arguments)
+ * breaks it too.
  *
  *     const stream = new AnthropicToolStream({ issue_refund: 4096 });
  *     for await (const event of modelStream) answers.push(...stream.feed(event));
@@ -32,9 +37,15 @@ function get(value: unknown, key: string): unknown {
   return typeof value === "object" && value !== null && !Array.isArray(value) ? (value as Event)[key] : undefined;
 }
 
+// The Messages API's blocks that are not run on the provider's side: a client tool call
+// and the blocks that never carry arguments. Every other block type is the provider's.
+const CLIENT_TOOL_BLOCK = "tool_use";
+const ARGUMENTLESS_BLOCKS: ReadonlySet<unknown> = new Set(["text", "thinking", "redacted_thinking"]);
+
 export class AnthropicToolStream {
   readonly assembly: CallAssembly;
-  private readonly otherBlocks = new Set<unknown>();
+  private readonly otherBlocks = new Set<Key>(); // text and thinking
+  private readonly serverBlocks = new Set<Key>(); // run by the provider: tracked, ignored
 
   constructor(limits: ConstructorParameters<typeof CallAssembly>[0] = {}, options: ConstructorParameters<typeof CallAssembly>[1] = {}) {
     this.assembly = new CallAssembly(limits, options);
@@ -50,8 +61,11 @@ export class AnthropicToolStream {
     const key = typeof index === "number" || typeof index === "string" ? index : String(index);
     if (kind === "content_block_start") {
       const block = get(event, "content_block");
-      if (get(block, "type") !== "tool_use") {
-        this.otherBlocks.add(key);
+      const blockType = get(block, "type");
+      // a tool block opened over a server block would run with no arguments
+      if (this.seen(key)) return this.assembly.fail(`block ${JSON.stringify(key)} opened twice`);
+      if (blockType !== CLIENT_TOOL_BLOCK) {
+        (ARGUMENTLESS_BLOCKS.has(blockType) ? this.otherBlocks : this.serverBlocks).add(key);
         return [];
       }
       const id = get(block, "id");
@@ -65,6 +79,7 @@ export class AnthropicToolStream {
       return answers;
     }
     if (kind === "content_block_delta") {
+      if (this.serverBlocks.has(key)) return [];
       const delta = get(event, "delta");
       if (get(delta, "type") !== "input_json_delta") {
         return this.otherBlocks.has(key) || this.assembly.isOpen(key) ? []
@@ -75,7 +90,9 @@ export class AnthropicToolStream {
       if (typeof fragment !== "string") return this.assembly.fail(`block ${JSON.stringify(key)}: \`partial_json\` is not a string`);
       return this.assembly.append(key, fragment);
     }
-    if (kind === "content_block_stop") return this.otherBlocks.has(key) ? [] : this.assembly.end(key);
+    if (kind === "content_block_stop") {
+      return this.otherBlocks.has(key) || this.serverBlocks.has(key) ? [] : this.assembly.end(key);
+    }
     if (kind === "message_stop") return this.close();
     return [];
   }
@@ -83,6 +100,11 @@ export class AnthropicToolStream {
   /** The stream ended (or was abandoned): every call still open is refused. */
   close(): Answer[] {
     return this.assembly.close();
+  }
+
+  private seen(key: Key): boolean {
+    return this.otherBlocks.has(key) || this.serverBlocks.has(key) || this.assembly.isOpen(key)
+      || this.assembly.hasEnded(key);
   }
 }
 

@@ -175,6 +175,20 @@ function shown(a: Answer) {
     : { call_id: a.callId, name: a.name, input_json: Buffer.from(a.inputJson).toString("utf8") };
 }
 
+/** A case's `digest`: the assembled call digests as its unsplit arguments do, to the value pinned. */
+function checkDigest(c: any, answers: Answer[]): void {
+  const want = c.digest;
+  if (want === undefined) return;
+  const calls = answers.filter((a) => a.callId === want.call_id);
+  assert.equal(calls.length, 1);
+  const call = calls[0]!;
+  assert.ok(!("refused" in call));
+  const fields = { tool: call.name, tenant: want.tenant, callId: want.call_id,
+    principalType: want.principal.type, principalId: want.principal.id };
+  assert.equal(callDigest(fields, parseStrictJson(call.inputJson)), want.expect);
+  assert.equal(callDigest(fields, parseStrictJson(Buffer.from(want.unsplit_input_json, "utf8"))), want.expect);
+}
+
 describe("streams", () => {
   for (const c of load("streams.json")) {
     test(c.name, () => {
@@ -185,6 +199,7 @@ describe("streams", () => {
         const answers = [...c.api_events.flatMap((event: unknown) => stream.feed(event)), ...stream.close()];
         assert.deepEqual(answers.map(shown), c.expect);
         assert.equal(stream.assembly.broken, c.broken ?? false);
+        checkDigest(c, answers);
         return;
       }
       const assembly = new CallAssembly(c.limits ?? {}, c.max_calls !== undefined ? { maxCalls: c.max_calls } : {});
@@ -198,6 +213,7 @@ describe("streams", () => {
       }
       assert.deepEqual(answers.map(shown), c.expect);
       assert.equal(assembly.broken, c.broken ?? false);
+      checkDigest(c, answers);
     });
   }
 });

@@ -102,6 +102,50 @@ describe("Vercel AI SDK", () => {
     assert.equal(guarded.guard.result("ai_dup_1")?.code, "invalid_input");
   });
 
+  test("a lone surrogate in the call's text is never repaired into U+FFFD: the sidecar refuses the bytes", async () => {
+    const runs: string[] = [];
+    const guarded = guardAiTools(client, alice("ai-lone"), { issue_refund: refundTool(runs) });
+    const model = wrapLanguageModel({ model: scriptedModel("ai_lone_1", '{"order_id":"ord_1","amount_cents":1,"reason":"\ud83d"}'),
+      middleware: guarded.middleware });
+    await generateText({ model, tools: guarded.tools, prompt: "refund", stopWhen: () => false });
+    assert.deepEqual(runs, []);
+    assert.equal(guarded.guard.result("ai_lone_1")?.code, "invalid_input");
+  });
+
+  test("streamed: a surrogate pair split between fragments joins and runs; a half left alone is refused invalid_unicode", async () => {
+    const runs: string[] = [];
+    const guarded = guardAiTools(client, alice("ai-halves"), { issue_refund: refundTool(runs) });
+    let calls = 0;
+    const model = new MockLanguageModelV3({
+      doStream: async () => {
+        calls++;
+        const parts: unknown[] = calls === 1 ? [
+          { type: "tool-input-start", id: "ai_lone_2", toolName: "issue_refund" },
+          { type: "tool-input-delta", id: "ai_lone_2", delta: '{"order_id":"ord_1","amount_cents":2,"reason":"\ud83d' },
+          { type: "tool-input-delta", id: "ai_lone_2", delta: 'x"}' },
+          { type: "tool-input-end", id: "ai_lone_2" },
+          { type: "tool-call", toolCallId: "ai_lone_2", toolName: "issue_refund", input: '{"order_id":"ord_1","amount_cents":2,"reason":"\ud83dx"}' },
+          { type: "tool-input-start", id: "ai_pair_1", toolName: "issue_refund" },
+          { type: "tool-input-delta", id: "ai_pair_1", delta: '{"order_id":"ord_1","amount_cents":3,"reason":"grin \ud83d' },
+          { type: "tool-input-delta", id: "ai_pair_1", delta: '\ude00"}' },
+          { type: "tool-input-end", id: "ai_pair_1" },
+          { type: "tool-call", toolCallId: "ai_pair_1", toolName: "issue_refund", input: '{"order_id":"ord_1","amount_cents":3,"reason":"grin \u{1F600}"}' },
+          { type: "finish", finishReason: { unified: "tool-calls", raw: "tool_use" }, usage: USAGE },
+        ] : [
+          { type: "text-start", id: "t" }, { type: "text-delta", id: "t", delta: "done" }, { type: "text-end", id: "t" },
+          { type: "finish", finishReason: { unified: "stop", raw: "stop" }, usage: USAGE },
+        ];
+        return { stream: new ReadableStream({ start(c) { for (const p of parts) c.enqueue(p); c.close(); } }) } as never;
+      },
+    });
+    const result = streamText({ model: wrapLanguageModel({ model, middleware: guarded.middleware }),
+      tools: guarded.tools, prompt: "refund", stopWhen: () => false });
+    assert.equal(await result.text, "done");
+    assert.deepEqual(runs, ["ai_pair_1:3"]);
+    assert.equal(guarded.guard.result("ai_lone_2")?.code, "invalid_unicode");
+    assert.equal(guarded.guard.result("ai_pair_1")?.status, "completed");
+  });
+
   test("a streamed call is assembled from its fragments and runs once", async () => {
     const runs: string[] = [];
     const guarded = guardAiTools(client, alice("ai-stream"), { issue_refund: refundTool(runs) });

@@ -27,6 +27,7 @@
 import type { LanguageModelMiddleware, Tool as AiTool, ToolExecutionOptions, ToolSet as AiToolSet } from "ai";
 
 import { type Answer, CallAssembly, type RefusedCall } from "../assembly.js";
+import { rawJson } from "../context.js";
 import { ProposedCall, type TrustedContext } from "../context.js";
 import { Decision } from "../gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type GuardOptions } from "../guard.js";
@@ -128,7 +129,9 @@ export function guardAiTools<T extends AiToolSet>(client: GuardClient, context: 
     wrapGenerate: async ({ doGenerate }) => {
       const result = await doGenerate();
       for (const part of result.content) {
-        if (part.type === "tool-call" && !part.providerExecuted) raw.set(part.toolCallId, new TextEncoder().encode(part.input));
+        // rawJson, not TextEncoder: a lone surrogate stays the bytes it is (the sidecar
+        // refuses them) instead of being repaired into U+FFFD and authorized
+        if (part.type === "tool-call" && !part.providerExecuted) raw.set(part.toolCallId, rawJson(part.input));
       }
       return result;
     },
