@@ -56,7 +56,10 @@ def _uid(entity_type: str, entity_id: str) -> str:
 def visible_tools(bundle: Bundle, ctx: TrustedContext, names: Sequence[str]) -> list[str]:
     """The names, among `names` (in their order, once each), of catalogued tools that some
     call by `ctx.principal` in `ctx.tenant` could be allowed for. RequestError for a
-    principal type the bundle does not declare or too many names."""
+    principal type the bundle does not declare, too many names, or a context Authorize
+    would refuse (an empty tenant, a principal id past its pattern: the same names
+    everywhere, and no unbounded key in the cache)."""
+    ctx.check(require_request_id=False)
     if ctx.principal.type not in bundle.principal_types:
         raise RequestError(f"principal type `{ctx.principal.type}` is not one the bundle declares")
     if len(names) > MAX_NAMES:

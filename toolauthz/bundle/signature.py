@@ -152,8 +152,10 @@ def _manifest(payload: bytes, kid: str) -> SignedManifest:
     if not isinstance(body, dict) or body.get("keyid") != kid:
         raise SignatureError("the signed manifest does not name the key that signed it")
     revision, entries = body.get("revision"), body.get("files")
-    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
-        raise SignatureError("the signed manifest has no valid `revision`")
+    # The range signing enforces (a JSON-safe integer): a larger one, even under a trusted
+    # key, would overflow the store's floor and stop every later reload.
+    if not isinstance(revision, int) or isinstance(revision, bool) or not 0 <= revision < 2 ** 53:
+        raise SignatureError("the signed manifest has no valid `revision` (0 to 2^53-1)")
     if not isinstance(entries, list):
         raise SignatureError("the signed manifest has no `files` list")
     files: dict[str, str] = {}
