@@ -15,6 +15,7 @@ from test_roles import AGENT, AUDITOR, CALLERS, CONSOLE, GLOBEX_AGENT, STRANGER,
 
 from toolauthz import visibility
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from toolauthz.visibility import MAX_NAMES
 
 
@@ -137,3 +138,28 @@ def test_only_a_runtime_reads_the_catalog_and_it_holds_tool_files_only(stub, sid
     # No policy, entity, signature or key material rides along with the catalog.
     assert not any(n.endswith((".cedar", ".sig", ".key", ".pem")) for n in names)
     assert sum(len(f.content) for f in answer.files) < 4 * 1024 * 1024  # under the gRPC message limit
+
+
+def test_a_catalog_larger_than_one_message_is_a_clean_error_and_the_server_serves_on(settings, clock, bundle_dir):
+    """The snapshot admits 64 MB of files, a gRPC message 4 MB: a bundle whose tool files
+    outgrow one message must give the gateway a clear status (it then lists nothing: fail
+    closed), never a crash, and the sidecar keeps deciding."""
+    from toolauthz.server.build import build_sidecar, create_server
+
+    tool = bundle_dir / "tools" / "lookup_order.yaml"
+    tool.write_text(tool.read_text() + "\n# " + "x" * (5 << 20) + "\n")
+    car = build_sidecar(settings, clock=clock)
+    server, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}",
+                                   options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            try:
+                answer = stub.GetCatalog(pb.GetCatalogRequest())
+                assert answer.ByteSize() <= settings.max_message_bytes
+            except grpc.RpcError as refused:
+                assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.details()
+            assert stub.Authorize(make_request()).decision == pb.ALLOW
+    finally:
+        server.stop(None).wait()
+        car.close()
