@@ -65,3 +65,50 @@ def test_a_revision_outside_the_columns_range_never_lowers_the_floor(store, revi
     with pytest.raises(Exception):  # noqa: B017 - any store error: the activation refuses (fail closed)
         floor.lift(revision, "c" * 64, 2.0)
     assert floor.current().revision == 7
+
+
+def sign_unbounded(bundle: pathlib.Path, key, revision: int) -> None:
+    """A manifest signed by the trusted key, as `toolauthz bundle sign` writes it but with a
+    revision it refuses to sign (a hand-made or third-party signer): verification is what
+    must bound it, since only the signature, not the tool, is checked at load."""
+    import json
+
+    from joserfc import jws
+    from joserfc.jwk import OKPKey
+
+    from toolauthz.bundle.signature import ALGORITHM, SIGNATURE_FILE, bundle_files
+
+    payload = {"files": [{"name": name, "algorithm": "SHA-256", "hash": digest}
+                         for name, digest in bundle_files(bundle).items()], "revision": revision, "keyid": "ci-1"}
+    # rfc8785 itself refuses integers past 2^53; a signer with a plain JSON encoder does not.
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    token = jws.serialize_compact({"alg": ALGORITHM, "kid": "ci-1"}, body, OKPKey.import_key(key),
+                                  algorithms=[ALGORITHM])
+    (bundle / SIGNATURE_FILE).write_bytes(json.dumps({"signatures": [token]}).encode())
+
+
+FINDING_R4 = ("finding R-4 (low): verification accepts a signed revision >= 2^63 (only `bundle sign` bounds it "
+              "to 2^53 - 1); lifting the SQLite floor then raises OverflowError, not BundleError, which escapes "
+              "BundleReloader.reload: the reloader thread dies silently and no later bundle (an emergency forbid) "
+              "is ever loaded, and at start-up it is a traceback instead of an audited refusal")
+
+
+@pytest.mark.xfail(strict=True, reason=FINDING_R4)
+def test_a_signed_revision_past_the_floors_column_is_an_audited_refusal_and_reloads_go_on(settings, clock,
+                                                                                            bundle_dir):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from test_bundle_floor import with_keys
+
+    from toolauthz.server.build import build_sidecar
+
+    key = Ed25519PrivateKey.generate()
+    sign_unbounded(bundle_dir, key, 5)
+    car = build_sidecar(with_keys(settings, bundle_dir, key, "review"), clock=clock)
+    try:
+        forbid = '@id("review-forbid")\nforbid (principal, action == Action::"tool:measure_runtime", resource);\n'
+        (bundle_dir / "zz_review.cedar").write_text(forbid)
+        sign_unbounded(bundle_dir, key, 2**63)
+        refused = car.reloader.reload()  # must refuse cleanly, not raise
+        assert refused is False and "revision" in car.reloader.last_error
+    finally:
+        car.close()
