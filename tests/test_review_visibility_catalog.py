@@ -163,3 +163,33 @@ def test_a_catalog_larger_than_one_message_is_a_clean_error_and_the_server_serve
     finally:
         server.stop(None).wait()
         car.close()
+
+
+def _empty_tenant_requests() -> list[tuple[str, object]]:
+    request = make_request()
+    request.context.tenant = ""
+    context = request.context
+    return [
+        ("Authorize", request),
+        ("AuthorizeBatch", pb.AuthorizeBatchRequest(context=context, calls=[pb.BatchCall(call=request.call)])),
+        ("Verify", pb.VerifyRequest(token="v4.public.x", context=context, call=request.call)),
+        ("ReportOutcome", pb.ReportOutcomeRequest(context=context, call_id="toolu_1", status=pb.COMPLETED)),
+        ("ReportRefusal", pb.ReportRefusalRequest(context=context, call_id="toolu_1", tool="issue_refund",
+                                                  code="tool_changed", detail="x")),
+    ]
+
+
+@pytest.mark.parametrize(("rpc", "request_message"), _empty_tenant_requests(), ids=lambda v: v if isinstance(v, str)
+                         else "")
+def test_an_empty_tenant_never_gets_past_the_gate_into_a_decision_or_record(stub, sidecar, rpc, request_message):
+    """The gate checks a caller's tenants only when the request names one: every RPC that
+    takes a context must refuse an empty tenant itself, and write no decision."""
+    before = calls_audited(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        answer = getattr(stub, rpc)(request_message, metadata=as_(GLOBEX_AGENT))
+        if rpc == "AuthorizeBatch":  # a batch answers each call: the call must be an error
+            assert answer.answers[0].WhichOneof("answer") == "error"
+            raise grpc.RpcError  # the per-call error is this RPC's refusal
+    if isinstance(caught.value, grpc.Call):
+        assert caught.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
+    assert [r for r in calls_audited(sidecar) if r not in before and r.event.result != "refused"] == []
