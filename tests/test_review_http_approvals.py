@@ -87,3 +87,17 @@ def test_plain_http_to_the_tls_listener_is_not_served(approved):
     except (ConnectionError, http.client.HTTPException, OSError, ValueError):
         return  # the TLS listener hung up on plaintext: nothing was served
     assert status >= 400 and "token" not in json.dumps(answer), answer
+
+
+@pytest.mark.xfail(strict=True, reason="finding R-5 (low): a runtime of another tenant that holds an approval id "
+                                       "learns that it exists (403, not 404) and its tenant's name, from the "
+                                       "refusal `the caller may not act in tenant `acme``; the same over gRPC "
+                                       "(roles.check_tenant)")
+def test_another_tenants_refusal_names_nothing_of_the_approval(approved):
+    """An approval id leaked to a runtime of another tenant: the refusal must not tell it
+    whose approval it is (the tenant, the tool, the principal)."""
+    _sidecar, ask, _connect, approval_id = approved
+    status, refused = ask(GLOBEX, "/v1/approval", {"approval_id": approval_id})
+    assert status in (403, 404)
+    message = refused["error"]["message"]
+    assert "acme" not in message and "issue_refund" not in message and "alice" not in message, message
