@@ -4,7 +4,7 @@ Callers are named by the test-only metadata header of tests/test_roles.py (a sta
 for the identity a listener proves). Each test would fail if the weakness it names
 existed: another tenant's runtime or a non-runtime reading the catalog or the tool list,
 a hostile name list costing one partial evaluation per name, a preview that writes an
-audit record or a ledger row, an error that echoes a huge id back."""
+audit record, an error that echoes a huge id back."""
 
 from __future__ import annotations
 
@@ -58,11 +58,10 @@ def test_a_hostile_name_list_costs_one_evaluation_per_catalogued_tool_at_most(st
     assert len(evaluated) <= len(catalogued)
 
 
-def test_list_visible_leaves_no_audit_record_and_no_ledger_row(stub, sidecar):
+def test_list_visible_leaves_no_audit_record(stub, sidecar):
     before = calls_audited(sidecar)
     stub.ListVisible(visible_request(["issue_refund", "lookup_order"]), metadata=as_(AGENT))
     assert calls_audited(sidecar) == before
-    assert sidecar.ledger.get("acme", "") is None
 
 
 FINDING_R1 = ("finding R-1 (medium): ListVisible never checks the trusted context as Authorize does "
