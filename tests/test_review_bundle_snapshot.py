@@ -87,13 +87,10 @@ def sign_unbounded(bundle: pathlib.Path, key, revision: int) -> None:
     (bundle / SIGNATURE_FILE).write_bytes(json.dumps({"signatures": [token]}).encode())
 
 
-FINDING_R4 = ("finding R-4 (low): verification accepts a signed revision >= 2^63 (only `bundle sign` bounds it "
-              "to 2^53 - 1); lifting the SQLite floor then raises OverflowError, not BundleError, which escapes "
-              "BundleReloader.reload: the reloader thread dies silently and no later bundle (an emergency forbid) "
-              "is ever loaded, and at start-up it is a traceback instead of an audited refusal")
+# Finding R-4 (fixed): verification took any non-negative revision; one past the floor's
+# column (2^63) raised OverflowError out of the reload, and the reloader stopped for good.
 
 
-@pytest.mark.xfail(strict=True, reason=FINDING_R4)
 def test_a_signed_revision_past_the_floors_column_is_an_audited_refusal_and_reloads_go_on(settings, clock,
                                                                                             bundle_dir):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -64,9 +64,8 @@ def test_list_visible_leaves_no_audit_record(stub, sidecar):
     assert calls_audited(sidecar) == before
 
 
-FINDING_R1 = ("finding R-1 (medium): ListVisible never checks the trusted context as Authorize does "
-              "(TrustedContext.check): an empty tenant skips the caller's tenant check in the gate, and any "
-              "principal id (100 KB, zero-width look-alikes) or request id is evaluated and cached")
+# Finding R-1 (fixed): ListVisible did not check its context as Authorize does (an empty
+# tenant passed the tenant gate; a megabyte principal id was answered and cached whole).
 
 
 BAD_CONTEXTS = [
@@ -92,7 +91,6 @@ def test_authorize_refuses_each_bad_context(stub, tenant, principal_id, request_
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-@pytest.mark.xfail(strict=True, reason=FINDING_R1)
 @pytest.mark.parametrize(("tenant", "principal_id", "request_id"), BAD_CONTEXTS)
 def test_list_visible_refuses_the_context_authorize_refuses(stub, tenant, principal_id, request_id):
     request = pb.ListVisibleRequest(context=bad_context(tenant, principal_id, request_id), tools=["issue_refund"])
@@ -102,15 +100,12 @@ def test_list_visible_refuses_the_context_authorize_refuses(stub, tenant, princi
     assert len(caught.value.details() or "") < 1024
 
 
-@pytest.mark.xfail(strict=True, reason=FINDING_R1 + "; tenant scope: a globex runtime is answered for tenant ``")
 def test_a_runtime_of_one_tenant_is_not_answered_for_an_empty_tenant(stub):
     with pytest.raises(grpc.RpcError) as caught:
         stub.ListVisible(visible_request(["issue_refund", "lookup_order"], tenant=""), metadata=as_(GLOBEX_AGENT))
     assert caught.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
 
 
-@pytest.mark.xfail(strict=True, reason=FINDING_R1 + "; memory: the visibility cache keeps each distinct principal "
-                                                   "id whole, so 65536 requests of ~4 MB ids pin ~256 GB")
 def test_the_visibility_cache_never_keeps_an_oversized_principal_id(stub):
     visibility._CACHE.clear()
     try:
