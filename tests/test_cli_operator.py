@@ -82,6 +82,7 @@ HAPPY = [
     (["version", "--output", "json"], 0, '"cedar"'),
     (["config", "check", "{w}/good.yaml"], 0, "valid"),
     (["config", "schema"], 0, '"$schema"'),
+    (["config", "schema", "--output", "json"], 0, '"$schema"'),
     (["config", "reference"], 0, "| `metrics_listen` |"),
     (["completion", "bash"], 0, "toolauthz"),
     (["completion", "zsh"], 0, "toolauthz"),
@@ -94,6 +95,8 @@ HAPPY = [
       "lookup_order", "--input", '{{"order_id": "ord_1"}}', "--output", "text"], 0, "reasons: "),
     (["keys", "generate", "--keys-dir", "{w}/keys"], 0, "active"),
     (["keys", "list", "--keys-dir", "{w}/keys"], 0, "verifies=yes"),
+    (["keys", "generate", "--keys-dir", "{w}/keys", "--output", "json"], 0, '"state": "'),
+    (["keys", "generate", "--audit", "--data-dir", "{w}/data", "--output", "json"], 0, '"audit_key": {"kid": "'),
     (["keys", "list", "--keys-dir", "{w}/keys", "--output", "json"], 0, '"verifies": true'),
     (["test", "{w}/policies"], 0, "passed"),
     (["test", "{w}/policies", "--output", "json"], 0, '"failed": 0'),
@@ -108,6 +111,14 @@ HAPPY = [
      '"revision": 3'),
     (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle", "--", sys.executable,
       str(ROOT / "examples" / "mcp_gateway" / "upstream.py")], 0, ""),
+    # after the import just above: every file is there, unchanged
+    (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle", "--output", "json", "--", sys.executable,
+      str(ROOT / "examples" / "mcp_gateway" / "upstream.py")], 0, '"action": "unchanged"'),
+    (["audit", "--store", "sqlite:///{w}/store.db", "checkpoints", "--out", "{w}/cp.txt"], 0,
+     "0 checkpoints written"),
+    (["audit", "--store", "sqlite:///{w}/store.db", "checkpoints", "--out", "{w}/cp.txt", "--output", "json"], 0,
+     '"checkpoints": 0'),
+    (["audit", "--store", "sqlite:///{w}/store.db", "export", "--format", "csv"], 0, "seq,time,kind"),
     (["help-me"], 2, "invalid choice"),
     (["stauts"], 2, "did you mean `status`?"),
     (["audit", "qurey"], 2, "did you mean `query`?"),
@@ -141,6 +152,16 @@ MISTAKES = [
     (["catalog", "import-mcp", "--bundle", "{w}/mcpbundle"], 1, "toolauthz:"),
     (["bundle", "verify", "{w}/policies", "--public-key", "ci-1={w}/nonexistent.pub"], 1, "toolauthz:"),
     (["serve", "--config", "{w}/bad.yaml"], 1, "did you mean `metrics_listen`?"),
+    # `--output json` is `--log-format json`: a refusal to start is one JSON line
+    (["serve", "--bundle", "{w}/nowhere", "--data-dir", "{w}/data", "--output", "json"], 1, '"problems": ['),
+    (["serve", "--output", "yaml"], 2, "invalid choice: 'yaml'"),
+    (["mcp-proxy", "--output", "yaml"], 2, "invalid choice: 'yaml'"),
+    (["config", "schema", "--output", "text"], 2, "invalid choice: 'text' (choose from 'json')"),
+    (["keys", "activate", "no-such-kid", "--keys-dir", "{w}/keys", "--output", "json"], 1, "toolauthz:"),
+    (["audit", "--store", "sqlite:///{w}/store.db", "show", "call_x", "--output", "json"], 1,
+     "no audit records for call `call_x`"),
+    (["audit", "--store", "sqlite:///{w}/store.db", "show", "call_x", "--output", "yaml"], 2, "invalid choice"),
+    (["catalog", "import-mcp", "--output", "yaml"], 2, "invalid choice"),
 ]
 
 
@@ -167,6 +188,24 @@ def test_a_decision_printed_as_text_shows_a_model_written_tool_name_inert(workdi
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout and done.stdout.startswith("DENY")
     assert not any(line.startswith("ALLOW") for line in done.stdout.splitlines())
+
+
+def test_keys_generate_and_activate_print_json(workdir):
+    made = toolauthz_cli("keys", "generate", "--keys-dir", str(workdir / "rotation"), "--output", "json")
+    assert made.returncode == 0, made.stderr
+    printed = json.loads(made.stdout)
+    assert printed["audit_key"] is None  # a keys directory alone names no data directory
+    first = printed["signing_key"]
+    assert first["state"] == "active"
+    second = json.loads(toolauthz_cli("keys", "generate", "--keys-dir", str(workdir / "rotation"), "-o",
+                                      "json").stdout)["signing_key"]
+    assert second["state"] != "active"
+    activated = toolauthz_cli("keys", "activate", second["kid"], "--keys-dir", str(workdir / "rotation"),
+                              "--output", "json")
+    assert json.loads(activated.stdout) == {"kid": second["kid"], "state": "active"}
+    third = toolauthz_cli("keys", "generate", "--keys-dir", str(workdir / "rotation")).stdout.split()[0]
+    assert toolauthz_cli("keys", "activate", third, "--keys-dir",
+                         str(workdir / "rotation")).stdout == f"{third} active\n"
 
 
 def test_json_is_an_alias_of_output_json(workdir):
@@ -344,6 +383,20 @@ def _the_audit_trail_reads_as_json(data: pathlib.Path) -> None:
     assert json.loads(verified.stdout)["ok"] is True and json.loads(verified.stdout)["records"] >= 2
     shadow = toolauthz_cli("audit", "--data-dir", str(data), "shadow", "--since", "1h", "--output", "json")
     assert json.loads(shadow.stdout)["decisions"] >= 2
+    queried = toolauthz_cli("audit", "--data-dir", str(data), "query", "--kind", "authorize", "--output", "json")
+    call_id = json.loads(queried.stdout.splitlines()[0])["call_id"]
+    story = toolauthz_cli("audit", "--data-dir", str(data), "show", call_id, "--output", "json")
+    assert story.returncode == 0, story.stderr
+    told = json.loads(story.stdout)
+    assert told["call_id"] == call_id and told["summary"]["decision"] == "DENY"
+    assert [record["kind"] for record in told["records"]][0] == "authorize"
+    as_text = toolauthz_cli("audit", "--data-dir", str(data), "show", call_id)
+    assert as_text.stdout.startswith(f"call {call_id} in tenant acme")
+    exported = toolauthz_cli("audit", "--data-dir", str(data), "checkpoints", "--out", str(data / "cp.txt"),
+                             "--output", "json")
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(exported.stdout) == {"checkpoints": len((data / "cp.txt").read_text().splitlines()),
+                                           "out": str(data / "cp.txt")}
 
 
 def test_a_hung_store_read_is_not_ready_and_is_never_joined_by_a_second():

@@ -232,3 +232,25 @@ def test_host_rules_unit():
     assert not any(h.startswith(("localhost", "127.0.0.1")) for h in rules.allowed_hosts)  # not its address
     assert {"localhost:*", "[::1]:*"} <= set(transport_security("127.0.0.1").allowed_hosts)
     assert "[::1]:*" in transport_security("::1").allowed_hosts
+
+
+def test_output_json_makes_the_listening_line_a_json_log_line(server, bundle_dir):
+    """`mcp-proxy --output json` is `--log-format json`: the line a script waits for is an
+    object whose `listen` field is the URL, and the official client reaches it there."""
+    import json
+
+    _srv, port = server
+    running = start([TOOLAUTHZ, *proxy_argv(bundle_dir, port, "--listen", "http://127.0.0.1:0", "--output", "json"),
+                     "--", *UPSTREAM], "listening on")
+    try:
+        line = json.loads(running.wait_for_line())
+        assert line["level"] == "INFO" and line["message"].startswith("listening on http://127.0.0.1:")
+        url = line["listen"]
+
+        async def main() -> None:
+            async with Client(url, cache=None) as client:
+                assert not (await client.call_tool("read_note", {"note_id": "n1"})).is_error
+
+        anyio.run(main)
+    finally:
+        stop(running)

@@ -18,15 +18,14 @@ import pathlib
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from toolauthz.audit import AuditQuery, AuditRecord, Checkpoint, verify_chain
 from toolauthz.audit.merkle import heads_from_json, heads_json, heads_root, records_in
-from toolauthz.audit.shadow import shadow_counts, shadow_line
+from toolauthz.audit.shadow import shadow_counts
 from toolauthz.audit.store import MAX_PAGE, AuditLog, checked_kind, checked_result
-from toolauthz.audit.timeline import Summary, build_timeline
 from toolauthz.cli.approvals import RPC_TIMEOUT, client_tls
 from toolauthz.cli.audit_remote import RemoteAuditLog
+from toolauthz.cli.audit_story import iso_time, print_story, story_json
 from toolauthz.cli.options import add_anywhere, add_server_options, moment, principal_filter, resource_filter
 from toolauthz.cli.output import add_output_option, renamed_option, wants_json
 from toolauthz.client import AuthzClient
@@ -74,15 +73,21 @@ def add_audit_command(sub) -> None:
         elif name == "shadow":
             add_output_option(p)
         else:
-            renamed_option(p, "--out", "--output", dest="out", help="a file; default standard output")
+            # Its records are data for programs, in a format of their own: `--format`
+            # chooses it. `--output` stays the old spelling of `--out` (a file name), which
+            # scripts written before `--output text|json` existed still pass.
+            renamed_option(p, "--out", "--output", dest="out",
+                           help="a file; default standard output (`--output FILE` is the old spelling)")
             p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
-                           help="JSON lines (default) or CSV with a header row")
+                           help="JSON lines (default) or CSV with a header row; there is no text form "
+                                "(`audit query` prints a table)")
     show = verbs.add_parser("show", help="one call's whole story, or that of every call on a resource")
     show.add_argument("call_id", nargs="?")
     show.add_argument("--tenant")
     show.add_argument("--resource", type=resource_filter,
                       help='every call on this resource, e.g. Order::"ord_777" (instead of a call id)')
     show.add_argument("--tool", help="with --resource: only calls of this tool")
+    add_output_option(show, help="text (default) or JSON: one object per call, its summary and records")
     verify = verbs.add_parser("verify", help="check the hash chains against the signed checkpoints")
     verify.add_argument("--public-key", help="file with the audit public key (PASERK k4.public); "
                                              "default: derived from <data-dir>/audit-key.pem")
@@ -91,6 +96,7 @@ def add_audit_command(sub) -> None:
     add_output_option(verify)
     checkpoints = verbs.add_parser("checkpoints", help="export the signed checkpoints, one per line")
     checkpoints.add_argument("--out", required=True, help="the file to write")
+    add_output_option(checkpoints)
     every = [*parsers, show, verify, checkpoints]
     add_server_options(audit, [*parsers, show], "the sidecar's Audit address: read it instead of a local store "
                                                 "(query, export, show)")
@@ -146,7 +152,7 @@ def _pages(log: AuditLog, query: AuditQuery, limit: int | None = None):
 
 def as_json(record: AuditRecord) -> dict:
     e = record.event
-    return {"seq": record.seq, "time": _iso(e.time), "kind": e.kind, "result": e.result,
+    return {"seq": record.seq, "time": iso_time(e.time), "kind": e.kind, "result": e.result,
             "decision_id": e.decision_id, "request_id": e.request_id, "call_id": e.call_id, "tenant": e.tenant,
             "principal": e.principal, "tool": e.tool, "resource": e.resource, "reasons": list(e.reasons),
             "error_codes": list(e.error_codes), "digest": e.digest, "policy_version": e.policy_version,
@@ -154,16 +160,12 @@ def as_json(record: AuditRecord) -> dict:
             "detail": e.detail, "hash": record.hash}
 
 
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _row(record: AuditRecord) -> str:
     e = record.event
     why = display(",".join(e.reasons or e.error_codes))
-    return (f"{record.seq:>7}  {_iso(e.time)}  {display(e.kind):9}  {display(e.result):17}  {display(e.tenant):10}  "
-            f"{display_uid(e.principal):18}  {display(e.tool):16}  {display_uid(e.resource) or '-':22}  "
-            f"{display(e.call_id):20}  {why}")
+    return (f"{record.seq:>7}  {iso_time(e.time)}  {display(e.kind):9}  {display(e.result):17}  "
+            f"{display(e.tenant):10}  {display_uid(e.principal):18}  {display(e.tool):16}  "
+            f"{display_uid(e.resource) or '-':22}  {display(e.call_id):20}  {why}")
 
 
 def _query(log, args) -> int:
@@ -227,7 +229,7 @@ def _show(log, args) -> int:
     if not records:
         print(f"no audit records for call `{shown(args.call_id)}`", file=sys.stderr)
         return 1
-    _print_story(records)
+    _tell(args, records)
     return 0
 
 
@@ -240,10 +242,18 @@ def _show_resource(log, args) -> int:
         print(f"no audit records for resource `{shown(args.resource)}`", file=sys.stderr)
         return 1
     for i, (tenant, call_id) in enumerate(calls):
-        if i:
+        if i and not wants_json(args):
             print()
-        _print_story(list(_pages(log, AuditQuery(call_id=call_id, tenant=tenant))))
+        _tell(args, list(_pages(log, AuditQuery(call_id=call_id, tenant=tenant))))
     return 0
+
+
+def _tell(args, records: list[AuditRecord]) -> None:
+    """One call's story: text, or one JSON line (a resource's calls are JSON lines)."""
+    if wants_json(args):
+        print(json.dumps(story_json(records, as_json), sort_keys=True))
+    else:
+        print_story(records)
 
 
 def _shadow(log, args) -> int:
@@ -256,83 +266,6 @@ def _shadow(log, args) -> int:
     for policy, count in sorted(counts.items()):
         print(f"  {count:8d}  {display(policy)}")
     return 0
-
-
-def _print_story(records: list[AuditRecord]) -> None:
-    story = build_timeline(records)
-    first = records[0].event
-    print(f"call {display(first.call_id)} in tenant {display(first.tenant)}: {display(first.tool)}"
-          f" by {display_uid(first.principal)} on {display_uid(first.resource) if first.resource else '-'}")
-    print(f"digest {display(first.digest) or '-'}  policy version {display(first.policy_version)}")
-    # In the order it happened (seq): a replayed decision after an approval shows after it.
-    for record in (step.record for step in story.steps if step.record is not None):
-        print("  " + _story_line(record))
-        decided = record.event.detail.get("decided_by") if record.event.kind == "authorize" else None
-        if isinstance(decided, dict):
-            print("  " + " " * 26 + _decided_by_line(decided))
-        shadow = shadow_line(record.event.detail) if record.event.kind == "authorize" else None
-        if shadow is not None:
-            print("  " + " " * 26 + shadow)
-    print("  " + _summary_line(story.summary))
-
-
-def _summary_line(s: Summary) -> str:
-    """The answers first: decided how, approved by whom and why, verified, did it run."""
-    parts = [f"decision {display(s.decision or '-')}"]
-    if s.final_decision and s.final_decision != s.decision:
-        parts[0] += f" then {display(s.final_decision)}"
-    if s.approval is not None:
-        said = f": {display(s.approval.reason)}" if s.approval.reason else ""
-        who = f" by {display_uid(s.approval.approver)}" if s.approval.approver else ""
-        parts.append(f"{_VERDICT_WORDS.get(s.approval.verdict, display(s.approval.verdict))}{who}{said}")
-    elif s.approval_id:
-        parts.append("approval not decided")
-    parts.append("token verified" if s.verified else "never verified")
-    ran = {True: "it ran", False: "it did not run", None: "whether it ran is unknown"}[s.ran]
-    parts.append(f"outcome {display(s.outcome)} ({ran})" if s.outcome else "no outcome reported")
-    return "summary: " + "; ".join(parts)
-
-
-_VERDICT_WORDS = {"APPROVE": "approved", "REJECT": "rejected", "refused": "approval ended by policy change"}
-
-
-def _decided_by_line(decided: dict) -> str:
-    """The entities a decision was made on (toolauthz/decided_by.py), escaped."""
-    def uids(name: str) -> str:
-        return ", ".join(display_uid(str(uid)) for uid in decided.get(name, [])) or "-"
-
-    # JSON text is a literal of its own: its quotes are already escaped (display's quotes=False)
-    supplied = "; ".join(
-        display_uid(str(entity.get("uid"))) + (" " + display(json.dumps(entity.get("attrs"), sort_keys=True,
-                                                                         ensure_ascii=False), quotes=False)
-                                               if entity.get("attrs") else "")
-        for entity in decided.get("supplied", []) if isinstance(entity, dict)) or "-"
-    omitted = decided.get("omitted") or {}
-    left_out = ", ".join(f"{display(str(n))} {display(str(what))}" for what, n in sorted(omitted.items()) if n)
-    return (f"on principal {uids('principal')} | resource {uids('resource')} | supplied {supplied}"
-            + (f" | left out: {left_out}" if left_out else ""))
-
-
-def _story_line(record: AuditRecord) -> str:
-    """One step of a call's story; every recorded string is escaped (toolauthz/display/escape.py)."""
-    e = record.event
-    at = _iso(e.time)
-    if e.kind == "authorize":
-        why = display(", ".join(e.reasons) or ", ".join(e.error_codes) or "-")
-        extra = f" approval {display(e.approval_id)}" if e.approval_id else ""
-        replay = " (replayed)" if e.detail.get("replayed") else ""
-        decision = f"[decision {display(e.decision_id)}]"
-        return f"{at}  decision     {display(e.result)}{replay} because {why}{extra}  {decision}"
-    if e.kind == "approval":
-        why = f" ({display(', '.join(e.error_codes))})" if e.error_codes else ""
-        reason = e.detail.get("reason")
-        said = f": {display(reason)}" if isinstance(reason, str) and reason else ""
-        return f"{at}  approval     {display(e.result)}{why} by {display_uid(e.approver)}{said}"
-    if e.kind == "verify":
-        return f"{at}  verification {display(e.result)}" + (f" token {display(e.jti[:8])}…" if e.jti else "")
-    flags = display(" ".join(str(flag) for flag in e.detail.get("flags", [])))
-    code = display(str(e.detail.get("error_code") or ""))
-    return f"{at}  outcome      {display(e.result)}{' ' + code if code else ''}{' [' + flags + ']' if flags else ''}"
 
 
 def _verify(log, args) -> int:
@@ -363,7 +296,10 @@ def _checkpoints(log, args) -> int:
     # A line per checkpoint: its token, and for one of every chain the heads its root signs.
     lines = [f"{cp.token} {heads_json(cp.heads)}" if cp.version == 2 else cp.token for cp in checkpoints]
     pathlib.Path(args.out).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    print(f"{len(checkpoints)} checkpoints written to {shown(args.out)}")
+    if wants_json(args):
+        print(json.dumps({"checkpoints": len(checkpoints), "out": args.out}))
+    else:
+        print(f"{len(checkpoints)} checkpoints written to {shown(args.out)}")
     return 0
 
 

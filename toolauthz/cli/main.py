@@ -20,7 +20,7 @@ from toolauthz.cli.impact import add_policy_command
 from toolauthz.cli.mcp import add_mcp_commands
 from toolauthz.cli.operator import add_operator_commands
 from toolauthz.cli.options import add_server_options, parse_principal
-from toolauthz.cli.output import add_output_option, wants_json
+from toolauthz.cli.output import add_output_option, print_json, wants_json
 from toolauthz.cli.parser import SuggestingParser
 from toolauthz.cli.policytest import add_test_command
 from toolauthz.cli.remote import add_status_command, decision_json, deny_status, print_decision
@@ -116,14 +116,25 @@ def cmd_keys(args) -> int:
     directory = args.keys_dir or settings.keys_dir
     if args.keys_command == "generate":
         audit_key = _audit_key_file(args, settings)
+        made: dict[str, dict[str, str] | None] = {"signing_key": None, "audit_key": None}
         if not args.audit:
             info = keys.generate_key(directory, clock=clock)
-            print(f"{info.kid} {info.state}")
+            made["signing_key"] = {"kid": info.kid, "state": info.state}
+            if not wants_json(args):
+                print(f"{info.kid} {info.state}")
         if audit_key is not None and (args.audit or not os.path.lexists(audit_key)):
-            _generate_audit_key(audit_key)
+            audit_kid = _generate_audit_key(audit_key)
+            made["audit_key"] = {"kid": audit_kid, "path": str(audit_key)}
+            if not wants_json(args):
+                print(f"audit key {audit_kid} created at {audit_key}")
+        if wants_json(args):
+            print_json(made)
     elif args.keys_command == "activate":
         keys.activate_key(directory, args.kid, clock=clock)
-        print(f"{args.kid} active")
+        if wants_json(args):
+            print_json({"kid": args.kid, "state": "active"})
+        else:
+            print(f"{args.kid} active")
     else:
         listed = keys.list_keys(directory, clock=clock, grace_seconds=settings.key_grace_seconds())
         if wants_json(args):
@@ -147,13 +158,12 @@ def _audit_key_file(args, settings) -> pathlib.Path | None:
     return pathlib.Path(settings.audit_key_file)
 
 
-def _generate_audit_key(path: pathlib.Path) -> None:
-    """The key that signs audit checkpoints: Ed25519, mode 0600, never overwritten."""
+def _generate_audit_key(path: pathlib.Path) -> str:
+    """The key that signs audit checkpoints: Ed25519, mode 0600, never overwritten; its kid."""
     from toolauthz.tokens.keys import generate_key_file
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    kid = generate_key_file(path)
-    print(f"audit key {kid} created at {path}")
+    return generate_key_file(path)
 
 
 def cmd_health(args) -> int:
@@ -186,7 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=available_cpus(),
                        help="processes sharing the address (default: one per CPU this process may use: the "
                             "cgroup's CPU quota, else the affinity mask)")
-    serve.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON objects")
+    # A server prints log lines only (its start-up lines among them): `--output` chooses
+    # their format, the same setting as `--log-format` and config `log_format`.
+    serve.add_argument("--log-format", "--output", "-o", dest="log_format", choices=["text", "json"],
+                       help="log lines, the start-up lines among them, as text (default) or JSON objects, one a "
+                            "line (config `log_format`; `--output` is the same)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                        help="the least severe level logged (default: info; config `log_level`)")
     serve.add_argument("--console-listen", help="HOST:PORT of the browser console for approvers and auditors "

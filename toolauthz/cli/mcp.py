@@ -11,6 +11,8 @@ The upstream is the words after the options: a URL (Streamable HTTP) or a comman
 from __future__ import annotations
 
 import argparse
+import io
+import logging
 import os
 import pathlib
 import sys
@@ -22,6 +24,7 @@ import anyio
 import yaml
 
 from toolauthz.cli.approvals import DEFAULT_SERVER, SERVER_ENV
+from toolauthz.cli.output import add_output_option, print_json, wants_json
 from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 from toolauthz.files.tools import UPSTREAM_NAME
@@ -44,6 +47,11 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="seconds an upstream tool call may take (default 30; per upstream and tool in --config)")
     proxy.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="HOST[:PORT]",
                        help="HTTP: a Host name answered besides the listen address (repeatable)")
+    # Standard output may carry the MCP protocol: what the gateway says goes to standard
+    # error as log lines, and `--output` chooses their format, as `serve --log-format` does.
+    proxy.add_argument("--log-format", "--output", "-o", dest="log_format", choices=["text", "json"],
+                       default="text", help="log lines on standard error, the `listening on` line among them, as "
+                                            "text (default) or JSON objects, one a line (`--output` is the same)")
     proxy.add_argument("upstream", nargs=argparse.REMAINDER, help="a URL, or the command that starts the server")
     proxy.set_defaults(func=run_proxy, parse_principal=parse_principal)
 
@@ -58,6 +66,8 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     importer.add_argument("--upstream", dest="upstream_name", metavar="NAME",
                           help="bind the tools to this upstream of the gateway (mcp.upstream)")
     importer.add_argument("--prefix", help="the catalog names' prefix (default with --upstream: NAME__)")
+    add_output_option(importer, help="the report: text (default; each file's diff and what was done to it) or "
+                                     "one JSON object listing the files")
     importer.add_argument("server", nargs=argparse.REMAINDER, metavar="upstream",
                           help="a URL, or the command that starts the server")
     importer.set_defaults(func=run_import)
@@ -146,7 +156,9 @@ def run_proxy(args: argparse.Namespace) -> int:
     from toolauthz.mcp_proxy.hosts import check_allowed_hosts
     from toolauthz.mcp_proxy.proxy import ProxySettings
     from toolauthz.mcp_proxy.upstreams import UpstreamSpec
+    from toolauthz.server.logs import configure_logging
 
+    configure_logging(args.log_format)
     config = _settings(args)
     upstream = config.get("upstream")
     if upstream or "upstreams" not in config:
@@ -170,7 +182,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
     listener = _bound(*http) if http is not None else None  # a port in use fails here, before anything starts
     try:
-        anyio.run(_serve, settings, sidecar, targets, listener)
+        anyio.run(_serve, settings, sidecar, targets, listener, args.log_format == "json")
     except BaseExceptionGroup as group:  # the task groups wrap a failure of one part: say which
         raise _innermost(group) from None
     return 0
@@ -203,7 +215,7 @@ def _innermost(group: BaseExceptionGroup[Any]) -> BaseException:
     return exc
 
 
-async def _serve(settings: Any, sidecar: str, targets: list[Any], listener: Any) -> None:
+async def _serve(settings: Any, sidecar: str, targets: list[Any], listener: Any, json_lines: bool) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolauthz.client import AsyncAuthzClient
@@ -217,14 +229,15 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], listener: Any)
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())
             else:
-                await _serve_http(proxy, listener)
+                await _serve_http(proxy, listener, json_lines)
     finally:
         await authz.close()
 
 
-async def _serve_http(proxy: Any, sock: Any) -> None:
+async def _serve_http(proxy: Any, sock: Any, json_lines: bool) -> None:
     """Serves the proxy's HTTP app on the bound socket and says where on stderr, once it
-    accepts connections: `listening on http://HOST:PORT/mcp`."""
+    accepts connections: `listening on http://HOST:PORT/mcp`, or a JSON log line whose
+    `listen` field is that URL."""
     import socket
 
     import uvicorn
@@ -236,9 +249,16 @@ async def _serve_http(proxy: Any, sock: Any) -> None:
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"toolauthz mcp-proxy: listening on http://{shown_host}:{port}/mcp", file=sys.stderr, flush=True)
+                announce(f"http://{shown_host}:{port}/mcp")
 
-    await AnnouncingServer(uvicorn.Config(proxy.http_app(host), log_level="warning")).serve(sockets=[sock])
+    def announce(url: str) -> None:
+        if json_lines:
+            logging.getLogger("toolauthz.mcp_proxy").info("listening on %s", url, extra={"listen": url})
+        else:
+            print(f"toolauthz mcp-proxy: listening on {url}", file=sys.stderr, flush=True)
+
+    await AnnouncingServer(uvicorn.Config(proxy.http_app(host), log_level="warning", log_config=None)
+                           ).serve(sockets=[sock])
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -253,8 +273,12 @@ def run_import(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the upstream's failure, named: never a traceback, no file written
         raise RequestError(f"could not list the tools of the upstream MCP server ({_reason(exc)})") from None
     prefix = args.prefix if args.prefix is not None else (upstream.replace("-", "_") + "__" if upstream else "")
-    kept = write_drafts(pathlib.Path(args.bundle), tools, sys.stdout, force=args.force, upstream=upstream,
-                        prefix=prefix)
+    files: list[dict[str, Any]] = []
+    # With JSON, the diffs are not printed: the object lists each file and what was done.
+    kept = write_drafts(pathlib.Path(args.bundle), tools, io.StringIO() if wants_json(args) else sys.stdout,
+                        force=args.force, upstream=upstream, prefix=prefix, report=files)
+    if wants_json(args):
+        print_json({"bundle": args.bundle, "files": files, "kept": kept})
     return 1 if kept else 0
 
 

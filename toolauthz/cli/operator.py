@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from toolauthz.cli.output import add_output_option, wants_json
+from toolauthz.cli.output import add_json_only_output, add_output_option, wants_json
 from toolauthz.display.escape import display
 
 
@@ -82,7 +82,8 @@ def add_operator_commands(parser: argparse.ArgumentParser,
     verbs = config.add_subparsers(dest="config_command", required=True)
     verbs.add_parser("reference", help="every key with its type, default and meaning, as Markdown "
                                        "(docs/configuration.md)")
-    verbs.add_parser("schema", help="the JSON Schema of the configuration file, for editors")
+    schema = verbs.add_parser("schema", help="the JSON Schema of the configuration file, for editors")
+    add_json_only_output(schema, "a JSON Schema")
     check = verbs.add_parser("check", help="validate a configuration file without serving (exit 0 or 1)")
     check.add_argument("file", help="the YAML configuration file")
     add_output_option(check)

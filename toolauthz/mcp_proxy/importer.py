@@ -186,10 +186,16 @@ async def list_upstream_tools(upstream: Any) -> list[types.Tool]:
 
 
 def write_drafts(bundle_dir: pathlib.Path, tools: Iterable[types.Tool], out: TextIO, *, force: bool = False,
-                 upstream: str | None = None, prefix: str = "") -> int:
+                 upstream: str | None = None, prefix: str = "", report: list[dict[str, Any]] | None = None) -> int:
     """Writes `tools/<name>.yaml` for each tool, or merges the draft into the existing
     file (tool_merge.py; `force` overwrites it instead), and prints each diff. Returns
-    how many existing files were kept as they were because they could not be merged."""
+    how many existing files were kept as they were because they could not be merged.
+    `report`, when given, gets one `{file, action, notes}` per tool, for `--output json`;
+    action is wrote, merged, unchanged or kept."""
+    def done(file: str, action: str, notes: Iterable[str] = ()) -> None:
+        if report is not None:
+            report.append({"file": file, "action": action, "notes": list(notes)})
+
     tools_dir = bundle_dir / "tools"
     tools_dir.mkdir(parents=True, exist_ok=True)
     kept = 0
@@ -202,6 +208,7 @@ def write_drafts(bundle_dir: pathlib.Path, tools: Iterable[types.Tool], out: Tex
             merged = merge_tool_file(old, draft.text)
             if merged is None:
                 print(f"kept: tools/{draft.file_name} is not a YAML mapping; fix it or use --force", file=out)
+                done(f"tools/{draft.file_name}", "kept", ["not a YAML mapping; fix it or use --force"])
                 kept += 1
                 continue
             new, notes = merged.text, merged.notes
@@ -209,9 +216,12 @@ def write_drafts(bundle_dir: pathlib.Path, tools: Iterable[types.Tool], out: Tex
             print(f"note: tools/{draft.file_name}: {note}", file=out)
         if old == new:
             print(f"unchanged: tools/{draft.file_name}", file=out)
+            done(f"tools/{draft.file_name}", "unchanged", notes)
             continue
         out.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                             f"a/tools/{draft.file_name}", f"b/tools/{draft.file_name}"))
         path.write_text(new, encoding="utf-8")
-        print(f"{'merged' if old and not force else 'wrote'}: tools/{draft.file_name}", file=out)
+        action = "merged" if old and not force else "wrote"
+        print(f"{action}: tools/{draft.file_name}", file=out)
+        done(f"tools/{draft.file_name}", action, notes)
     return kept
