@@ -1,7 +1,9 @@
-"""`toolauthz bundle sign|verify`: sign a bundle in CI, verify it as the sidecar would.
+"""`toolauthz bundle sign|verify|build`: sign a bundle in CI, verify it as the sidecar
+would, and pack it for a bundle server.
 
     toolauthz bundle sign [BUNDLE] --key FILE [--kid KID] [--revision N]
     toolauthz bundle verify [BUNDLE] (--key KID=PEM ... | --config FILE) [--min-revision N]
+    toolauthz bundle build [BUNDLE] -o bundle.tar.gz
 
 `sign` writes `BUNDLE/.signatures.json` (toolauthz/bundle/signature.py) with an Ed25519
 private key file (PKCS#8 PEM, mode 0600, as the other keys). The key id defaults to the
@@ -60,6 +62,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    import hashlib
+
+    from toolauthz.bundle.archive import build_archive
+
+    try:
+        data = build_archive(args.bundle)
+    except SignatureError as exc:
+        print(f"{shown(args.bundle)}: refused: {exc}", file=sys.stderr)
+        return 1
+    target = pathlib.Path(args.output)
+    temporary = target.with_name(f".{target.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, target)  # an uploader never reads half an archive
+    print(f"wrote {target}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}")
+    return 0
+
+
 def _keys(args: argparse.Namespace) -> dict:
     if args.key:
         keys = {}
@@ -78,7 +98,7 @@ def _keys(args: argparse.Namespace) -> dict:
 
 
 def add_bundle_command(subparsers) -> None:
-    bundle = subparsers.add_parser("bundle", help="sign a bundle, or verify its signature")
+    bundle = subparsers.add_parser("bundle", help="sign a bundle, verify its signature, or pack it for a bundle server")
     sub = bundle.add_subparsers(dest="bundle_command", required=True)
     sign = sub.add_parser("sign", help=f"write BUNDLE/{SIGNATURE_FILE}")
     sign.add_argument("bundle", nargs="?", default="policies")
@@ -92,3 +112,7 @@ def add_bundle_command(subparsers) -> None:
     verify.add_argument("--config", help="take the keys from this config's bundle_verification")
     verify.add_argument("--min-revision", type=int, help="refuse a revision below this one (the one serving)")
     verify.set_defaults(func=cmd_verify)
+    build = sub.add_parser("build", help="write the signed bundle as a deterministic tar.gz for a bundle server")
+    build.add_argument("bundle", nargs="?", default="policies")
+    build.add_argument("-o", "--output", required=True, help="the archive to write, e.g. bundle.tar.gz")
+    build.set_defaults(func=cmd_build)

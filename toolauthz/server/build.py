@@ -9,6 +9,7 @@ import os
 import pathlib
 import shlex
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import _async as aio_health
@@ -57,6 +58,10 @@ from toolauthz.tokens import TokenIssuer, TokenVerifier
 from toolauthz.tokens.keyring import MANIFEST, load_keyring
 from toolauthz.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
+if TYPE_CHECKING:  # imported when configured: a bundle server brings the HTTP client
+    from toolauthz.bundle.remote import BundleFetcher, Fetched
+    from toolauthz.server.remote_reload import RemoteBundleReloader
+
 log = logging.getLogger("toolauthz.server")
 
 
@@ -66,7 +71,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
     bundle_keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
-    bundle = load_bundle_snapshot(settings.bundle, bundle_keys)
+    first = _first_remote_bundle(settings, bundle_keys) if settings.bundle_server is not None else None
+    bundle = first[0] if first is not None else load_bundle_snapshot(settings.bundle, bundle_keys)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not settings.store:
@@ -100,8 +106,19 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds,
         retainer=_retainer(settings, bundle, clock))
-    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
-                              clock=clock).start()
+    reloader: BundleReloader | RemoteBundleReloader
+    if first is not None and settings.bundle_server is not None and bundle_keys is not None:
+        from toolauthz.server.remote_reload import PollSchedule, RemoteBundleReloader
+
+        server = settings.bundle_server
+        reloader = RemoteBundleReloader(
+            bundles, first[1], first[2], keys=bundle_keys, audit=writer, clock=clock,
+            schedule=PollSchedule(server.poll_seconds, server.jitter, server.max_backoff_seconds,
+                                  server.revalidate_every),
+            limits=server.archive_limits()).start()
+    else:
+        reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys,
+                                  audit=writer, clock=clock).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
@@ -110,6 +127,17 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, pump, reloader, watches, gate, notifier)
+
+
+def _first_remote_bundle(settings: Settings, keys: dict | None) -> tuple[Bundle, BundleFetcher, Fetched]:
+    """The bundle server's bundle to start with (settings require `bundle_verification`)."""
+    from toolauthz.bundle.remote import BundleFetcher
+    from toolauthz.server.remote_reload import fetch_first_bundle
+
+    assert settings.bundle_server is not None and keys is not None
+    fetcher = BundleFetcher(settings.bundle_server.fetch_options())
+    bundle, fetched = fetch_first_bundle(fetcher, keys, settings.bundle_server.archive_limits())
+    return bundle, fetcher, fetched
 
 
 def _retainer(settings: Settings, bundle: Bundle, clock: Clock) -> Retainer | None:

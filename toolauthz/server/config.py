@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolauthz.audit.records import DEFAULT_CHAINS, MAX_CHAINS
 from toolauthz.batch import DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, BatchLimits
 from toolauthz.errors import ToolAuthzError
+from toolauthz.server.bundle_server_settings import BundleServerSettings
 from toolauthz.store.open import parse_store_url
 
 
@@ -270,6 +271,8 @@ class Settings(_Strict):
     bundle: pathlib.Path = pathlib.Path("policies")
     # Verify every bundle against its signature before it loads (at start and each reload).
     bundle_verification: BundleVerificationSettings | None = None
+    # Poll a bundle server for the bundle archive instead of reading `bundle` (a directory).
+    bundle_server: BundleServerSettings | None = None
     listen: str = "127.0.0.1:50051"
     # Serve the Approvals service on its own address instead of `listen` (empty: same server).
     approvals_listen: str = ""
@@ -355,6 +358,12 @@ class Settings(_Strict):
         except ValueError:
             port = ""
         return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+
+    @model_validator(mode="after")
+    def _served_bundles_are_signed(self) -> Settings:
+        if self.bundle_server is not None and self.bundle_verification is None:
+            raise ValueError("a bundle from `bundle_server` must be signed: set `bundle_verification`")
+        return self
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
