@@ -120,6 +120,10 @@ def read_archive(data: bytes, limits: ArchiveLimits = DEFAULT_LIMITS) -> Mapping
                 if len(content) != member.size:
                     raise ArchiveError(f"`{_shown(name)}` is truncated")
                 files[name] = content
+        # Read to the gzip stream's end (within the cap): its trailer is checked, and
+        # data after it refused, even though the tar's end-of-archive came first.
+        while stream.read(_STEP):
+            pass
     except ArchiveError:
         raise
     except (tarfile.TarError, UnicodeError, EOFError, OSError, ValueError) as exc:
