@@ -99,16 +99,18 @@ class BundleFetcher:
         for _hop in range(MAX_REDIRECTS + 1):
             try:
                 async with client.stream("GET", url, headers=headers) as response:
-                    if response.is_redirect:
-                        url = self._same_origin(url, response.headers.get("location", ""))
-                        continue
                     if response.status_code == 304 and etag:
                         return Fetched(None, etag)
+                    if response.has_redirect_location:
+                        url = self._same_origin(url, response.headers.get("location", ""))
+                        continue
                     if response.status_code != 200:
                         raise BundleFetchError("status", f"the bundle server answered HTTP {response.status_code}")
                     body = await self._body(response)
                     return Fetched(body, _usable_etag(response.headers.get("etag", "")))
-            except httpx2.TransportError as exc:
+            except (httpx2.HTTPError, httpx2.StreamError, ssl.SSLError, OSError) as exc:
+                # An alert after the handshake (a client certificate refused) comes up
+                # as a bare ssl.SSLError, not wrapped by the HTTP client.
                 raise _transport_error(exc) from None
         raise BundleFetchError("redirect", f"the bundle server redirected more than {MAX_REDIRECTS} times")
 
@@ -167,7 +169,7 @@ def _usable_etag(value: str) -> str:
     return value if _ETAG.fullmatch(value) else ""
 
 
-def _transport_error(exc: httpx2.TransportError) -> BundleFetchError:
+def _transport_error(exc: Exception) -> BundleFetchError:
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, ssl.SSLError):

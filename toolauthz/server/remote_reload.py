@@ -177,7 +177,10 @@ class RemoteBundleReloader:
     def _next(self, body: bytes, serving: Bundle) -> Bundle:
         """As BundleReloader._next: not older than the serving revision, and other content
         under the same revision is refused (a revision names one signed bundle)."""
-        bundle = load_from_archive(body, self._keys, serving.revision, self._limits)
+        try:
+            bundle = load_from_archive(body, self._keys, serving.revision, self._limits)
+        except OSError as exc:  # the temporary directory (from_files.py): no bundle, said why
+            raise BundleError([Problem(self.source, f"cannot load the archive: {exc.strerror}")]) from None
         if bundle.revision == serving.revision and bundle.version != serving.version:
             raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
                                                        "but the content differs; sign a new revision")])
@@ -245,4 +248,9 @@ class RemoteBundleReloader:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.reload(unconditional=triggered)
+            try:
+                self.reload(unconditional=triggered)
+            except Exception:  # a poller that dies would leave a sidecar stale for good, silently
+                log.exception("bundle poll failed unexpectedly; version %s keeps serving",
+                              self._holder.current.version)
+                self.failures += 1
