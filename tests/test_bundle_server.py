@@ -309,3 +309,24 @@ def test_the_poller_thread_polls_on_its_schedule(server, ca, tmp_path, bundle_di
         assert reloader._holder.current.revision == 2
     finally:
         reloader.close()
+
+
+def test_closing_the_poller_cancels_a_fetch_stuck_on_a_slow_server(server, ca, tmp_path, key):
+    """A stopping sidecar does not wait for a slow server's deadline (300 s here: a close
+    that waited for it would hang the test)."""
+    import threading
+
+    reloader = poller(server, ca, tmp_path, key, timeout_seconds=300.0)
+    reloader._schedule = PollSchedule(0.01, jitter=0.0)
+    answering = threading.Event()
+
+    def stall(handler: Handler) -> None:
+        answering.set()
+        server.stopping.wait(600)
+
+    server.respond = stall
+    reloader.start()
+    assert answering.wait(30)
+    reloader.close()
+    assert reloader._thread is not None and not reloader._thread.is_alive()
+    assert reloader.failures == 0 and reloader._audit.events == []  # not an outage

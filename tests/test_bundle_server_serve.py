@@ -180,3 +180,31 @@ def _with_file(archive: bytes, name: str, data: bytes) -> bytes:
                 content, member.size = data, len(data)
             bad.addfile(member, io.BytesIO(content))
     return buffer.getvalue()
+
+
+@pytest.mark.parametrize("server_settings, message", [
+    ({"url": "http://bundles.example.com/b.tar.gz"}, "must be an https:// url"),
+    ({"url": "https://user:pw@bundles.example.com/b.tar.gz"}, "may hold no user, password or fragment"),
+    ({"url": "https://bundles.example.com/b.tar.gz", "client_cert_file": "/x.pem"}, "go together"),
+    ({"url": "https://bundles.example.com/b.tar.gz", "poll_seconds": 0}, "greater than 0"),
+])
+def test_bad_bundle_server_settings_are_refused_with_a_clear_error(tmp_path, key, server_settings, message):
+    public = tmp_path / "bundle-key.pem"
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    config = tmp_path / "toolauthz.yaml"
+    config.write_text(json.dumps({"data_dir": str(tmp_path / "data"), "bundle_server": server_settings,
+                                  "bundle_verification": {"keys": [{"kid": "ci-1", "file": str(public)}]}}))
+    done = subprocess.run([str(TOOLAUTHZ), "serve", "--config", str(config), "--workers", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert message in (done.stdout + done.stderr).lower() and "Traceback" not in done.stderr
+
+
+def test_a_bundle_server_without_bundle_verification_is_refused(tmp_path):
+    config = tmp_path / "toolauthz.yaml"
+    config.write_text(json.dumps({"data_dir": str(tmp_path / "data"),
+                                  "bundle_server": {"url": "https://bundles.example.com/b.tar.gz"}}))
+    done = subprocess.run([str(TOOLAUTHZ), "serve", "--config", str(config), "--workers", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "a bundle from `bundle_server` must be signed: set `bundle_verification`" in done.stdout + done.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
+import threading
 from dataclasses import dataclass
 
 import httpx2
@@ -36,7 +37,7 @@ class BundleFetchError(ToolAuthzError):
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
-        self.reason = reason  # unreachable | tls | timeout | redirect | status | too_large | credentials
+        self.reason = reason  # unreachable | tls | timeout | redirect | status | too_large | credentials | cancelled
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class BundleFetcher:
             raise ToolAuthzError("a bundle server's URL must start with `https://`")
         self._options = options
         self._tls = tls_context(options)
+        self._lock = threading.Lock()
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Fetched]] | None = None
+        self._cancelled = False  # for good: cancel() is for a sidecar that stops
 
     @property
     def url(self) -> str:
@@ -72,13 +76,34 @@ class BundleFetcher:
 
     def fetch(self, etag: str = "") -> Fetched:
         """The archive, or Fetched(None, etag) for a 304; BundleFetchError otherwise."""
+        loop = asyncio.new_event_loop()
         try:
-            return asyncio.run(self._fetch_within_deadline(etag))
+            task = loop.create_task(self._fetch_within_deadline(etag))
+            with self._lock:
+                self._running = (loop, task)
+                if self._cancelled:  # cancel() came before this fetch began
+                    task.cancel()
+            return loop.run_until_complete(task)
         except BundleFetchError:
             raise
         except TimeoutError:
             raise BundleFetchError("timeout", f"the bundle server did not answer in full within "
                                               f"{self._options.timeout_seconds:g} s") from None
+        except asyncio.CancelledError:
+            raise BundleFetchError("cancelled", "the fetch was cancelled: the sidecar is stopping") from None
+        finally:
+            with self._lock:
+                self._running = None
+            loop.close()
+
+    def cancel(self) -> None:
+        """End a fetch in progress now (from another thread): a sidecar that stops does
+        not wait for a slow server's deadline."""
+        with self._lock:
+            self._cancelled = True
+            if self._running is not None:
+                loop, task = self._running
+                loop.call_soon_threadsafe(task.cancel)
 
     async def _fetch_within_deadline(self, etag: str) -> Fetched:
         # One deadline over connect, TLS, headers and body: per-read timeouts alone let a

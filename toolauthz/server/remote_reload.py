@@ -141,7 +141,8 @@ class RemoteBundleReloader:
         try:
             fetched = self._fetcher.fetch("" if full else self._etag)
         except BundleFetchError as exc:
-            self._unreachable(exc, serving)
+            if exc.reason != "cancelled":  # cancelled: the sidecar is stopping, the server is not down
+                self._unreachable(exc, serving)
             return False
         self._reachable()
         if fetched.body is None:
@@ -239,6 +240,7 @@ class RemoteBundleReloader:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._fetcher.cancel()
         if self._thread is not None:
             self._thread.join()
 
