@@ -327,6 +327,9 @@ def test_closing_the_poller_cancels_a_fetch_stuck_on_a_slow_server(server, ca, t
     server.respond = stall
     reloader.start()
     assert answering.wait(30)
-    reloader.close()
+    closing = threading.Thread(target=reloader.close)
+    closing.start()
+    closing.join(60)  # a hung close fails here, not after the fetch's 300 s
+    assert not closing.is_alive()
     assert reloader._thread is not None and not reloader._thread.is_alive()
     assert reloader.failures == 0 and reloader._audit.events == []  # not an outage
