@@ -228,9 +228,11 @@ def test_an_outage_keeps_serving_backs_off_records_once_and_recovers(server, ca,
     reloader = poller(server, ca, tmp_path, key)
     version = reloader._holder.current.version
     server.stop()
+    unreachable = metrics.BUNDLE_FETCHES.labels(outcome="unreachable")._value.get()
     for _ in range(3):
         assert "the bundle server is unreachable" in refused_and_still_serving(reloader, version)
-    assert reloader.failures == 3
+    assert reloader.failures == 3 and metrics.BUNDLE_FETCH_FAILURES._value.get() == 3
+    assert metrics.BUNDLE_FETCHES.labels(outcome="unreachable")._value.get() == unreachable + 3
     assert [e.result for e in reloader._audit.events] == ["unreachable"]  # one record per outage
     schedule = PollSchedule(2.0, jitter=0.1, max_backoff_seconds=30.0)
     assert schedule.delay(0, lambda low, high: high) == pytest.approx(2.2)
@@ -239,6 +241,7 @@ def test_an_outage_keeps_serving_backs_off_records_once_and_recovers(server, ca,
     publish_revision(server, bundle_dir, key, 2)
     server.start()
     assert reloader.reload() is True and reloader.failures == 0 and reloader.last_error == ""
+    assert metrics.BUNDLE_FETCH_FAILURES._value.get() == 0
 
 
 def test_a_tampered_or_older_archive_is_refused_and_the_refusal_stays_visible(server, ca, tmp_path, bundle_dir, key):
