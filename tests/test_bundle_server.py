@@ -336,3 +336,27 @@ def test_closing_the_poller_cancels_a_fetch_stuck_on_a_slow_server(server, ca, t
     assert not closing.is_alive()
     assert reloader._thread is not None and not reloader._thread.is_alive()
     assert reloader.failures == 0 and reloader._audit.events == []  # not an outage
+
+
+@pytest.mark.parametrize("location", ["http://127.0.0.1:{port}/bundle.tar.gz", "https://127.0.0.1:1/bundle.tar.gz",
+                                      "https://evil.example/bundle.tar.gz", "//evil.example/bundle.tar.gz"])
+def test_a_redirect_to_another_scheme_port_or_host_is_refused(server, ca, tmp_path, key, location):
+    reloader = poller(server, ca, tmp_path, key)
+    server.respond = lambda h: h.redirect(location.format(port=server.port))
+    assert "redirected to another origin" in refused_and_still_serving(reloader, reloader._holder.current.version)
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+def test_an_error_status_keeps_the_last_good_bundle(server, ca, tmp_path, key, status):
+    reloader = poller(server, ca, tmp_path, key)
+    server.respond = lambda h: h.send(status, b"<html>nope</html>")
+    error = refused_and_still_serving(reloader, reloader._holder.current.version)
+    assert f"the bundle server answered HTTP {status}" in error and "nope" not in error
+
+
+@pytest.mark.parametrize("etag", ['"a"\r\nX-Injected: 1', '"' + "a" * 300 + '"', "unquoted", '"caf\u00e9"'])
+def test_an_etag_that_is_not_a_plain_entity_tag_is_never_sent_back(etag):
+    from toolauthz.bundle.remote import _usable_etag
+
+    assert _usable_etag(etag) == ""
+    assert _usable_etag('W/"abc-123"') == 'W/"abc-123"'
