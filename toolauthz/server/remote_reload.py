@@ -66,7 +66,10 @@ def load_from_archive(data: bytes, keys: Mapping[str, Ed25519PublicKey], min_rev
         files = read_archive(data, limits)
     except ArchiveError as exc:
         raise BundleError([Problem(SIGNATURE_FILE, f"refused: {exc}")]) from None
-    return load_bundle_files(files, keys, min_revision)
+    try:
+        return load_bundle_files(files, keys, min_revision)
+    except OSError as exc:  # its temporary directory (from_files.py): no bundle, and why
+        raise BundleError([Problem(SIGNATURE_FILE, f"cannot load the archive: {exc.strerror}")]) from None
 
 
 def fetch_first_bundle(fetcher: BundleFetcher, keys: Mapping[str, Ed25519PublicKey],
@@ -77,7 +80,8 @@ def fetch_first_bundle(fetcher: BundleFetcher, keys: Mapping[str, Ed25519PublicK
         fetched = fetcher.fetch()
     except BundleFetchError as exc:
         raise BundleError([Problem(fetcher.url, f"cannot fetch the bundle: {exc}")]) from None
-    assert fetched.body is not None  # no ETag sent, so no 304
+    if fetched.body is None:  # not expected: no ETag was sent, and a 304 to none is an error
+        raise BundleError([Problem(fetcher.url, "cannot fetch the bundle: the server sent no archive")])
     return load_from_archive(fetched.body, keys, None, limits), fetched
 
 
@@ -178,10 +182,7 @@ class RemoteBundleReloader:
     def _next(self, body: bytes, serving: Bundle) -> Bundle:
         """As BundleReloader._next: not older than the serving revision, and other content
         under the same revision is refused (a revision names one signed bundle)."""
-        try:
-            bundle = load_from_archive(body, self._keys, serving.revision, self._limits)
-        except OSError as exc:  # the temporary directory (from_files.py): no bundle, said why
-            raise BundleError([Problem(self.source, f"cannot load the archive: {exc.strerror}")]) from None
+        bundle = load_from_archive(body, self._keys, serving.revision, self._limits)
         if bundle.revision == serving.revision and bundle.version != serving.version:
             raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
                                                        "but the content differs; sign a new revision")])
