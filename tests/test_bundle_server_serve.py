@@ -208,3 +208,16 @@ def test_a_bundle_server_without_bundle_verification_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "a bundle from `bundle_server` must be signed: set `bundle_verification`" in done.stdout + done.stderr
+
+
+def test_a_bundle_directory_and_a_bundle_server_together_are_refused(tmp_path, key, bundle_dir):
+    public = tmp_path / "bundle-key.pem"
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    config = tmp_path / "toolauthz.yaml"
+    config.write_text(json.dumps({"data_dir": str(tmp_path / "data"),
+                                  "bundle_server": {"url": "https://bundles.example.com/b.tar.gz"},
+                                  "bundle_verification": {"keys": [{"kid": "ci-1", "file": str(public)}]}}))
+    done = subprocess.run([str(TOOLAUTHZ), "serve", "--config", str(config), "--bundle", str(bundle_dir),
+                           "--workers", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "`bundle` (a directory) and `bundle_server` exclude each other" in done.stdout + done.stderr

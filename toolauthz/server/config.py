@@ -363,6 +363,9 @@ class Settings(_Strict):
     def _served_bundles_are_signed(self) -> Settings:
         if self.bundle_server is not None and self.bundle_verification is None:
             raise ValueError("a bundle from `bundle_server` must be signed: set `bundle_verification`")
+        if self.bundle_server is not None and "bundle" in self.model_fields_set:
+            # One source: a directory named too would be silently ignored.
+            raise ValueError("`bundle` (a directory) and `bundle_server` exclude each other: give one")
         return self
 
     @model_validator(mode="after")
