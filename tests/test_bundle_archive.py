@@ -100,6 +100,24 @@ def test_the_cli_builds_the_archive(bundle_dir, key, tmp_path):
     assert "Traceback" not in done.stderr and not (tmp_path / "x.tar.gz").exists()
 
 
+def test_the_cli_verifies_an_archive_as_the_poller_does(bundle_dir, key, tmp_path):
+    from cryptography.hazmat.primitives import serialization as ser
+
+    public = tmp_path / "ci-1.pub"
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    good = tmp_path / "bundle.tar.gz"
+    good.write_bytes(build_archive(signed(bundle_dir, key, 6)))
+    verify = [str(TOOLAUTHZ), "bundle", "verify", "--key", f"ci-1={public}"]
+    done = subprocess.run([*verify, str(good)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "revision 6" in done.stdout, done.stderr
+    done = subprocess.run([*verify, "--min-revision", "7", str(good)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "revision 6 is older than the serving one, 7" in done.stderr
+    hostile = tmp_path / "hostile.tar.gz"
+    hostile.write_bytes(tar_gz(entry("refunds.cedar", kind=tarfile.SYMTYPE, link="/etc/passwd")))
+    done = subprocess.run([*verify, str(hostile)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "`refunds.cedar` is a symlink" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("member, message", [
     (entry("../refunds.cedar"), "is not a plain relative path"),
     (entry("tools/../../etc/passwd"), "is not a plain relative path"),

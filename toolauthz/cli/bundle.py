@@ -2,7 +2,7 @@
 would, and pack it for a bundle server.
 
     toolauthz bundle sign [BUNDLE] --key FILE [--kid KID] [--revision N]
-    toolauthz bundle verify [BUNDLE] (--key KID=PEM ... | --config FILE) [--min-revision N]
+    toolauthz bundle verify [BUNDLE | ARCHIVE] (--key KID=PEM ... | --config FILE) [--min-revision N]
     toolauthz bundle build [BUNDLE] -o bundle.tar.gz
 
 `sign` writes `BUNDLE/.signatures.json` (toolauthz/bundle/signature.py) with an Ed25519
@@ -54,12 +54,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     keys = _keys(args)
     try:
-        manifest = verify_bundle(bundle_snapshot(args.bundle), keys, args.min_revision)
+        if os.path.isfile(args.bundle):  # an archive of `bundle build`: read as a sidecar reads it
+            manifest = _verify_archive(args.bundle, keys, args.min_revision)
+        else:
+            manifest = verify_bundle(bundle_snapshot(args.bundle), keys, args.min_revision)
     except SignatureError as exc:
-        print(f"{args.bundle}: refused: {exc}", file=sys.stderr)
+        print(f"{shown(args.bundle)}: refused: {exc}", file=sys.stderr)
         return 1
     print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
     return 0
+
+
+def _verify_archive(path: str, keys: dict, min_revision: int | None):
+    from toolauthz.bundle.archive import DEFAULT_LIMITS, ArchiveError, read_archive
+    from toolauthz.bundle.from_files import verify_files
+    from toolauthz.files.bounded import FileRefused, read_bounded
+
+    try:
+        data = read_bounded(path, DEFAULT_LIMITS.max_compressed_bytes)
+        return verify_files(read_archive(data), keys, min_revision)
+    except FileRefused:
+        raise SignatureError(f"the archive is larger than {DEFAULT_LIMITS.max_compressed_bytes} bytes") from None
+    except OSError as exc:
+        raise SignatureError(f"cannot read the archive: {exc.strerror}") from None
+    except ArchiveError as exc:
+        raise SignatureError(str(exc)) from None
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -106,7 +125,8 @@ def add_bundle_command(subparsers) -> None:
     sign.add_argument("--kid", help="the key id the sidecar's bundle_verification names (default: thumbprint)")
     sign.add_argument("--revision", type=int, help="a number above the last signed one (default: Unix time)")
     sign.set_defaults(func=cmd_sign)
-    verify = sub.add_parser("verify", help="check a bundle against its signature, as serve and reload do")
+    verify = sub.add_parser("verify", help="check a bundle (a directory or an archive of `bundle build`) against "
+                                           "its signature, as serve, reload and the bundle server's poller do")
     verify.add_argument("bundle", nargs="?", default="policies")
     verify.add_argument("--key", action="append", metavar="KID=PEM_FILE", help="a public key (repeat for several)")
     verify.add_argument("--config", help="take the keys from this config's bundle_verification")
