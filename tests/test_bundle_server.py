@@ -19,9 +19,10 @@ from tests.certs import CertificateAuthority
 from tests.test_bundle_archive import entry, signed, tar_gz
 from toolauthz.bundle import BundleHolder
 from toolauthz.bundle.archive import DEFAULT_LIMITS, ArchiveLimits, build_archive
-from toolauthz.bundle.remote import BundleFetcher, BundleFetchError, FetchOptions
+from toolauthz.bundle.remote import BundleFetcher, BundleFetchError, Fetched, FetchOptions
 from toolauthz.errors import BundleError
-from toolauthz.server.remote_reload import PollSchedule, RemoteBundleReloader, fetch_first_bundle
+from toolauthz.server.remote_reload import PollSchedule, RemoteBundleReloader
+from toolauthz.server.remote_start import first_bundle
 from toolauthz.telemetry import metrics
 
 FORBID = '@id("no-measurements")\nforbid (principal, action == Action::"tool:measure_runtime", resource);\n'
@@ -63,8 +64,9 @@ class Records:
 def poller(server, ca, tmp_path, key, *, revalidate_every: int = 10, limits: ArchiveLimits = DEFAULT_LIMITS,
            **overrides) -> RemoteBundleReloader:
     fetcher = BundleFetcher(options(server, ca, tmp_path, **overrides))
-    bundle, first = fetch_first_bundle(fetcher, {"ci-1": key.public_key()}, limits)
-    return RemoteBundleReloader(BundleHolder(bundle), fetcher, first, keys={"ci-1": key.public_key()},
+    start = first_bundle(fetcher, {"ci-1": key.public_key()}, limits, tmp_path / "no-cache.tar.gz")
+    (tmp_path / "no-cache.tar.gz").unlink()
+    return RemoteBundleReloader(BundleHolder(start.bundle), fetcher, start.fetched, keys={"ci-1": key.public_key()},
                                 schedule=PollSchedule(1.0, revalidate_every=revalidate_every), limits=limits,
                                 audit=Records())  # type: ignore[arg-type]
 
@@ -221,7 +223,7 @@ def test_a_tls_error_keeps_the_last_good_bundle_and_refuses_a_start(server, ca, 
     assert reloader._audit.events[-1].result == "unreachable"
     assert reloader._audit.events[-1].error_codes == ("bundle_tls",)
     with pytest.raises(BundleError, match="cannot fetch the bundle: TLS"):
-        fetch_first_bundle(reloader._fetcher, {"ci-1": key.public_key()}, ArchiveLimits())
+        first_bundle(reloader._fetcher, {"ci-1": key.public_key()}, ArchiveLimits(), tmp_path / "none.tar.gz")
 
 
 def test_an_outage_keeps_serving_backs_off_records_once_and_recovers(server, ca, tmp_path, bundle_dir, key):
@@ -360,3 +362,43 @@ def test_an_etag_that_is_not_a_plain_entity_tag_is_never_sent_back(etag):
 
     assert _usable_etag(etag) == ""
     assert _usable_etag('W/"abc-123"') == 'W/"abc-123"'
+
+
+def test_a_restart_during_an_outage_serves_the_cached_last_good_archive(server, ca, tmp_path, bundle_dir, key):
+    keys = {"ci-1": key.public_key()}
+    cache = tmp_path / "data" / "bundle-server.tar.gz"
+    cache.parent.mkdir()
+    fetcher = BundleFetcher(options(server, ca, tmp_path))
+    reloader = RemoteBundleReloader(BundleHolder(first_bundle(fetcher, keys, ArchiveLimits(), cache).bundle),
+                                    fetcher, Fetched(server.archive, server.etag), keys=keys,
+                                    schedule=PollSchedule(1.0), cache=cache)
+    assert cache.read_bytes() == server.archive and cache.stat().st_mode & 0o777 == 0o600
+    publish_revision(server, bundle_dir, key, 3)
+    assert reloader.reload() is True and cache.read_bytes() == server.archive  # each activation is kept
+    served = reloader._holder.current.version
+
+    server.stop()
+    start = first_bundle(fetcher, keys, ArchiveLimits(), cache)
+    assert start.unreachable and start.bundle.version == served and start.bundle.revision == 3
+    assert "serving the cached revision 3" in start.problem
+    records = Records()
+    restarted = RemoteBundleReloader(BundleHolder(start.bundle), fetcher, start.fetched, keys=keys,
+                                     schedule=PollSchedule(1.0), audit=records,  # type: ignore[arg-type]
+                                     start_problem=start.problem, start_unreachable=start.unreachable)
+    assert restarted.last_error == start.problem and restarted.failures == 1
+    assert [e.result for e in records.events] == ["unreachable"]
+
+
+def test_at_start_an_older_or_tampered_archive_loses_to_the_cached_one(server, ca, tmp_path, bundle_dir, key):
+    keys = {"ci-1": key.public_key()}
+    cache = tmp_path / "bundle-server.tar.gz"
+    fetcher = BundleFetcher(options(server, ca, tmp_path))
+    publish_revision(server, bundle_dir, key, 5)
+    assert first_bundle(fetcher, keys, ArchiveLimits(), cache).bundle.revision == 5
+    publish_revision(server, bundle_dir, key, 4)  # the server rolled back
+    start = first_bundle(fetcher, keys, ArchiveLimits(), cache)
+    assert start.bundle.revision == 5 and not start.unreachable
+    assert "revision 4 is older than the serving one, 5" in start.problem
+    cache.write_bytes(cache.read_bytes()[:-30])  # a damaged cache is not used: the server's bundle is
+    start = first_bundle(fetcher, keys, ArchiveLimits(), cache)
+    assert start.bundle.revision == 4 and start.problem == ""

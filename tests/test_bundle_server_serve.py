@@ -107,7 +107,7 @@ def test_a_served_sidecar_follows_the_bundle_server_and_keeps_the_last_good_bund
     server, ca = bundle_server
     sidecar = Sidecar(config_for(tmp_path, server, ca, key))
     try:
-        line = sidecar.await_line("serving")
+        line = sidecar.await_line("toolauthz serving bundle")
         assert server.url in line
         port = int(line.split(" on ")[1].split(",")[0].rsplit(":", 1)[1])
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -166,7 +166,7 @@ def test_a_sidecar_does_not_start_without_a_verified_bundle_from_its_server(tmp_
     output = "".join(iter(lambda: sidecar.lines.get(timeout=LINE_TIMEOUT), ""))
     assert sidecar.stop() != 0
     assert "refused" in output and "Traceback" not in output
-    assert "serving" not in output
+    assert "toolauthz serving bundle" not in output
 
 
 def _with_file(archive: bytes, name: str, data: bytes) -> bytes:
@@ -221,3 +221,34 @@ def test_a_bundle_directory_and_a_bundle_server_together_are_refused(tmp_path, k
                            "--workers", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "`bundle` (a directory) and `bundle_server` exclude each other" in done.stdout + done.stderr
+
+
+def test_a_sidecar_restarted_during_an_outage_serves_its_last_good_archive(tmp_path, bundle_dir, key,
+                                                                           bundle_server):
+    server, ca = bundle_server
+    config = config_for(tmp_path, server, ca, key)
+    publish_revision(server, bundle_dir, key, 2)
+    first = Sidecar(config)
+    try:
+        first.await_line("toolauthz serving bundle")
+    finally:
+        assert first.stop() == 0
+    server.stop()
+    second = Sidecar(config)
+    try:
+        line = second.await_line("toolauthz serving bundle")
+        port = int(line.split(" on ")[1].split(",")[0].rsplit(":", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+            assert "serving the cached revision 2" in status.last_reload_error
+            assert measure(stub, "cached") == pb.DENY  # revision 2's forbid
+            publish_revision(server, bundle_dir, key, 3, extra="")
+            server.start()
+            second.await_line("bundle from the bundle server loaded")
+            assert measure(stub, "back") == pb.ALLOW
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=10).last_reload_error == ""
+    finally:
+        code = second.stop()
+        rest = "".join(iter(lambda: second.lines.get(timeout=5), ""))
+        assert code == 0, "".join(second.seen) + rest

@@ -22,7 +22,7 @@ from toolauthz.authorizer import Authorizer
 from toolauthz.authorizer.retainer import Retainer
 from toolauthz.bundle import Bundle, BundleHolder
 from toolauthz.clock import Clock, SystemClock
-from toolauthz.errors import KeyFileError, StoreUnavailable
+from toolauthz.errors import KeyFileError, StoreUnavailable, ToolAuthzError
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -59,8 +59,8 @@ from toolauthz.tokens.keyring import MANIFEST, load_keyring
 from toolauthz.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
 if TYPE_CHECKING:  # imported when configured: a bundle server brings the HTTP client
-    from toolauthz.bundle.remote import BundleFetcher, Fetched
     from toolauthz.server.remote_reload import RemoteBundleReloader
+    from toolauthz.server.remote_start import RemoteStart
 
 log = logging.getLogger("toolauthz.server")
 
@@ -72,7 +72,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     clock = clock or SystemClock()
     bundle_keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
     first = _first_remote_bundle(settings, bundle_keys) if settings.bundle_server is not None else None
-    bundle = first[0] if first is not None else load_bundle_snapshot(settings.bundle, bundle_keys)
+    bundle = first.bundle if first is not None else load_bundle_snapshot(settings.bundle, bundle_keys)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not settings.store:
@@ -109,13 +109,15 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     reloader: BundleReloader | RemoteBundleReloader
     if first is not None and settings.bundle_server is not None and bundle_keys is not None:
         from toolauthz.server.remote_reload import PollSchedule, RemoteBundleReloader
+        from toolauthz.server.remote_start import CACHE_FILE
 
         server = settings.bundle_server
         reloader = RemoteBundleReloader(
-            bundles, first[1], first[2], keys=bundle_keys, audit=writer, clock=clock,
+            bundles, first.fetcher, first.fetched, keys=bundle_keys, audit=writer, clock=clock,
             schedule=PollSchedule(server.poll_seconds, server.jitter, server.max_backoff_seconds,
                                   server.revalidate_every),
-            limits=server.archive_limits()).start()
+            limits=server.archive_limits(), cache=settings.data_dir / CACHE_FILE,
+            start_problem=first.problem, start_unreachable=first.unreachable).start()
     else:
         reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys,
                                   audit=writer, clock=clock).start()
@@ -129,15 +131,16 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                    desk, approval_store, pump, reloader, watches, gate, notifier)
 
 
-def _first_remote_bundle(settings: Settings, keys: dict | None) -> tuple[Bundle, BundleFetcher, Fetched]:
-    """The bundle server's bundle to start with (settings require `bundle_verification`)."""
+def _first_remote_bundle(settings: Settings, keys: dict | None) -> RemoteStart:
+    """The bundle server's bundle to start with, or the cached last good one."""
     from toolauthz.bundle.remote import BundleFetcher
-    from toolauthz.server.remote_reload import fetch_first_bundle
+    from toolauthz.server.remote_start import CACHE_FILE, first_bundle
 
-    assert settings.bundle_server is not None and keys is not None
+    if settings.bundle_server is None or keys is None:  # the settings require both together
+        raise ToolAuthzError("a bundle server needs `bundle_verification`")
     fetcher = BundleFetcher(settings.bundle_server.fetch_options())
-    bundle, fetched = fetch_first_bundle(fetcher, keys, settings.bundle_server.archive_limits())
-    return bundle, fetcher, fetched
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return first_bundle(fetcher, keys, settings.bundle_server.archive_limits(), settings.data_dir / CACHE_FILE)
 
 
 def _retainer(settings: Settings, bundle: Bundle, clock: Clock) -> Retainer | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import pathlib
 import random
 import threading
 from collections.abc import Callable, Mapping
@@ -72,17 +74,28 @@ def load_from_archive(data: bytes, keys: Mapping[str, Ed25519PublicKey], min_rev
         raise BundleError([Problem(SIGNATURE_FILE, f"cannot load the archive: {exc.strerror}")]) from None
 
 
-def fetch_first_bundle(fetcher: BundleFetcher, keys: Mapping[str, Ed25519PublicKey],
-                       limits: ArchiveLimits) -> tuple[Bundle, Fetched]:
-    """The bundle a sidecar starts with. No archive, or a bad one, refuses the start:
-    there is no last good bundle yet to fall back on."""
+def successor(body: bytes, serving: Bundle | None, keys: Mapping[str, Ed25519PublicKey],
+              limits: ArchiveLimits) -> Bundle:
+    """The bundle an archive holds if it may follow `serving`: not older, and other
+    content under the same revision is refused (a revision names one signed bundle)."""
+    bundle = load_from_archive(body, keys, serving.revision if serving is not None else None, limits)
+    if serving is not None and bundle.revision == serving.revision and bundle.version != serving.version:
+        raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
+                                                   "but the content differs; sign a new revision")])
+    return bundle
+
+
+def save_archive(cache: pathlib.Path, data: bytes) -> None:
+    """Keep `data` as the last good archive; a failure is logged, never fatal."""
+    temporary = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
-        fetched = fetcher.fetch()
-    except BundleFetchError as exc:
-        raise BundleError([Problem(fetcher.url, f"cannot fetch the bundle: {exc}")]) from None
-    if fetched.body is None:  # not expected: no ETag was sent, and a 304 to none is an error
-        raise BundleError([Problem(fetcher.url, "cannot fetch the bundle: the server sent no archive")])
-    return load_from_archive(fetched.body, keys, None, limits), fetched
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, cache)
+    except OSError as exc:
+        log.warning("cannot keep the bundle archive (sha256 %s) in `%s`: %s", hashlib.sha256(data).hexdigest()[:16],
+                    cache, exc.strerror)
 
 
 class RemoteBundleReloader:
@@ -92,7 +105,11 @@ class RemoteBundleReloader:
     def __init__(self, holder: BundleHolder, fetcher: BundleFetcher, first: Fetched, *,
                  keys: Mapping[str, Ed25519PublicKey], schedule: PollSchedule, limits: ArchiveLimits = DEFAULT_LIMITS,
                  audit: AuditSink | None = None, clock: Clock | None = None,
-                 draw: Callable[[float, float], float] = random.uniform):
+                 draw: Callable[[float, float], float] = random.uniform, cache: pathlib.Path | None = None,
+                 start_problem: str = "", start_unreachable: bool = False):
+        """`first`: the archive serving now. `cache`: where each activated archive is kept
+        (remote_start.py). `start_problem`: why the start fell back to the cached archive
+        (`start_unreachable`: because the server could not be reached)."""
         self._holder = holder
         self._fetcher = fetcher
         self._keys = keys
@@ -116,6 +133,19 @@ class RemoteBundleReloader:
         self._thread: threading.Thread | None = None
         self.after_swap: Callable[[], None] | None = None
         self.after_attempt: Callable[[], None] | None = None
+        self._cache = cache
+        if start_problem:
+            self.last_error = start_problem
+            serving = holder.current
+            if start_unreachable:
+                self.failures = 1
+                metrics.BUNDLE_FETCH_FAILURES.set(1)
+                self._record(BUNDLE_UNREACHABLE, serving, ("bundle_unreachable",),
+                             {"reason": start_problem[:2000], "source": self.source})
+            else:
+                self._refusal = start_problem
+                self._record(BUNDLE_REFUSED, serving, ("bundle_signature",),
+                             {"reason": start_problem[:2000], "source": self.source})
 
     @property
     def source(self) -> str:
@@ -159,7 +189,7 @@ class RemoteBundleReloader:
             return False
         self._digest = digest  # judged once: the same bad archive is not re-verified every poll
         try:
-            bundle = self._next(fetched.body, serving)
+            bundle = successor(fetched.body, serving, self._keys, self._limits)
         except BundleError as exc:
             self._refused(exc, serving)
             return False
@@ -168,6 +198,8 @@ class RemoteBundleReloader:
             metrics.BUNDLE_FETCHES.labels(outcome="unchanged").inc()
             return False
         self._holder.swap(bundle)
+        if self._cache is not None:
+            save_archive(self._cache, fetched.body)
         metrics.BUNDLE_FETCHES.labels(outcome="new").inc()
         self._record(BUNDLE_LOADED, bundle, (), {"previous_version": serving.version, "revision": bundle.revision,
                                                  "source": self.source})
@@ -178,15 +210,6 @@ class RemoteBundleReloader:
         self.reloads += 1
         log.info("bundle from the bundle server loaded: version %s, revision %s", bundle.version, bundle.revision)
         return True
-
-    def _next(self, body: bytes, serving: Bundle) -> Bundle:
-        """As BundleReloader._next: not older than the serving revision, and other content
-        under the same revision is refused (a revision names one signed bundle)."""
-        bundle = load_from_archive(body, self._keys, serving.revision, self._limits)
-        if bundle.revision == serving.revision and bundle.version != serving.version:
-            raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
-                                                       "but the content differs; sign a new revision")])
-        return bundle
 
     def _refused(self, exc: BundleError, serving: Bundle) -> None:
         self.last_error = self._refusal = f"bundle server archive refused: {exc}"
