@@ -15,6 +15,8 @@ import time
 
 import pytest
 from conftest import make_request
+from hypothesis import given
+from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook
 
 from toolauthz.clock import FrozenClock
@@ -280,8 +282,36 @@ def test_slack_message_escapes_what_a_model_or_runtime_wrote_and_links_the_conso
         "reason": "no <script>", "expires_at": "", "url": ""}}
     text = slack_message(body)["text"]
     assert "<!channel>" not in text and "<http://evil" not in text and "<@U123>" not in text
-    assert "&lt;!channel&gt;" in text and "\\n*bold*" in text and "&amp; more" in text
-    assert "no &lt;script&gt;" in text
+    assert "&lt;!channel&gt;" in text and "␊*bold*" in text and "&amp; more" in text
+    assert "`no &lt;script&gt;`" in text
+    # Quotes are shown as they are: Slack has no backslash escape, so none is written.
+    assert '`User::"alice"`' in text and "\\" not in text
+
+
+def _outside_code_spans(text: str) -> str:
+    """What Slack would format: the text with every code span taken out."""
+    parts = text.split("`")
+    assert len(parts) % 2 == 1, "an unclosed code span"
+    return "".join(parts[0::2])
+
+
+@given(st.text(max_size=40), st.text(max_size=40), st.text(max_size=40))
+def test_slack_message_keeps_every_supplied_string_inside_its_own_code_span(resource, label, reason):
+    body = {"type": "approval.decided", "data": {
+        "tool": "issue_refund", "resource": resource, "requester": resource, "group": "finance",
+        "tenant": "acme", "short_code": "ABCD-1234", "fields": {label: reason}, "status": reason,
+        "approver": reason, "reason": reason, "expires_at": "", "url": ""}}
+    text = slack_message(body)["text"]
+    # The spans pair up however many backticks the values held, and what stays outside
+    # them is the sidecar's own words: no supplied markup, link, mention or newline.
+    outside = _outside_code_spans(text)
+    for own in ("*Approval decided*", "*Approval rejected*", "*Approval approved*", "*Approval expired*",
+                " on ", "requested by ", " for group ", "(tenant ", "), code ", ": ", " by ", "\n"):
+        outside = outside.replace(own, "")
+    assert set(outside) <= set(" "), outside
+    assert text.count("\n") == 3  # four lines, whatever the values held
+    # No escape syntax is added: the backslashes are the values' own.
+    assert text.count("\\") == 2 * resource.count("\\") + label.count("\\") + 4 * reason.count("\\")
 
 
 def test_sinks_refuse_plain_http_off_loopback_and_unsafe_secret_files(tmp_path):

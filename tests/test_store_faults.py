@@ -24,7 +24,8 @@ WAIT = 30.0
 
 class Proxy:
     """A TCP forwarder to PostgreSQL that the test cuts (every connection closed, new
-    ones closed on arrival) and restores."""
+    ones closed on arrival) and restores, or hangs (connections kept open, bytes taken
+    in and acknowledged by the kernel, nothing forwarded) and resumes."""
 
     def __init__(self, target: tuple[str, int]):
         self._target = target
@@ -32,6 +33,8 @@ class Proxy:
         self.port = self._listener.getsockname()[1]
         self._open = threading.Event()
         self._open.set()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._closed = False
@@ -56,10 +59,10 @@ class Proxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                self._flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass
@@ -83,8 +86,15 @@ class Proxy:
     def restore(self) -> None:
         self._open.set()
 
+    def hang(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self.cut()
         self._listener.close()
 
@@ -172,3 +182,46 @@ def test_a_backend_terminated_mid_transaction_loses_and_duplicates_nothing(setti
     finally:
         server.stop(None)
         car.close()
+
+
+def test_a_hung_database_is_noticed_within_its_bound_then_serving_resumes(settings, clock, postgres_url, proxied):
+    """The link to PostgreSQL stops forwarding without closing (a TCP peer that still
+    acknowledges): on a fleet of two, calls are answered UNAVAILABLE at `store_hang_seconds`,
+    not at their own 30 s deadline, and health turns NOT_SERVING; once the link forwards
+    again both serve, and no call is left half-written."""
+    url, proxy = proxied
+    shared = settings.model_copy(update={"store": url, "store_hang_seconds": 1.0})
+    cars = [build_sidecar(shared, clock=clock) for _ in range(2)]
+    servers = [create_server(car, "127.0.0.1:0") for car in cars]
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _server, port in servers]
+    try:
+        stubs = [pb_grpc.ToolAuthorizerStub(channel) for channel in channels]
+        for n, stub in enumerate(stubs):
+            assert stub.Authorize(make_request(call_id=f"before_{n}")).token
+        proxy.hang()
+        for n, stub in enumerate(stubs):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(make_request(call_id=f"during_{n}"), timeout=WAIT)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+        for channel in channels:
+            until(lambda channel=channel: health_of(channel) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                  "NOT_SERVING while the database hangs")
+        proxy.resume()
+        for channel in channels:
+            until(lambda channel=channel: health_of(channel) == health_pb2.HealthCheckResponse.SERVING,
+                  "SERVING once the database answers")
+        for n, stub in enumerate(stubs):
+            # Cut after its COMMIT was sent, the hung transaction may have committed once
+            # the link forwarded its bytes: whole or not at all, never half.
+            assert rows_of(postgres_url, f"during_{n}") in ((0, 0), (1, 1))
+            again = stub.Authorize(make_request(call_id=f"during_{n}"))
+            assert again.decision == pb.ALLOW and again.token
+            assert rows_of(postgres_url, f"during_{n}") == (1, 1)
+        assert all(car.store.unit._watchdog.cuts >= 1 for car in cars)
+    finally:
+        for channel in channels:
+            channel.close()
+        for server, _port in servers:
+            server.stop(None)
+        for car in cars:
+            car.close()

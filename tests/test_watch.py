@@ -127,12 +127,10 @@ def test_a_decision_made_by_another_process_reaches_the_watch(sidecar, server, m
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             [approval_id] = await open_pending(channel, 1)
             stream = await opened(channel, approval_id)
-            listeners = sidecar.approvals._listeners
-            sidecar.approvals._listeners = ()  # this process hears nothing of the decision
-            try:
+            # This process hears nothing of the decision, as another worker's would not.
+            with monkeypatch.context() as deaf:
+                deaf.setattr(sidecar.approvals.listeners, "tell", lambda approval_id: None)
                 await asyncio.to_thread(sidecar.approvals.decide, approval_id, BOB, "APPROVE")
-            finally:
-                sidecar.approvals._listeners = listeners
             assert (await stream.read()).status == apb.APPROVED
 
     run(scenario())

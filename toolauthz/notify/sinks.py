@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from standardwebhooks.webhooks import Webhook
 
-from toolauthz.display.escape import display
+from toolauthz.display.slack import slack_code
 
 MAX_ANSWER_BYTES = 64 * 1024
 _RETRY_STATUSES = frozenset({408, 429})
@@ -111,8 +111,8 @@ class WebhookSink:
 
 class SlackSink:
     """A Slack-compatible incoming webhook: one message with a link to decide. Every
-    model- or runtime-supplied string is shown as escaped text (`display`), then escaped
-    for Slack (`&`, `<`, `>`), so it can carry no link, mention or markup of its own."""
+    model- or runtime-supplied string is written for Slack's grammar (`slack_message`),
+    so it can carry no link, mention or markup of its own."""
 
     kind = "slack"
 
@@ -127,27 +127,35 @@ class SlackSink:
         return post(self.url, json.dumps(message).encode(), {}, timeout=self._timeout, context=self._tls)
 
 
-def slack_text(value: Any) -> str:
-    return display(str(value)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 _HEADLINES = {"approval.created": "Approval needed", "approval.expiring": "Approval expiring soon",
               "approval.decided": "Approval {status}"}
+# The one word of a decided approval's headline, which stands in bold outside any code
+# span: only these words, never the text a store or a sender handed over.
+_STATUSES = frozenset({"approved", "rejected", "expired", "superseded", "cancelled"})
 
 
 def slack_message(body: dict[str, Any]) -> dict[str, Any]:
+    """The message's mrkdwn: the sidecar's own words, and every supplied value in a code
+    span of its own (`display/slack.py`), so none can format, link or mention."""
     d = body["data"]
-    headline = _HEADLINES.get(body["type"], "Approval").format(status=slack_text(d["status"]))
-    lines = [f"*{headline}*: `{slack_text(d['tool'])}` on `{slack_text(d['resource'])}`",
-             f"requested by `{slack_text(d['requester'])}` for group `{slack_text(d['group'])}` "
-             f"(tenant `{slack_text(d['tenant'])}`), code `{slack_text(d['short_code'])}`"]
-    lines += [f"{slack_text(label)}: `{slack_text(value)}`" for label, value in d["fields"].items()]
+    status = d["status"] if d["status"] in _STATUSES else "decided"
+    headline = _HEADLINES.get(body["type"], "Approval").format(status=status)
+    lines = [f"*{headline}*: {slack_code(d['tool'])} on {slack_code(d['resource'])}",
+             f"requested by {slack_code(d['requester'])} for group {slack_code(d['group'])} "
+             f"(tenant {slack_code(d['tenant'])}), code {slack_code(d['short_code'])}"]
+    lines += [f"{slack_code(label)}: {slack_code(value)}" for label, value in d["fields"].items()]
     if body["type"] == "approval.decided":
-        who = f" by `{slack_text(d['approver'])}`" if d["approver"] else ""
-        why = f": {slack_text(d['reason'])}" if d["reason"] else ""
-        lines.append(f"{slack_text(d['status'])}{who}{why}")
+        who = f" by {slack_code(d['approver'])}" if d["approver"] else ""
+        why = f": {slack_code(d['reason'])}" if d["reason"] else ""
+        lines.append(f"{slack_code(d['status'])}{who}{why}")
     else:
-        lines.append(f"expires {slack_text(d['expires_at'])}")
+        lines.append(f"expires {slack_code(d['expires_at'])}")
     if d["url"]:
-        lines.append(f"<{d['url']}|Review in the console>")
+        # The console's own URL (configured, with an id the sidecar minted): the one link.
+        lines.append(f"<{slack_url(d['url'])}|Review in the console>")
     return {"text": "\n".join(lines)}
+
+
+def slack_url(url: str) -> str:
+    """A link target: `<`, `>` and `|` would end it or start its label."""
+    return url.replace("&", "&amp;").replace("<", "%3C").replace(">", "%3E").replace("|", "%7C")

@@ -8,7 +8,7 @@ import logging
 import os
 import pathlib
 import shlex
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -87,7 +87,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     if keyring.verification_key(audit_key.kid, clock.now()) is not None:
         raise KeyFileError("the audit key must differ from every token key")
     store = open_store(settings.store_url, pool_size=settings.store_pool_size, migrate=settings.store_migrate,
-                       chains=settings.audit_chains)
+                       chains=settings.audit_chains, timeout=settings.store_hang_seconds,
+                       hang_seconds=settings.store_hang_seconds)
     audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     checkpointer = Checkpointer(audit_log, audit_key.key, audit_key.kid, clock,
@@ -263,11 +264,11 @@ def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
     # SO_REUSEPORT means nothing to a Unix socket, whose path one process binds.
     tcp = not listener.address.startswith("unix:")
     return _start(sidecar.settings, build, names, listener, reuse_port and tcp,
-                  healthy=sidecar.store.available)
+                  healthy=StoreProbe(sidecar.store.available, sidecar.settings.store_hang_seconds))
 
 
 def _start(settings: Settings, build, names: list[str], listener: ListenerSettings,
-           reuse_port: bool = False, healthy: Callable[[], bool] | None = None) -> tuple[AioServer, str]:
+           reuse_port: bool = False, healthy: Callable[[], Awaitable[bool]] | None = None) -> tuple[AioServer, str]:
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                # Off unless asked: two sidecars must not silently share a port.
@@ -295,7 +296,7 @@ def _start(settings: Settings, build, names: list[str], listener: ListenerSettin
     return server, bound
 
 
-async def _serving(health_servicer, names: list[str], healthy: Callable[[], bool] | None = None) -> None:
+async def _serving(health_servicer, names: list[str], healthy: Callable[[], Awaitable[bool]] | None = None) -> None:
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if healthy is not None:
@@ -306,15 +307,33 @@ async def _serving(health_servicer, names: list[str], healthy: Callable[[], bool
 STORE_CHECK_SECONDS = 1.0
 
 
-async def _follow_the_store(health_servicer, names: list[str], healthy: Callable[[], bool]) -> None:
+class StoreProbe:
+    """Whether the store answers a read within `limit` seconds. The read runs on a thread
+    of its own, at most one at a time: a probe never waits on a hung connection (it
+    answers False at `limit`), and a hung read is never joined by a second one."""
+
+    def __init__(self, read: Callable[[], bool], limit: float):
+        self._read, self._limit = read, limit
+        self._running: asyncio.Future[bool] | None = None
+
+    async def __call__(self) -> bool:
+        loop = asyncio.get_running_loop()
+        if self._running is None or self._running.done():
+            self._running = loop.run_in_executor(None, self._read)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._running), self._limit)
+        except TimeoutError:
+            return False
+
+
+async def _follow_the_store(health_servicer, names: list[str], healthy: Callable[[], Awaitable[bool]]) -> None:
     """NOT_SERVING while the store cannot be read (every answer would be UNAVAILABLE),
     SERVING again once it can: a load balancer sends requests to replicas that can
     answer them, and nothing needs a restart."""
-    loop = asyncio.get_running_loop()
     serving = True
     while True:
         await asyncio.sleep(STORE_CHECK_SECONDS)
-        now = await loop.run_in_executor(None, healthy)
+        now = await healthy()
         if now != serving:
             serving = now
             log.warning("the store is %s", "reachable again: serving" if now else "unreachable: NOT_SERVING")

@@ -326,6 +326,11 @@ class Settings(_Strict):
     store_pool_size: int = Field(8, ge=1, le=256)  # PostgreSQL connections per process
     # Serving upgrades an older PostgreSQL schema first (else it refuses to start).
     store_migrate: bool = False
+    # PostgreSQL: seconds a database operation, a wait for a connection or a health probe
+    # may take before it is cut: the call is answered UNAVAILABLE and health turns
+    # NOT_SERVING until the database answers again (TCP keepalives, the TCP user timeout
+    # and the server's statement_timeout follow it too).
+    store_hang_seconds: float = Field(5.0, gt=0, le=300)
     # The audit chains new records are spread over (by tenant and call id): writers of
     # different chains never wait for each other (docs/performance.md, the fleet).
     audit_chains: int = Field(DEFAULT_CHAINS, ge=1, le=MAX_CHAINS)

@@ -36,10 +36,11 @@ def parse_store_url(url: str) -> StoreUrl:
 
 
 def open_store(url: str, *, pool_size: int = 8, timeout: float = 5.0, migrate: bool = False,
-               chains: int = DEFAULT_CHAINS) -> Store:
+               chains: int = DEFAULT_CHAINS, hang_seconds: float | None = None) -> Store:
     """Raises ToolAuthzError for a URL of no known backend, StoreUnavailable when the
     store cannot be opened (or, for PostgreSQL, its schema is not this code's; with
-    `migrate` it is upgraded first). `chains`: the audit chains new records go to."""
+    `migrate` it is upgraded first). `chains`: the audit chains new records go to.
+    `hang_seconds` (PostgreSQL): an operation that has not answered by then is cut."""
     parsed = parse_store_url(url)
     if parsed.backend == SQLITE:
         from toolauthz.store.sqlite import SqliteStore
@@ -47,7 +48,8 @@ def open_store(url: str, *, pool_size: int = 8, timeout: float = 5.0, migrate: b
         return SqliteStore(parsed.path, chains=chains)
     from toolauthz.store.postgres import PostgresStore
 
-    return PostgresStore(url, pool_size=pool_size, timeout=timeout, migrate_schema=migrate, chains=chains)
+    return PostgresStore(url, pool_size=pool_size, timeout=timeout, migrate_schema=migrate, chains=chains,
+                         hang_seconds=hang_seconds)
 
 
 def migrate_store(url: str, *, serving_role: str = "") -> tuple[int, int]:

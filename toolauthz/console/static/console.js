@@ -1,7 +1,8 @@
 // The live expiry countdown of approvals. The page renders the expiry time itself, so
 // without this script the time is still there; with it, every element with
 // `data-expires-epoch` and class `countdown` counts down, and once an approval has
-// expired its decision form is hidden (the server refuses a late decision anyway).
+// expired its decision form is hidden and one status message says so (the server
+// refuses a late decision anyway).
 (function () {
   "use strict";
 
@@ -19,7 +20,16 @@
       if (remaining <= 0) {
         el.classList.add("expired");
         var form = document.getElementById("decide-form");
-        if (form) { form.hidden = true; }
+        if (form && !form.hidden) {
+          form.hidden = true;
+          // One announcement, in the page's role=status region (present from the start,
+          // so that screen readers follow it).
+          var status = document.getElementById("expiry-status");
+          if (status) {
+            status.textContent = "This approval has expired: it can no longer be decided. " +
+              "The runtime must propose the call again.";
+          }
+        }
       }
     });
   }

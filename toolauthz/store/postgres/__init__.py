@@ -13,14 +13,14 @@ class PostgresStore(Store):
     is made current first with `migrate=True`."""
 
     def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0, migrate_schema: bool = False,
-                 chains: int = DEFAULT_CHAINS):
+                 chains: int = DEFAULT_CHAINS, hang_seconds: float | None = None):
         if migrate_schema:
             migrate(url)
         else:
             check_schema(url, timeout=timeout)
         ensure_heads(url, chains, timeout=timeout)
         self.url = url
-        super().__init__(PgUnit(url, pool_size=pool_size, timeout=timeout, chains=chains))
+        super().__init__(PgUnit(url, pool_size=pool_size, timeout=timeout, chains=chains, hang_seconds=hang_seconds))
 
 
 __all__ = ["MIGRATE_COMMAND", "Migrated", "PgUnit", "PostgresStore", "check_schema", "migrate", "shown_url"]

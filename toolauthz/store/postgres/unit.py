@@ -35,6 +35,7 @@ from psycopg_pool import ConnectionPool
 from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH
 from toolauthz.errors import StoreUnavailable
 from toolauthz.store.postgres.transaction import APPROVAL_CHANNEL, PgTransaction
+from toolauthz.store.postgres.watchdog import Watchdog, keepalive_options
 
 CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when lent
 
@@ -67,21 +68,43 @@ def shown_url(url: str) -> str:
 
 class PgUnit:
     """`url`: a libpq URL (postgresql://user@host:port/dbname?options). `timeout`: how
-    long a request waits for a connection before it is refused as unavailable."""
+    long a request waits for a connection before it is refused as unavailable.
+    `hang_seconds`: an operation that has not answered by then is cut (watchdog.py),
+    and each statement is bounded by it on the server too; None: no bound (the CLI's
+    long reads, such as verifying a whole audit trail)."""
 
-    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0, chains: int = DEFAULT_CHAINS):
+    def __init__(self, url: str, *, pool_size: int = 8, timeout: float = 5.0, chains: int = DEFAULT_CHAINS,
+                 hang_seconds: float | None = None):
         self.url = url
         self.chains = chains
         self.label = f"database `{shown_url(url)}`"
         self._closed = False
         self._lock = threading.Lock()
         self._listener: _Listener | None = None
+        self._watchdog = Watchdog(hang_seconds, name=self.label) if hang_seconds else None
+        kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))}
+        if hang_seconds:
+            kwargs |= keepalive_options(hang_seconds)
+        self._statement_ms = int(hang_seconds * 1000) if hang_seconds else 0
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz",
-            kwargs={"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))},
-            check=self._check, reset=self._used)
+            url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz", kwargs=kwargs,
+            configure=self._configure, check=self._check, reset=self._used)
         self._pool.open(wait=False)
         self._last_use: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """A new connection: the server gives up on a statement after `hang_seconds`
+        too, so a slow one is not left running after its caller was answered."""
+        if self._statement_ms:
+            conn.execute(f"SET statement_timeout = {self._statement_ms}")
+
+    @contextmanager
+    def _watched(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        if self._watchdog is None:
+            yield
+        else:
+            with self._watchdog.watching(conn):
+                yield
 
     def _used(self, conn: psycopg.Connection[Any]) -> None:
         self._last_use[conn] = time.monotonic()
@@ -91,7 +114,8 @@ class PgUnit:
         lent without a check (a round trip). An older one is checked, so that one the
         server dropped while idle is replaced rather than failing a request."""
         if time.monotonic() - self._last_use.get(conn, float("-inf")) > CHECK_AFTER:
-            ConnectionPool.check_connection(conn)
+            with self._watched(conn):
+                ConnectionPool.check_connection(conn)
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -108,7 +132,7 @@ class PgUnit:
         # locks and the reads ahead, COMMIT with the audit records, whose chains' heads are
         # so held for one round trip and the commit (psycopg's transaction() would wait for
         # each). Three round trips in all for a batch of reservations.
-        with self._errors("write"), self._pool.connection() as conn:
+        with self._errors("write"), self._pool.connection() as conn, self._watched(conn):
             try:
                 with conn.pipeline() as pipeline:
                     conn.execute("BEGIN")
@@ -124,7 +148,7 @@ class PgUnit:
 
     @contextmanager
     def reading(self) -> Iterator[PgTransaction]:
-        with self._errors("read"), self._pool.connection() as conn:
+        with self._errors("read"), self._pool.connection() as conn, self._watched(conn):
             yield PgTransaction(conn)
 
     def listen(self, on_approval: Callable[[str], None]) -> None:
@@ -141,6 +165,8 @@ class PgUnit:
             listener = self._listener
         if listener is not None:
             listener.close()
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self._pool.close()
 
 
