@@ -130,6 +130,8 @@ def test_the_cli_verifies_an_archive_as_the_poller_does(bundle_dir, key, tmp_pat
     (entry("dev.cedar", kind=tarfile.CHRTYPE), "is a device file"),
     (entry("disk.cedar", kind=tarfile.BLKTYPE), "is a device file"),
     (entry("pipe.cedar", kind=tarfile.FIFOTYPE), "is a FIFO"),
+    (entry("sparse.cedar", kind=tarfile.GNUTYPE_SPARSE), "is a sparse file"),
+    (entry("contiguous.cedar", kind=tarfile.CONTTYPE), "is not a regular file"),
     (entry("/".join(["d"] * 20) + "/x.cedar"), "deeper than 16 directories"),
     (entry("x" * 2000), "longer than 1024 characters"),
 ])
@@ -214,3 +216,17 @@ def test_files_in_memory_verify_and_load_and_tampering_is_refused(bundle_dir, ke
         load_bundle_files(files, {"ci-1": key.public_key()}, 10)
     with pytest.raises(BundleError, match="not signed: `extra.cedar`"):
         load_bundle_files({**files, "extra.cedar": b""}, {"ci-1": key.public_key()})
+
+
+def test_a_sparse_member_declaring_a_huge_size_is_refused_before_it_is_read():
+    """A GNU sparse header with no data and a real size of 256 MiB: tarfile would hand
+    back 256 MiB of zeros from a few hundred bytes, past the gzip stream's cap."""
+    info = tarfile.TarInfo("holes.cedar")
+    info.type = tarfile.GNUTYPE_SPARSE
+    header = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    header[483:495] = b"%011o\0" % (256 << 20)  # the real size of the sparse file
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header[:512])
+    data = gzip.compress(bytes(header) + bytes(1024), mtime=0)
+    with pytest.raises(ArchiveError, match="`holes.cedar` is a sparse file"):
+        read_archive(data)

@@ -106,9 +106,13 @@ def read_archive(data: bytes, limits: ArchiveLimits = DEFAULT_LIMITS) -> Mapping
                 if member.isdir():
                     directories.add(name)
                     continue
-                if not member.isreg():
+                # Plain files only: tarfile's isreg() admits sparse and contiguous files too,
+                # and a sparse file inflates to its declared size past the gzip cap.
+                if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or member.issparse():
                     raise ArchiveError(f"`{_shown(name)}` is {_kind(member)}; a bundle archive holds regular "
                                        "files only")
+                if member.size > limits.max_uncompressed_bytes:
+                    raise ArchiveError(f"`{_shown(name)}` is larger than {limits.max_uncompressed_bytes} bytes")
                 if name in files:
                     raise ArchiveError(f"`{_shown(name)}` is in the archive twice")
                 if len(files) >= limits.max_files:
@@ -167,6 +171,8 @@ def _kind(member: tarfile.TarInfo) -> str:
         return "a device file"
     if member.isfifo():
         return "a FIFO"
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
+        return "a sparse file"
     return "not a regular file"
 
 
