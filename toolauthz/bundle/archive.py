@@ -6,8 +6,8 @@ The reader treats the archive as hostile (it comes from a bundle server, or anyo
 can answer in its place before the signature is checked). It decompresses by streaming
 with a cap, so a gzip bomb is stopped as soon as it has produced one byte more than the
 bound, never after; it counts files, and bounds each path's length and depth; it takes
-regular files and directories only (a symlink, hard link, device file or FIFO refuses
-the archive), and refuses `..`, absolute paths, a name twice, and a name that is both a
+regular files and directories only (a symlink, hard link, device file, FIFO or sparse
+file refuses the archive), and refuses `..`, absolute paths, a name twice, and a name that is both a
 file and a directory. Nothing is ever written to disk.
 """
 
