@@ -154,16 +154,30 @@ def test_ten_thousand_files_are_refused():
         read_archive(data)
 
 
-def test_a_gzip_bomb_is_stopped_as_soon_as_it_passes_the_bound(monkeypatch):
-    """100 MB of zeros in about 100 KB of gzip: the reader inflates at most the bound plus
-    one step before it refuses, whatever the bomb would grow to."""
+def gzip_bomb(files: int, each: int) -> bytes:
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    header = tarfile.TarInfo("bomb.cedar")
+    parts = []
+    for index in range(files):
+        header = tarfile.TarInfo(f"bomb{index}.cedar")
+        header.size = each
+        parts.append(compressor.compress(header.tobuf(format=tarfile.PAX_FORMAT)))
+        parts += [compressor.compress(bytes(1 << 20)) for _ in range(each >> 20)]
+    return b"".join(parts) + compressor.flush()
+
+
+def test_a_member_declaring_more_than_the_bound_is_refused_before_it_is_read():
+    header = tarfile.TarInfo("big.cedar")
     header.size = 100 << 20
-    parts = [compressor.compress(header.tobuf(format=tarfile.PAX_FORMAT))]
-    zeros = bytes(1 << 20)
-    parts += [compressor.compress(zeros) for _ in range(100)]
-    bomb = b"".join(parts) + compressor.flush()
+    with pytest.raises(ArchiveError, match=f"`big.cedar` is larger than {4 << 20} bytes"):
+        read_archive(gzip.compress(header.tobuf(format=tarfile.PAX_FORMAT), mtime=0),
+                     ArchiveLimits(max_uncompressed_bytes=4 << 20))
+
+
+def test_a_gzip_bomb_is_stopped_as_soon_as_it_passes_the_bound(monkeypatch):
+    """100 MB of zeros in about 100 KB of gzip, as 50 files of 2 MiB (each under the
+    bound, so only the stream's cap can stop them): the reader inflates at most the bound
+    plus one step before it refuses, whatever the bomb would grow to."""
+    bomb = gzip_bomb(files=50, each=2 << 20)
     assert len(bomb) < 1 << 20
     inflated = []
     real = zlib.decompressobj

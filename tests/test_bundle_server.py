@@ -144,15 +144,10 @@ def test_an_archive_of_ten_thousand_files_is_refused(server, ca, tmp_path, key):
 
 
 def test_a_gzip_bomb_is_refused(server, ca, tmp_path, key):
-    import zlib
+    from tests.test_bundle_archive import gzip_bomb
 
     reloader = poller(server, ca, tmp_path, key, limits=ArchiveLimits(max_uncompressed_bytes=2 << 20))
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    header = tarfile.TarInfo("bomb.cedar")
-    header.size = 64 << 20
-    zeros = bytes(1 << 20)
-    server.publish(compressor.compress(header.tobuf(format=tarfile.PAX_FORMAT))
-                   + b"".join(compressor.compress(zeros) for _ in range(64)) + compressor.flush())
+    server.publish(gzip_bomb(files=64, each=1 << 20))  # 64 MiB of zeros, each file under the bound
     error = refused_and_still_serving(reloader, reloader._holder.current.version)
     assert f"inflates to more than {2 << 20} bytes" in error
 
