@@ -194,20 +194,21 @@ def test_bundle_sign_refuses_a_revision_not_above_the_one_it_replaces(tmp_path, 
 
     private = tmp_path / "bundle-signing.pem"
     generate_key_file(private)
-    signed = toolauthz("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1", "--revision", "10")
+    key_args = ("--signing-key", str(private), "--kid", "ci-1")
+    signed = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "10")
     assert signed.returncode == 0, signed.stderr
     for revision in ("5", "10"):
-        refused = toolauthz("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1",
+        refused = toolauthz("bundle", "sign", str(bundle_dir), *key_args,
                             "--revision", revision)
         assert refused.returncode == 1 and f"revision {revision} is not above 10" in refused.stderr
-    forced = toolauthz("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1", "--revision", "5",
+    forced = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "5",
                        "--force")
     assert forced.returncode == 0, forced.stderr
-    assert toolauthz("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1",
+    assert toolauthz("bundle", "sign", str(bundle_dir), *key_args,
                      "--revision", "6").returncode == 0
     # An unreadable signature it would replace is refused too (never silently dropped).
     (bundle_dir / SIGNATURE_FILE).write_text("not json")
-    refused = toolauthz("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1", "--revision", "7")
+    refused = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "7")
     assert refused.returncode == 1 and "cannot read the revision" in refused.stderr
     assert "\n" not in refused.stderr.strip()
 

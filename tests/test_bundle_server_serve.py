@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -52,8 +53,15 @@ class Sidecar:
         self.lines.put("")
 
     def await_line(self, text: str) -> str:
+        """The first line holding `text`; a sidecar that never writes it fails the test
+        within LINE_TIMEOUT even while it keeps writing other lines."""
+        deadline = time.monotonic() + LINE_TIMEOUT
         while True:
-            line = self.lines.get(timeout=LINE_TIMEOUT)
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with `{text}` within {LINE_TIMEOUT}s; the last lines:\n"
+                                     + "".join(self.seen[-20:])) from None
             self.seen.append(line)
             assert line, f"the sidecar ended (exit {self.proc.wait()}) before `{text}`:\n{''.join(self.seen)}"
             if text in line:

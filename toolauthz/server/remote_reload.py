@@ -196,13 +196,13 @@ class RemoteBundleReloader(Activations):
         metrics.BUNDLE_FETCHES.labels(outcome=exc.reason).inc()
         metrics.BUNDLE_FETCH_FAILURES.set(self.failures)
         message = f"bundle server: {exc}; version {serving.version} keeps serving"
+        self.last_error = message  # before the log line: whoever reads the line sees it in status
         if self.failures == 1:  # one record and one error line per outage, not one per poll
             record_bundle(self._audit, self._clock, BUNDLE_UNREACHABLE, serving, (f"bundle_{exc.reason}",),
                           {"reason": str(exc)[:2000], "source": self.source})
             log.error("%s", message)
         else:
             log.warning("%s (%d failures in a row)", message, self.failures)
-        self.last_error = message
 
     def _reachable(self) -> None:
         if self.failures:
