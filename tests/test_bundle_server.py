@@ -401,3 +401,47 @@ def test_at_start_an_older_or_tampered_archive_loses_to_the_cached_one(server, c
     cache.write_bytes(cache.read_bytes()[:-30])  # a damaged cache is not used: the server's bundle is
     start = first_bundle(fetcher, keys, ArchiveLimits(), cache)
     assert start.bundle.revision == 4 and start.problem == ""
+
+
+def test_a_poll_holds_to_the_store_floor_and_a_sighup_judges_again_after_an_allowed_rollback(
+        server, ca, tmp_path, bundle_dir, key):
+    """The poller is held to the store's floor as a directory reload is (activation.py):
+    below a floor another replica raised it decides nothing, an archive under the floor
+    is refused and recorded in `_system`, and after `bundle allow-rollback` a SIGHUP
+    (an unconditional poll) judges the same archive again and activates it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from toolauthz.audit.records import SYSTEM_TENANT
+    from toolauthz.errors import PreconditionError
+    from toolauthz.store.open import open_store
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(store_url)
+    keys = {"ci-1": key.public_key()}
+    fetcher = BundleFetcher(options(server, ca, tmp_path))
+    start = first_bundle(fetcher, keys, ArchiveLimits(), tmp_path / "kept.tar.gz")
+    holder = BundleHolder(start.bundle)
+    records = Records()
+    reloader = RemoteBundleReloader(holder, fetcher, start.fetched, keys=keys, schedule=PollSchedule(1.0),
+                                    audit=records, floor=store.bundle_floor)  # type: ignore[arg-type]
+    try:
+        store.bundle_floor.lift(5, "f" * 64, 1.0)  # another replica activated revision 5
+        assert reloader.reload() is False  # a 304: nothing new, but the floor is looked at
+        with pytest.raises(PreconditionError, match="bundle_below_floor"):
+            holder.deciding  # noqa: B018 (the property refuses)
+        publish_revision(server, bundle_dir, key, 3)
+        assert "revision 3 is below the floor, 5" in refused_and_still_serving(reloader, start.bundle.version)
+        assert reloader.reload() is False and "below the floor, 5" in reloader.last_error  # judged once
+        assert [(e.result, e.tenant) for e in records.events] == [("refused", SYSTEM_TENANT)]
+
+        toolauthz = Path(sys.executable).parent / "toolauthz"
+        lowered = subprocess.run([str(toolauthz), "bundle", "allow-rollback", "--to", "3", "--reason",
+                                  "revert", "--store", store_url], capture_output=True, text=True, timeout=60)
+        assert lowered.returncode == 0, lowered.stderr
+        assert reloader.reload(unconditional=True) is True
+        assert holder.deciding.revision == 3 and store.bundle_floor.current().revision == 3
+        assert [e.result for e in records.events] == ["refused", "loaded"]
+    finally:
+        store.close()
