@@ -260,3 +260,11 @@ def test_a_sidecar_restarted_during_an_outage_serves_its_last_good_archive(tmp_p
         code = second.stop()
         rest = "".join(iter(lambda: second.lines.get(timeout=5), ""))
         assert code == 0, "".join(second.seen) + rest
+    # One `bundle` record per start, the kept archive's saying why it serves; none more
+    # for the outage that was already on at the start.
+    from tests.test_bundle_floor import bundle_records
+
+    records = bundle_records(f"sqlite:///{tmp_path / 'data' / 'toolauthz.db'}")
+    assert [(r.result, r.detail.get("revision"), r.detail.get("at"), r.detail.get("kept_archive"),
+             r.detail.get("server_unreachable")) for r in records] == [
+        ("loaded", 2, "start", None, None), ("loaded", 2, "start", True, True), ("loaded", 3, "poll", None, None)]
