@@ -133,8 +133,8 @@ def loop_cost(bundle: pathlib.Path, data_dir: pathlib.Path, repeats: int = 5, ba
                  ("admitted caller, 4.05 MB batch (over the cap)", car.gate, hostile),
                  ("admitted caller, the largest batch the cap reads", car.gate, admitted_body))
         for name, gate, body in cases:
-            api = HttpApi(car.authorizer, car.pump, car.keyring, gate=gate, max_body_bytes=4 << 20,
-                          max_concurrent=8)
+            api = HttpApi(car.authorizer, car.pump, car.keyring, gate=gate, desk=car.approvals,
+                          watches=car.watches, audit_log=car.audit_log, max_body_bytes=4 << 20, max_concurrent=8)
             asyncio.run(_measure(api.app, body))  # warm: imports, first audit write
             runs = [asyncio.run(_measure(api.app, body)) for _ in range(repeats)]
             stalls = sorted(stall for _answer, (_took, stall) in runs)

@@ -20,7 +20,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra_locks=()
 if [ "$lock" = requirements-dev.lock ]; then
-  extra_locks=(requirements-integrations.lock requirements-client.lock)
+  extra_locks=(requirements-integrations.lock requirements-integrations-b.lock requirements-client.lock)
 fi
 stale=0
 for file in requirements.lock "$lock" pyproject.toml "${extra_locks[@]}"; do
@@ -30,7 +30,9 @@ if [ "$lock" = requirements-dev.lock ] && [ ! -d .venv/wheelhouse-client ]; then
 if [ "$stale" = 1 ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$lock"
   if [ "$lock" = requirements-dev.lock ]; then
+    # The agent frameworks the adapters' tests drive, each lock on top of the dev lock.
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-integrations.lock
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-integrations-b.lock
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
       -r requirements-client.lock -d .venv/wheelhouse-client
   fi

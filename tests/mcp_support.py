@@ -7,8 +7,11 @@ import asyncio
 import json
 import pathlib
 import shutil
+import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -16,12 +19,16 @@ import httpx2 as httpx
 import mcp_types as types
 import pytest
 from joserfc.jwk import ECKey
+from mcp import Client
 from mcp.server import Server
 
 from examples.mcp_gateway.upstream import TOOLS
-from toolauthz.client import AuthzClient, GuardEvent, Principal, TrustedContext
+from toolauthz.client import AsyncAuthzClient, AuthzClient, GuardEvent, Principal, TrustedContext
+from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
+from toolauthz.mcp_proxy.upstreams import UpstreamSpec
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mcp_gateway" / "bundle"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "mcp_gateway" / "bundle"
 MODERN = "2026-07-28"
 RUN_META = "io.toolauthz/run"
 
@@ -196,3 +203,69 @@ async def wait_for(events: list[GuardEvent], kind: str, **data: Any) -> GuardEve
                 if event.kind == kind and all(event.data.get(k) == v for k, v in data.items()):
                     return event
             await asyncio.sleep(0.01)
+
+
+# -- subprocesses the tests run as a user would ----------------------------------------
+
+
+@dataclass
+class Running:
+    """A subprocess whose output a thread drains: `lines` so far, `seen` set once a line
+    contains `wanted`."""
+
+    proc: subprocess.Popen[str]
+    wanted: str
+    lines: list[str] = field(default_factory=list)
+    seen: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def drain(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+            if self.wanted in line:
+                self.seen.set()
+        self.ended.set()
+
+    def wait_for_line(self) -> str:
+        """The first line with `wanted`; fails if the process ends first."""
+        while not self.seen.wait(0.1):  # wakes to notice a process that ended without it
+            assert not self.ended.is_set(), "".join(self.lines)[-3000:]
+        return next(line for line in self.lines if self.wanted in line)
+
+
+def start(argv: list[str], wanted: str, *, output: str = "stderr") -> Running:
+    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if output == "stdout" else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE if output == "stderr" else subprocess.DEVNULL)
+    running = Running(proc, wanted)
+    threading.Thread(target=running.drain, args=(getattr(proc, output),), daemon=True).start()
+    return running
+
+
+def stop(running: Running) -> None:
+    running.proc.terminate()
+    running.proc.wait(60)
+    running.ended.wait(60)  # the drain reached the end of the output
+    for stream in (running.proc.stdout, running.proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+LONG = 600.0  # an execution timeout no test reaches: a call that ends did so for another reason
+
+
+def run_gateway(port: int, bundle: pathlib.Path, spec: UpstreamSpec, events: list[GuardEvent],
+                body: Callable[[Client], Awaitable[None]], *, execution_timeout: float = LONG) -> None:
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        settings = ProxySettings(bundle=bundle, tenant="acme", principal=Principal("User", "alice"),
+                                 execution_timeout=execution_timeout)
+        proxy = McpProxy(settings, authz)
+        proxy.observers.append(events.append)
+        try:
+            async with proxy.connected(spec), Client(proxy.server, cache=None) as client:
+                await body(client)
+        finally:
+            await authz.close()
+
+    anyio.run(main)

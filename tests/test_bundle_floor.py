@@ -6,6 +6,7 @@ a revision that is not above the one it replaces."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator
 
@@ -93,6 +94,8 @@ def test_allow_rollback_refuses_a_reason_that_is_not_one_printable_line(tmp_path
         refused = toolauthz("bundle", "allow-rollback", "--to", "1", "--reason", reason,
                             "--data-dir", str(tmp_path / "data"))
         assert refused.returncode == 1 and "--reason must be 1 to 500 printable characters" in refused.stderr
+    below = toolauthz("bundle", "allow-rollback", "--to", "-1", "--reason", "r", "--data-dir", str(tmp_path / "data"))
+    assert below.returncode == 1 and "--to must be a revision from 0 to 2^53 - 1" in below.stderr
 
 
 def with_keys(settings, bundle, key: Ed25519PrivateKey, name: str):
@@ -194,21 +197,18 @@ def test_bundle_sign_refuses_a_revision_not_above_the_one_it_replaces(tmp_path, 
 
     private = tmp_path / "bundle-signing.pem"
     generate_key_file(private)
-    key_args = ("--signing-key", str(private), "--kid", "ci-1")
-    signed = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "10")
+    sign_as_ci = ("bundle", "sign", str(bundle_dir), "--signing-key", str(private), "--kid", "ci-1")
+    signed = toolauthz(*sign_as_ci, "--revision", "10")
     assert signed.returncode == 0, signed.stderr
     for revision in ("5", "10"):
-        refused = toolauthz("bundle", "sign", str(bundle_dir), *key_args,
-                            "--revision", revision)
+        refused = toolauthz(*sign_as_ci, "--revision", revision)
         assert refused.returncode == 1 and f"revision {revision} is not above 10" in refused.stderr
-    forced = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "5",
-                       "--force")
+    forced = toolauthz(*sign_as_ci, "--revision", "5", "--force")
     assert forced.returncode == 0, forced.stderr
-    assert toolauthz("bundle", "sign", str(bundle_dir), *key_args,
-                     "--revision", "6").returncode == 0
+    assert toolauthz(*sign_as_ci, "--revision", "6").returncode == 0
     # An unreadable signature it would replace is refused too (never silently dropped).
     (bundle_dir / SIGNATURE_FILE).write_text("not json")
-    refused = toolauthz("bundle", "sign", str(bundle_dir), *key_args, "--revision", "7")
+    refused = toolauthz(*sign_as_ci, "--revision", "7")
     assert refused.returncode == 1 and "cannot read the revision" in refused.stderr
     assert "\n" not in refused.stderr.strip()
 
@@ -217,7 +217,9 @@ def test_a_reload_that_needs_a_restart_says_so_in_the_log_and_status(sidecar, bu
     assert sidecar.authorizer.retainer is None  # no tool retained its inputs at start
     path = bundle_dir / "tools" / "issue_refund.yaml"
     path.write_text(path.read_text().replace("audit:\n", "audit:\n  retain_input: 30d\n"))
-    assert sidecar.reloader.reload() is True
+    # At WARNING on the package's logger whatever an earlier test left its level at.
+    with caplog.at_level(logging.WARNING, logger="toolauthz"):
+        assert sidecar.reloader.reload() is True
     [notice] = sidecar.status().policy.notices
     assert "restart needed" in notice and "`issue_refund`" in notice and "audit.retain_input" in notice
     assert any("restart needed" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
@@ -244,3 +246,21 @@ def test_a_config_change_only_a_restart_applies_is_logged_and_in_status(tmp_path
         status = pb_grpc.ToolAuthorizerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
     assert any("`approvals_listen`, `listen` changed" in notice for notice in status.notices)
     assert status.bundle_revision == 1 and status.bundle_signer == "ci-1" and len(status.bundle_digest) == 64
+
+
+def test_the_floor_only_rises_and_comes_down_with_its_audit_record(store):
+    from toolauthz.audit.records import SYSTEM_TENANT, AuditEvent
+
+    floor = store.bundle_floor
+    assert floor.current() is None
+    assert floor.lift(5, "a" * 64, 10.0).revision == 5
+    lower = floor.lift(3, "b" * 64, 11.0)  # another process activated 5 first: it answers 5
+    assert (lower.revision, lower.digest) == (5, "a" * 64)
+    assert floor.lift(5, "c" * 64, 12.0).digest == "a" * 64  # revision 5 names the first bundle
+    record = AuditEvent(kind="bundle", time=13.0, tenant=SYSTEM_TENANT, result="rollback_allowed",
+                        detail={"from_revision": 5, "to_revision": 2, "reason": "test", "operator": "me"})
+    floor.lower(2, 13.0, record)
+    assert (floor.current().revision, floor.current().digest) == (2, "")
+    [written] = store.audit_log.query(AuditQuery(kind="bundle"), limit=5)
+    assert written.event.result == "rollback_allowed" and written.event.detail["to_revision"] == 2
+    assert floor.lift(2, "d" * 64, 14.0).digest == "d" * 64  # the bundle activated after a rollback

@@ -177,6 +177,12 @@ def test_the_bounds_refuse_before_reading_it_all(bundle_dir):
     assert "over 6000 bytes" in refused(bundle_dir, SnapshotLimits(max_total_bytes=6000))
 
 
+def test_empty_directories_count_against_the_bound_too(bundle_dir):
+    for n in range(30):
+        (bundle_dir / f"empty{n:02}").mkdir()
+    assert "more than 20 files and directories" in refused(bundle_dir, SnapshotLimits(max_files=20))
+
+
 def test_an_archive_mapping_is_held_to_the_same_names_and_bounds():
     with pytest.raises(BundleError, match="not a plain relative path"):
         BundleSnapshot.of({"../escape.cedar": b""}, "archive")

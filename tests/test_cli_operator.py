@@ -4,6 +4,7 @@ configuration reference and schema, and the HTTP probes of a served sidecar."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.metadata
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 
@@ -25,7 +27,7 @@ import toolauthz
 from toolauthz.server.config.loading import ENVIRONMENT, load_settings
 from toolauthz.server.config.reference import json_schema, render_reference, undescribed
 from toolauthz.server.observability import start_metrics_server
-from toolauthz.server.probes import Readiness
+from toolauthz.server.probes import BoundedRead, Readiness
 
 TOOLAUTHZ = pathlib.Path(sys.executable).parent / "toolauthz"
 CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
@@ -94,6 +96,7 @@ HAPPY = [
     (["keys", "list", "--keys-dir", "{w}/keys"], 0, "verifies=yes"),
     (["keys", "list", "--keys-dir", "{w}/keys", "--output", "json"], 0, '"verifies": true'),
     (["test", "{w}/policies"], 0, "passed"),
+    (["test", "{w}/policies", "--output", "json"], 0, '"failed": 0'),
     (["store", "migrate", "--store", "sqlite:///{w}/store.db"], 0, "schema version"),
     (["store", "prune", "--before", "7d", "--store", "sqlite:///{w}/store.db", "--output", "json"], 0,
      '{"removed": 0}'),
@@ -124,6 +127,7 @@ MISTAKES = [
       "issue_refund", "--input", "{{}}", "--fail-on-deny"], 2, '"DENY"'),
     (["keys", "rotate"], 2, "invalid choice"),
     (["test", "{w}/suites"], 1, "did you mean `decision`?"),
+    (["test", "{w}/suites", "--output", "json"], 1, "needs `decision`"),
     (["store", "prune", "--before", "last tuesday", "--store", "sqlite:///{w}/store.db"], 2,
      "neither a duration such as `7d`"),
     (["store", "prune", "--before", "5m", "--store", "sqlite:///{w}/store.db"], 1, "at least an hour ago"),
@@ -340,3 +344,49 @@ def _the_audit_trail_reads_as_json(data: pathlib.Path) -> None:
     assert json.loads(verified.stdout)["ok"] is True and json.loads(verified.stdout)["records"] >= 2
     shadow = toolauthz_cli("audit", "--data-dir", str(data), "shadow", "--since", "1h", "--output", "json")
     assert json.loads(shadow.stdout)["decisions"] >= 2
+
+
+def test_a_hung_store_read_is_not_ready_and_is_never_joined_by_a_second():
+    release = threading.Event()
+    reads: list[int] = []
+
+    def hung() -> bool:
+        reads.append(1)
+        release.wait()
+        return True
+
+    probe = BoundedRead(hung, limit=0.05)
+    try:
+        assert probe() is False  # answered at the limit, not when the read ends
+        assert probe() is False
+        assert reads == [1]  # the second probe waited on the first read
+    finally:
+        release.set()
+
+
+def test_the_mcp_gateway_reports_the_version(bundle_dir):
+    from toolauthz.client import Principal
+    from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
+
+    proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")),
+                     authz=None)  # type: ignore[arg-type]  # never called: only its server's options are read
+    assert proxy.server.create_initialization_options().server_version == toolauthz.__version__
+
+
+@pytest.mark.parametrize("host, status", [("127.0.0.1", 200), ("localhost:9464", 200), ("[::1]:1", 200),
+                                          ("rebound.example:9464", 403), ("10.0.0.5:9464", 403), ("", 403)])
+def test_the_metrics_listener_answers_only_a_host_no_dns_name_can_rebind(host, status):
+    server = start_metrics_server("127.0.0.1", 0, None, Readiness())
+    try:
+        for path in ("/metrics", "/healthz"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            connection.putrequest("GET", path, skip_host=True)
+            if host:
+                connection.putheader("Host", host)
+            connection.endheaders()
+            answer = connection.getresponse()
+            answer.read()
+            connection.close()
+            assert answer.status == status, (path, host)
+    finally:
+        server.close()

@@ -3,6 +3,7 @@ and a client in another language. The decisions themselves: tests/test_transport
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import shutil
 import socket
@@ -39,8 +40,8 @@ def http(server) -> HttpTransport:
 # -- the OpenAPI document ------------------------------------------------------------------
 
 def test_every_route_is_documented_and_every_documented_path_is_routed(sidecar):
-    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate, max_body_bytes=1024,
-                  max_concurrent=1)
+    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate, desk=sidecar.approvals,
+                  watches=sidecar.watches, audit_log=sidecar.audit_log, max_body_bytes=1024, max_concurrent=1)
     routed = {(path, route.method.lower()) for path, route in api.routes.items()}
     routed_by_starlette = {(route.path, method.lower()) for route in api.app.routes
                            for method in route.methods - {"HEAD"}}
@@ -101,7 +102,7 @@ def test_bad_bodies_are_400_invalid_argument_and_nothing_is_decided(http, sideca
 def test_http_only_refusals(http):
     status, answer = http.exchange("POST", "/v1/authorize", _body(ctx=ALICE, call=REFUND),
                                    headers={"Content-Type": "text/plain"})
-    assert (status, answer["error"]["code"]) == (415, "INVALID_ARGUMENT")
+    assert (status, answer["error"]["code"]) == (415, "UNSUPPORTED_MEDIA_TYPE")
     large = _body(ctx=ALICE, call=Call("toolu_1", "issue_refund", b'"' + b"x" * 70_000 + b'"'))
     status, answer = http.exchange("POST", "/v1/authorize", large)
     assert (status, answer["error"]["code"]) == (413, "RESOURCE_EXHAUSTED")
@@ -111,9 +112,29 @@ def test_http_only_refusals(http):
     status, answer = http.exchange("GET", "/v1/nothing", None)
     assert (status, answer["error"]["code"]) == (404, "NOT_FOUND")
     status, answer = http.exchange("GET", "/v1/authorize", None)
-    assert status == 405 and answer["error"]["code"] == "INVALID_ARGUMENT"
+    assert (status, answer["error"]["code"]) == (405, "METHOD_NOT_ALLOWED")
     assert http.exchange("GET", "/healthz", None) == (200, {"status": "SERVING"})
     assert http.exchange("GET", "/healthz", None, headers={"Host": "[::1]:9"})[0] == 200
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/v1/authorize", "POST"), ("DELETE", "/v1/approval/wait", "POST"), ("POST", "/v1/keys", "GET, HEAD")])
+def test_a_method_a_path_does_not_serve_is_405_naming_the_one_it_does(http, method, path, allowed):
+    connection = http_client.HTTPConnection("127.0.0.1", http.port, timeout=30)
+    connection.request(method, path)
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    assert (response.status, answer["error"]["code"]) == (405, "METHOD_NOT_ALLOWED")
+    assert sorted(response.getheader("Allow", "").split(", ")) == sorted(allowed.split(", "))
+
+
+def test_verify_without_a_token_is_refused_as_the_document_says(http, sidecar):
+    status, answer = http.exchange("POST", "/v1/verify", _body(ctx=ALICE, call=REFUND))
+    assert (status, answer["error"]["code"]) == (400, "INVALID_ARGUMENT")
+    assert answer["error"]["message"] == "missing `token`"
+    tokenless = json.loads(_body(ctx=ALICE, call=REFUND))
+    assert not OpenApiSchemas(openapi()).request_is_valid("POST", "/v1/verify", tokenless)
 
 
 # -- the listener --------------------------------------------------------------------------

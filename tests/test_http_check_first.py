@@ -97,7 +97,8 @@ def _api(sidecar, *, callers: bool, max_body_bytes: int = FOUR_MB * 2,
     if callers:
         gate = replace(gate, policy=RolePolicy.of([CallerGrant(RUNTIME, frozenset({"runtime"}),
                                                                 frozenset({"acme"}))]))
-    return HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=gate, max_body_bytes=max_body_bytes,
+    return HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=gate, desk=sidecar.approvals,
+                   watches=sidecar.watches, audit_log=sidecar.audit_log, max_body_bytes=max_body_bytes,
                    max_concurrent=8, batch_limits=limits)
 
 
@@ -110,7 +111,8 @@ def _hostile_batch(calls: int) -> bytes:
 
 # -- the caller before the body ------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["/v1/authorize-batch", "/v1/authorize", "/v1/verify", "/v1/outcome"])
+@pytest.mark.parametrize("path", ["/v1/authorize-batch", "/v1/authorize", "/v1/verify", "/v1/outcome",
+                                  "/v1/approval", "/v1/approval/wait", "/v1/call-story"])
 def test_an_unauthenticated_caller_is_refused_before_a_byte_of_its_4_mb_body_is_read(sidecar, never_parsed, path):
     hostile = _hostile_batch(44_000)
     assert len(hostile) > FOUR_MB

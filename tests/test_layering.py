@@ -77,6 +77,12 @@ FENCES: tuple[Fence, ...] = (
                                 "toolauthz.digest", "toolauthz.display.escape", "toolauthz.files.tools",
                                 "toolauthz.tokens", "toolauthz.proto", "toolauthz.identity.jwks", "toolauthz.clock"}),
           imported_by=frozenset({"toolauthz.cli", "toolauthz.mcp_proxy", "toolauthz.integrations"})),
+    # Adapters for agent frameworks: runtimes like the MCP proxy, through the SDK only
+    # (each framework is an optional extra; the package itself imports none of them).
+    # The CLI's `hook claude-code` uses the Claude hook decision.
+    Fence("toolauthz.integrations",
+          may_import=frozenset({"toolauthz.integrations", "toolauthz.client", "toolauthz.proto"}),
+          imported_by=frozenset({"toolauthz.cli"})),
     # The MCP proxy is a runtime like any other: it reaches the sidecar through the SDK
     # and reads the tool files itself, so it loads no engine, bundle loader or storage.
     # It checks bearer access tokens against its identity provider's keys (jwks), and

@@ -8,67 +8,22 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import anyio
 import httpx2 as httpx
 import pytest
 import yaml
+from conftest import calls_audited
 from mcp import Client, StdioServerParameters
-from mcp_support import example_bundle, text
+from mcp_support import ROOT, example_bundle, start, stop, text
 
 from toolauthz.audit.store import AuditQuery
 from toolauthz.mcp_proxy.pins import load_pins
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLAUTHZ = str(pathlib.Path(sys.executable).parent / "toolauthz")  # the console script of this venv
 UPSTREAM = [sys.executable, "-m", "examples.mcp_gateway.upstream"]
 bundle_dir = example_bundle  # the sidecar (conftest) and the gateway load a copy of the example bundle
-
-
-@dataclass
-class Running:
-    """A subprocess whose output a thread drains: `lines` so far, `seen` set once a line
-    contains `wanted`."""
-
-    proc: subprocess.Popen[str]
-    wanted: str
-    lines: list[str] = field(default_factory=list)
-    seen: threading.Event = field(default_factory=threading.Event)
-    ended: threading.Event = field(default_factory=threading.Event)
-
-    def drain(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line)
-            if self.wanted in line:
-                self.seen.set()
-        self.ended.set()
-
-    def wait_for_line(self) -> str:
-        """The first line with `wanted`; fails if the process ends first."""
-        while not self.seen.wait(0.1):  # wakes to notice a process that ended without it
-            assert not self.ended.is_set(), "".join(self.lines)[-3000:]
-        return next(line for line in self.lines if self.wanted in line)
-
-
-def start(argv: list[str], wanted: str, *, output: str = "stderr") -> Running:
-    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE if output == "stdout" else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE if output == "stderr" else subprocess.DEVNULL)
-    running = Running(proc, wanted)
-    threading.Thread(target=running.drain, args=(getattr(proc, output),), daemon=True).start()
-    return running
-
-
-def stop(running: Running) -> None:
-    running.proc.terminate()
-    running.proc.wait(60)
-    running.ended.wait(60)  # the drain reached the end of the output
-    for stream in (running.proc.stdout, running.proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def toolauthz(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -157,10 +112,23 @@ def test_mcp_proxy_over_stdio_with_the_official_client(server, bundle_dir):
     (["--listen", "http://0.0.0.0:8808"], "--listen must be `stdio` or http://127.0.0.1:PORT (loopback only)"),
     (["--execution-timeout", "0"], "execution_timeout_seconds must be a number of seconds above 0"),
     (["--allowed-host", "*.example"], "allowed_hosts: `*.example` is not a host name"),
+    (["--approval-wait", "-1"], "approval_wait_seconds must be 0 or a number of seconds up to 86400"),
 ])
 def test_mcp_proxy_refuses_a_bad_configuration_before_serving(bundle_dir, argv, says):
     done = toolauthz(*proxy_argv(bundle_dir, 9, *argv), "--", *UPSTREAM)
     assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_listen_port_in_use_is_one_line(bundle_dir):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = toolauthz(*proxy_argv(bundle_dir, 9, "--listen", f"http://127.0.0.1:{port}"), "--", *UPSTREAM)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"toolauthz: --listen http://127.0.0.1:{port}: Address already in use" in done.stderr
 
 
 def test_a_misspelt_configuration_key_is_refused(bundle_dir, tmp_path):
@@ -237,7 +205,7 @@ def test_a_refused_host_reaches_neither_the_sidecar_nor_the_upstream(server, sid
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
         answer = httpx.post(url, json=body, headers={**headers, "host": "rebind.attacker.example"}, timeout=30)
         assert answer.status_code == 421
-        assert sidecar.audit_log.query(AuditQuery(), limit=10) == []
+        assert calls_audited(sidecar) == []
 
         async def main() -> None:
             async with Client(url, cache=None) as client:
@@ -247,3 +215,20 @@ def test_a_refused_host_reaches_neither_the_sidecar_nor_the_upstream(server, sid
         assert [r.event.tool for r in sidecar.audit_log.query(AuditQuery(kind="authorize"), limit=10)] == ["read_note"]
     finally:
         stop(running)
+
+
+def test_host_rules_unit():
+    from toolauthz.errors import RequestError
+    from toolauthz.mcp_proxy.hosts import check_allowed_hosts, transport_security
+
+    assert check_allowed_hosts(["Gateway.Internal", "10.0.0.5:8808", "[::1]"]) == (
+        "gateway.internal", "10.0.0.5:8808", "[::1]")
+    for bad in (["*"], ["evil.example/path"], ["a b"], ["x\n"], ["user@host"], "gateway.internal", [3]):
+        with pytest.raises(RequestError):
+            check_allowed_hosts(bad)
+    rules = transport_security("127.0.0.2", ("gateway.internal",), "https://tools.example/mcp")
+    assert rules.enable_dns_rebinding_protection
+    assert {"127.0.0.2:*", "gateway.internal:*", "tools.example", "tools.example:*"} <= set(rules.allowed_hosts)
+    assert not any(h.startswith(("localhost", "127.0.0.1")) for h in rules.allowed_hosts)  # not its address
+    assert {"localhost:*", "[::1]:*"} <= set(transport_security("127.0.0.1").allowed_hosts)
+    assert "[::1]:*" in transport_security("::1").allowed_hosts

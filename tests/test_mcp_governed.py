@@ -13,11 +13,12 @@ import warnings
 from collections.abc import Awaitable, Callable
 
 import anyio
+import grpc
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_governed_support import RichUpstream, govern
+from mcp_governed_support import RESOURCE_FILES, RichUpstream, govern
 from mcp_support import approve, example_bundle, wait_for
 
 import toolauthz
@@ -25,6 +26,8 @@ from toolauthz.audit.store import AuditQuery
 from toolauthz.client import AsyncAuthzClient, Principal
 from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
 from toolauthz.mcp_proxy.upstreams import UpstreamSpec
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
+from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 
 MODES = ["legacy", "auto"]  # 2025-11-25, and the client's default (2026-07-28 when both sides have it)
 
@@ -188,14 +191,27 @@ def refusing_port():
         yield sock.getsockname()[1]
 
 
-def test_lists_fail_closed_when_the_sidecar_cannot_answer(bundle_dir, refusing_port):
+def test_lists_fail_closed_when_the_sidecar_cannot_answer(server, bundle_dir, refusing_port):
+    """The catalog came from the sidecar at start (GetCatalog); when the sidecar then
+    cannot say what a user may see, every list is an error, never everything."""
+    _srv, port = server
     upstream = RichUpstream()
 
     async def body(proxy, client):
-        for listing in (client.list_tools(), client.list_resources(), client.list_prompts()):
-            assert "unavailable" in (await refused(listing)).error.message
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{refusing_port}") as gone:
+            async def unreachable(*args, **kwargs):
+                return await pb_grpc.ToolAuthorizerStub(gone).ListVisible(pb.ListVisibleRequest(), timeout=5)
+            proxy.authz.list_visible = unreachable
+            for listing in (client.list_tools(), client.list_resources(), client.list_prompts()):
+                assert "unavailable" in (await refused(listing)).error.message
 
-    run_as(refusing_port, bundle_dir, upstream, "alice", "legacy", body)
+    run_as(port, bundle_dir, upstream, "alice", "legacy", body)
+
+
+def test_the_gateway_does_not_start_without_the_sidecars_catalog(bundle_dir, refusing_port):
+    with pytest.raises(BaseException) as caught:
+        run_as(refusing_port, bundle_dir, RichUpstream(), "alice", "legacy", lambda proxy, client: None)
+    assert "UNAVAILABLE" in repr(caught.value) or "Connection refused" in repr(caught.value)
 
 
 def test_sampling_reaches_the_client_only_within_the_one_call_that_caused_it(server, bundle_dir):
@@ -255,6 +271,8 @@ def test_a_changed_bundle_changes_the_lists_and_the_client_hears_of_it(server, s
 
     async def body(proxy, client):
         assert [t.name for t in (await client.list_tools()).tools] == ["read_note"]
+        with anyio.fail_after(20):
+            await proxy.list_watch.first_checked.wait()
         policies = bundle_dir / "governed.cedar"
         policies.write_text(policies.read_text().split('@id("bob-deletes-nothing")')[0])
         assert await anyio.to_thread.run_sync(sidecar.reloader.reload)
@@ -414,3 +432,51 @@ def test_a_cancelled_call_is_cancelled_upstream_too(server, bundle_dir):
     run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
     [outcome] = [e for e in events if e.kind == "outcome"]
     assert outcome.data["status"] == "outcome_unknown"  # the upstream had started it
+
+
+def test_a_2026_client_gets_no_sampling_request_the_upstream_hears_why(server, bundle_dir):
+    """The client's default mode (2026-07-28) has no back channel in a call the gateway
+    serves: the upstream's sampling request is answered with an error, the call goes on."""
+    _srv, port = server
+    upstream = RichUpstream()
+    asked: list[str] = []
+
+    async def sample(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append("asked")
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hello"), model="m")
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        proxy = McpProxy(ProxySettings(bundle=bundle_dir, tenant="acme", principal=Principal("User", "alice")), authz)
+        try:
+            async with proxy.connected(UpstreamSpec("default", upstream.server, mode="legacy")), \
+                    Client(proxy.server, cache=None, sampling_callback=sample) as client:
+                result = await client.call_tool("read_note", {"note_id": "n9"})
+                assert "no back-channel" in result.structured_content["text"]
+        finally:
+            await authz.close()
+
+    anyio.run(main)
+    assert asked == []
+
+
+@pytest.fixture
+def first_note(bundle_dir):
+    """A catalogued resource `first_note` at note://notes/n1, in the bundle the sidecar loads."""
+    (bundle_dir / "tools" / "first_note.yaml").write_text(
+        RESOURCE_FILES["readme.yaml"].replace("name: readme", "name: first_note")
+        .replace("note://readme", "note://notes/n1").replace("The notes index.", "The first note."))
+
+
+def test_a_uri_an_exact_entry_names_never_falls_through_to_a_template(first_note, server, bundle_dir):
+    """`first_note` names note://notes/n1, which the upstream does not offer as a resource:
+    the read is refused, not routed through the `note_file` template that also matches."""
+    _srv, port = server
+    upstream = RichUpstream()
+
+    async def alice(proxy, client):
+        assert (await refused(client.read_resource("note://notes/n1"))).error.code == -32002
+        assert (await client.read_resource("note://notes/n2")).contents  # the template's own URIs still read
+
+    run_as(port, bundle_dir, upstream, "alice", "legacy", alice)
+    assert upstream.reads == ["note://notes/n2"]

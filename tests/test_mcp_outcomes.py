@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -17,8 +16,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_support import Upstream, example_bundle, serve_http, stop_http, text
-from test_mcp_cli import start, stop
+from mcp_support import LONG, Upstream, example_bundle, run_gateway, serve_http, start, stop, stop_http, text
 
 from toolauthz.client import AsyncAuthzClient, GuardEvent, Principal
 from toolauthz.mcp_proxy.proxy import McpProxy, ProxySettings
@@ -26,24 +24,6 @@ from toolauthz.mcp_proxy.upstreams import UpstreamLink, UpstreamLost, UpstreamSp
 
 bundle_dir = example_bundle
 DYING = str(pathlib.Path(__file__).resolve().parent / "mcp_dying_upstream.py")
-LONG = 600.0  # an execution timeout no test reaches: a call that ends did so for another reason
-
-
-def run_gateway(port: int, bundle: pathlib.Path, spec: UpstreamSpec, events: list[GuardEvent],
-                body: Callable[[Client], Awaitable[None]], *, execution_timeout: float = LONG) -> None:
-    async def main() -> None:
-        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
-        settings = ProxySettings(bundle=bundle, tenant="acme", principal=Principal("User", "alice"),
-                                 execution_timeout=execution_timeout)
-        proxy = McpProxy(settings, authz)
-        proxy.observers.append(events.append)
-        try:
-            async with proxy.connected(spec), Client(proxy.server, cache=None) as client:
-                await body(client)
-        finally:
-            await authz.close()
-
-    anyio.run(main)
 
 
 def outcomes(events: list[GuardEvent]) -> list[tuple[str, str]]:
@@ -279,3 +259,32 @@ def test_upstream_unavailable_refusals_are_audited_per_caller_tool_and_minute(se
         ("delete_note", ("upstream_unavailable",), f"count=1 minute={minute + 60}"),  # written when it stopped
     ])
     assert {(e.tenant, e.principal) for e in records()} == {("acme", 'User::"alice"')}
+
+
+def test_a_tool_that_raises_outcome_unknown_is_never_failed(server, sidecar):
+    """The SDK side of upstream_lost: any tool may say its effect is unknown."""
+    from toolauthz.client import AsyncGuard, ToolOutcomeUnknown, ToolSet, TrustedContext
+
+    _srv, port = server
+    tools = ToolSet()
+
+    async def read_note(args: Any, call: Any) -> Any:
+        raise ToolOutcomeUnknown("upstream_lost", "The connection was lost; whether it took effect is unknown.")
+
+    tools.register("read_note", read_note)
+
+    async def main() -> None:
+        authz = AsyncAuthzClient(f"127.0.0.1:{port}")
+        try:
+            guard = AsyncGuard(authz, TrustedContext("acme", Principal("User", "alice"), "run-1"), tools)
+            result = await guard.run("toolu_1", "read_note", '{"note_id":"n1"}')
+        finally:
+            await authz.close()
+        assert (result.status, result.code, result.executed) == ("outcome_unknown", "upstream_lost", True)
+        assert result.content == "The connection was lost; whether it took effect is unknown."
+
+    anyio.run(main)
+    from toolauthz.audit.store import AuditQuery
+
+    [outcome] = [r.event for r in sidecar.audit_log.query(AuditQuery(kind="outcome"), limit=5)]
+    assert (outcome.result, outcome.detail["error_code"]) == ("outcome_unknown", "upstream_lost")

@@ -10,8 +10,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client
-from mcp_support import Upstream, example_bundle, text
-from test_mcp_outcomes import run_gateway
+from mcp_support import Upstream, example_bundle, run_gateway, text
 
 from toolauthz.client import GuardEvent
 from toolauthz.mcp_proxy.upstreams import UpstreamSpec

@@ -200,3 +200,25 @@ def test_a_bad_oauth_section_is_refused(raw: Any):
 
     with pytest.raises(RequestError):
         resource_server(raw)
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"command": ["x"], "execution_timeout_seconds": 0}, "execution_timeout_seconds must be a number of seconds"),
+    ({"command": ["x"], "execution_timeout_seconds": True}, "execution_timeout_seconds must be a number of seconds"),
+    ({"command": ["x"], "execution_timeout_seconds": 86401}, "at most 86400"),
+    ({"command": ["x"], "tool_timeouts": {"read note\n": 5}}, "is not a tool name"),
+    ({"command": ["x"], "tool_timeouts": {"read_note": "5"}}, "tool_timeouts.read_note must be a number"),
+    ({"command": ["x"], "tool_timeouts": ["read_note"]}, "must map upstream tool names to seconds"),
+])
+def test_bad_timeouts_are_refused_by_name(entry, says):
+    with pytest.raises(RequestError) as refused:
+        upstream_specs({"notes": entry})
+    assert says in str(refused.value)
+
+
+def test_timeouts_per_upstream_and_tool():
+    [spec] = upstream_specs({"notes": {"command": ["x"], "execution_timeout_seconds": 60,
+                                       "tool_timeouts": {"export-all.v2": 300}}})
+    assert (spec.timeout_of("export-all.v2"), spec.timeout_of("read_note")) == (300.0, 60.0)
+    [default] = upstream_specs({"notes": {"command": ["x"]}})
+    assert default.timeout_of("read_note") is None  # the gateway's execution_timeout_seconds

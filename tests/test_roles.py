@@ -358,3 +358,15 @@ def test_a_development_server_admits_and_records_every_caller_as_unauthenticated
     finally:
         server.stop(None)
         car.close()
+
+
+def test_the_catalog_is_served_to_runtimes_alone_as_the_bytes_the_sidecar_loaded(stub, sidecar, bundle_dir):
+    served = stub.GetCatalog(pb.GetCatalogRequest(), metadata=as_(AGENT))
+    files = {f.name: f.content for f in served.files}
+    assert files == {f"tools/{p.name}": p.read_bytes() for p in (bundle_dir / "tools").iterdir()}
+    assert served.bundle_digest == sidecar.bundles.current.digest and not served.HasField("revision")
+    again = stub.GetCatalog(pb.GetCatalogRequest(known_digest=served.bundle_digest), metadata=as_(AGENT))
+    assert again.unchanged and not again.files
+    for caller in (CONSOLE, AUDITOR, STRANGER):
+        denied(stub.GetCatalog, pb.GetCatalogRequest(), metadata=as_(caller))
+    denied(stub.GetCatalog, pb.GetCatalogRequest())  # unauthenticated

@@ -178,3 +178,29 @@ def test_a_format_that_cannot_be_asserted_is_refused(bundle_dir, fmt):
     with pytest.raises(BundleError) as refused:
         load_bundle(bundle_dir)
     assert f"format `{fmt}` cannot be asserted" in str(refused.value.problems[0])
+
+
+def test_an_imported_draft_07_tool_with_a_hyphenated_name_loads(bundle_dir):
+    """What `catalog import-mcp` drafts from a zod-style server loads as it is."""
+    import io
+
+    import mcp_types as types
+
+    from toolauthz.mcp_proxy.importer import write_drafts
+
+    schema = {"$schema": D7, "type": "object", "required": ["url"],
+              "properties": {"url": {"type": "string", "format": "uri"},
+                             "tags": {"type": "array", "items": [{"$ref": "#/definitions/tag"}],
+                                      "additionalItems": False}},
+              "definitions": {"tag": {"type": "string", "maxLength": 20}}}
+    odd = {"type": "object", "properties": {"n": {"type": "integer", "format": "int32"}}}
+    out = io.StringIO()
+    write_drafts(bundle_dir, [types.Tool(name="fetch-page.v2", input_schema=schema,
+                                         annotations=types.ToolAnnotations(read_only_hint=True)),
+                              types.Tool(name="count", input_schema=odd)], out)
+    assert "format `int32` cannot be asserted" in (bundle_dir / "tools" / "count.yaml").read_text()
+    (bundle_dir / "tools" / "count.yaml").unlink()  # what the note asks a person to fix
+    tool = load_bundle(bundle_dir).tools["fetch-page.v2"].tool
+    assert tool.accepts({"url": "https://a.example/", "tags": ["x"]})
+    assert not tool.accepts({"url": "https://a.example/", "tags": ["x", "y"]})
+    assert not tool.accepts({"url": "no uri"})

@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from toolauthz.client import Guard, Principal, ToolError, ToolSet, TrustedContext
 from toolauthz.client.assembly import CallAssembly
+from toolauthz.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream
 from toolauthz.client.sync import OutcomeReport
 from toolauthz.client.turn import CallError
 from toolauthz.digest import call_digest, canonical_json
@@ -174,7 +175,11 @@ def test_guard(case):
     tools = ToolSet()
     for name, behaviour in case["tools"].items():
         tools.register(name, _tool(behaviour, cancel))
-    context = TrustedContext("acme", Principal("User", "alice"), "run-1")
+    def failing_entities(call):
+        raise RuntimeError("the runtime's store is down")
+
+    context = TrustedContext("acme", Principal("User", "alice"), "run-1",
+                             entities=failing_entities if case.get("entities") == "throws" else None)
     guard = Guard(client, context, tools)  # type: ignore[arg-type]  # the scripted stand-in
     for step in case["runs"]:
         cancel[0] = threading.Event()
@@ -209,6 +214,14 @@ def _answer(answer) -> dict:
 
 @pytest.mark.parametrize("case", STREAMS, ids=[c["name"] for c in STREAMS])
 def test_stream_assembly(case):
+    if "api" in case:
+        adapters = {"anthropic": AnthropicToolStream, "chat_completions": ChatCompletionsToolStream,
+                    "responses": ResponsesToolStream}
+        stream = adapters[case["api"]](case.get("limits", {}))
+        answers = [a for event in case["api_events"] for a in stream.feed(event)] + stream.close()
+        assert [_answer(a) for a in answers] == case["expect"]
+        assert stream.assembly.broken == case.get("broken", False)
+        return
     assembly = CallAssembly(case.get("limits", {}), **({"max_calls": case["max_calls"]} if "max_calls" in case else {}))
     answers: list = []
     for op in case["events"]:

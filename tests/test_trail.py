@@ -83,12 +83,12 @@ def test_verify_passes_untouched_and_names_an_edited_record(history, capsys):
     assert capsys.readouterr().out.startswith("ok: ")
     db = sqlite3.connect(f"{data}/{DATABASE_FILE}")
     db.execute("DROP TRIGGER audit_record_no_update")
-    db.execute("UPDATE audit_record SET result = 'ALLOW' WHERE seq = 3")
+    db.execute("UPDATE audit_record SET result = 'ALLOW' WHERE seq = 4")  # seq 1: the bundle loaded at start-up
     db.commit()
     db.close()
     assert main(["audit", "--data-dir", data, "verify"]) == 1
     out = capsys.readouterr().out
-    assert "seq 3: edited" in out
+    assert "seq 3: edited" in out  # the same record: the third of its chain
 
 
 def test_query_filters_and_json_lines(history, capsys):
@@ -107,7 +107,7 @@ def test_export_writes_every_record_without_secrets(history, tmp_path, capsys):
     target = tmp_path / "audit.jsonl"
     assert main(["audit", "--data-dir", data, "export", "--output", str(target)]) == 0
     rows = [json.loads(line) for line in target.read_text().splitlines()]
-    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == 8
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == 1 + 8  # and the start-up
     assert SECRET not in target.read_text()
 
 
@@ -123,7 +123,7 @@ def test_export_as_csv_one_row_per_record_formulas_defused(history, tmp_path, ca
     assert json.loads(rows[1]["detail"])["error_code"] == "gateway_timeout" and SECRET not in target.read_text()
     assert main(["audit", "--data-dir", data, "export", "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("seq,time,kind,result,") and len(lines) == 9
+    assert lines[0].startswith("seq,time,kind,result,") and len(lines) == 1 + 1 + 8  # the header, the start-up
     from toolauthz.cli.audit import _csv_cell
 
     assert _csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and _csv_cell(["a"]) == '["a"]' and _csv_cell("ok") == "ok"
@@ -136,7 +136,7 @@ def test_query_decisions_rpc_filters_and_pages(history, channel):
     first_page = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(tenant="acme", limit=3)))
     second_page = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(
         tenant="acme", limit=3, page_token=str(first_page[-1].seq))))
-    assert [r.seq for r in first_page + second_page] == list(range(1, 7))
+    assert [r.seq for r in first_page + second_page] == list(range(2, 8))  # seq 1: the start-up, in `_system`
     outcomes = list(audit.QueryDecisions(aupb.QueryDecisionsRequest(kind="outcome", result="failed")))
     codes = [(r.call_id, json.loads(r.detail_json)["error_code"]) for r in outcomes]
     assert codes == [("call_large", "gateway_timeout")]

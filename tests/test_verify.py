@@ -175,7 +175,8 @@ def test_audit_failure_means_no_token_and_no_decision(stub, sidecar, monkeypatch
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # The decision and its record are one transaction: neither was kept, so the call id
     # is not poisoned and a retry once the disk has room is decided afresh.
-    assert sidecar.ledger.get("acme", "toolu_1") is None and sidecar.audit_log.head()[0] == 0
+    # record 1: the bundle loaded at start-up
+    assert sidecar.ledger.get("acme", "toolu_1") is None and sidecar.audit_log.head()[0] == 1
     monkeypatch.undo()
     retry = stub.Authorize(make_request())
     assert retry.decision == pb.ALLOW and retry.token and not retry.replayed

@@ -49,13 +49,12 @@ class OpenApiSchemas:
 
     def check_response(self, method: str, path: str, status: int, body: object) -> None:
         responses = self._document["paths"][path][method.lower()]["responses"]
-        key = str(status) if str(status) in responses else "default"
+        key = str(status)
         assert key in responses, f"{method} {path} answered {status}, which the document does not list"
-        if key == "default":
-            self._validator("/components/schemas/Error").validate(body)
-        else:
-            self._validator(f"/paths/{_escape(path)}/{method.lower()}/responses/{key}/content/"
-                            "application~1json/schema").validate(body)
+        reference = responses[key].get("$ref")  # a shared answer: #/components/responses/...
+        where = (reference.removeprefix("#") if reference is not None
+                 else f"/paths/{_escape(path)}/{method.lower()}/responses/{key}")
+        self._validator(f"{where}/content/application~1json/schema").validate(body)
 
 
 def _escape(path: str) -> str:

@@ -153,15 +153,24 @@ class _Reader:
         self.files: dict[str, bytes] = {}
         self.problems: list[Problem] = []
         self.total = 0
+        self.entries = 0  # files and directories seen, bounded by max_files too
 
     def walk(self, rel_dir: str, depth: int) -> None:
         here = os.path.join(self.base, rel_dir) if rel_dir else self.base
+        names: list[str] = []
         try:
-            names = sorted(os.listdir(here))
+            with os.scandir(here) as entries:
+                for entry in entries:  # lazily: a directory of a million entries is refused early
+                    self.entries += 1
+                    if self.entries > self.limits.max_files:
+                        self.problems.append(Problem(rel_dir or ".", f"the bundle has more than "
+                                                     f"{self.limits.max_files} files and directories"))
+                        return
+                    names.append(entry.name)
         except OSError as exc:
             self.problems.append(Problem(rel_dir or ".", f"cannot list directory: {exc.strerror}"))
             return
-        for name in names:
+        for name in sorted(names):
             rel = f"{rel_dir}/{name}" if rel_dir else name
             if not rel_dir and name in UNSIGNED_DIRS:
                 continue

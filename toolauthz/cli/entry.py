@@ -22,6 +22,11 @@ SERVER_EXTRA_MISSING = 2  # exit status: the command cannot run in this install
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["hook"]:  # runs before every tool use of an agent: none of the server's imports
+        from toolauthz.cli.hook import main as hook
+
+        return hook(args)
     install_early()
     try:
         from toolauthz.cli.main import main as run  # the heavy imports

@@ -15,6 +15,7 @@ from toolauthz.bundle import load_bundle
 from toolauthz.cli.approvals import DEFAULT_SERVER, SERVER_ENV, add_approvals_command
 from toolauthz.cli.audit import add_audit_command
 from toolauthz.cli.bundle import add_bundle_command
+from toolauthz.cli.hook import add_hook_command
 from toolauthz.cli.impact import add_policy_command
 from toolauthz.cli.mcp import add_mcp_commands
 from toolauthz.cli.operator import add_operator_commands
@@ -247,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bundle_command(sub)
     add_policy_command(sub)
     add_operator_commands(parser, sub)
+    add_hook_command(sub)
     return parser
 
 

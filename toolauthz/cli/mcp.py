@@ -161,18 +161,49 @@ def run_proxy(args: argparse.Namespace) -> int:
     settings = ProxySettings(bundle=pathlib.Path(config.get("bundle") or "policies"),
                              tenant=str(config["tenant"]) if config.get("tenant") else None,
                              principal=Principal(principal.type, principal.id) if principal is not None else None,
-                             approval_wait_seconds=float(config.get("approval_wait_seconds") or 0.0),
+                             approval_wait_seconds=_approval_wait(config.get("approval_wait_seconds", 0)),
                              execution_timeout=seconds_of(config.get("execution_timeout_seconds", 30.0),
                                                           "execution_timeout_seconds"),
                              downstream="stdio" if http is None else "http", oauth=oauth,
                              allowed_hosts=check_allowed_hosts(config.get("allowed_hosts")))
     settings.configured_caller()  # RequestError when the identity is missing
     sidecar = str(config.get("sidecar") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
-    anyio.run(_serve, settings, sidecar, targets, http)
+    listener = _bound(*http) if http is not None else None  # a port in use fails here, before anything starts
+    try:
+        anyio.run(_serve, settings, sidecar, targets, listener)
+    except BaseExceptionGroup as group:  # the task groups wrap a failure of one part: say which
+        raise _innermost(group) from None
     return 0
 
 
-async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[str, int] | None) -> None:
+def _approval_wait(raw: Any) -> float:
+    from toolauthz.mcp_proxy.config import MAX_EXECUTION_SECONDS
+
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= MAX_EXECUTION_SECONDS:
+        raise RequestError(f"approval_wait_seconds must be 0 or a number of seconds up to {int(MAX_EXECUTION_SECONDS)}")
+    return float(raw)
+
+
+def _bound(host: str, port: int) -> Any:
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RequestError(f"--listen http://{host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _innermost(group: BaseExceptionGroup[Any]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _serve(settings: Any, sidecar: str, targets: list[Any], listener: Any) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolauthz.client import AsyncAuthzClient
@@ -182,32 +213,31 @@ async def _serve(settings: Any, sidecar: str, targets: list[Any], http: tuple[st
     proxy = McpProxy(settings, authz)
     try:
         async with proxy.connected(*targets):
-            if http is None:
+            if listener is None:
                 async with stdio_server() as (read_stream, write_stream):
                     await proxy.server.run(read_stream, write_stream, proxy.server.create_initialization_options())
             else:
-                await _serve_http(proxy, *http)
+                await _serve_http(proxy, listener)
     finally:
         await authz.close()
 
 
-async def _serve_http(proxy: Any, host: str, port: int) -> None:
-    """Serves the proxy's HTTP app on HOST:PORT (0: a free port) and says where on stderr,
-    once it accepts connections: `listening on http://HOST:PORT/mcp`."""
+async def _serve_http(proxy: Any, sock: Any) -> None:
+    """Serves the proxy's HTTP app on the bound socket and says where on stderr, once it
+    accepts connections: `listening on http://HOST:PORT/mcp`."""
     import socket
 
     import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
 
     class AnnouncingServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"toolauthz mcp-proxy: listening on http://{shown_host}:{sock.getsockname()[1]}/mcp",
-                      file=sys.stderr, flush=True)
+                print(f"toolauthz mcp-proxy: listening on http://{shown_host}:{port}/mcp", file=sys.stderr, flush=True)
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.bind((host, port))
-    shown_host = f"[{host}]" if ":" in host else host
     await AnnouncingServer(uvicorn.Config(proxy.http_app(host), log_level="warning")).serve(sockets=[sock])
 
 

@@ -184,16 +184,17 @@ class Governed:
         return out
 
     async def entry_for_uri(self, uri: str) -> PinnedTool | None:
-        """The one entry a URI reads through, among those still pinned (None: no entry,
-        or two templates claim it: refused rather than guessed)."""
-        pins: dict[str, PinnedTool] = self.catalog.pins
-        for name in await self.resources():
-            if pins[name].uri == uri:
-                return pins[name]
-        claims = [pins[name] for name in await self.templates()
-                  if uri_template_regex(str(pins[name].uri)).fullmatch(uri)]
-        return claims[0] if len(claims) == 1 else None
-
+        """The one entry a URI reads through: the exact-URI entry that names it, else the
+        template entry that claims it. Claims are counted among every catalogued entry,
+        drifted ones too, so a drifted entry's URI never falls through to another entry;
+        None when the one claimant is not offered as pinned, or two claim it (refused
+        rather than guessed)."""
+        exact = [p for p, _link in self._entries("resource") if p.uri == uri]
+        if exact:
+            return exact[0] if len(exact) == 1 and exact[0].name in await self.resources() else None
+        claims = [p for p, _link in self._entries("resource_template")
+                  if uri_template_regex(str(p.uri)).fullmatch(uri)]
+        return claims[0] if len(claims) == 1 and claims[0].name in await self.templates() else None
 
     def drifted_for(self, kind: str, key: str) -> PinnedTool | None:
         """The catalogued entry a URI or prompt name would use if it had not drifted;

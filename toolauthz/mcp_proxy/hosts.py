@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from toolauthz.display.escape import display
 from toolauthz.errors import RequestError
 
 __all__ = ["transport_security", "check_allowed_hosts"]
@@ -44,7 +45,7 @@ def check_allowed_hosts(raw: object) -> tuple[str, ...]:
         raise RequestError("`allowed_hosts` must list host names (`name` or `name:port`)")
     for entry in raw:
         if not _HOST.fullmatch(entry):
-            raise RequestError(f"allowed_hosts: `{entry[:80]!s}` is not a host name or `name:port`")
+            raise RequestError(f"allowed_hosts: `{display(entry[:80])}` is not a host name or `name:port`")
     return tuple(entry.lower() for entry in raw)
 
 

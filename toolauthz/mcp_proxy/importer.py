@@ -42,8 +42,10 @@ from typing import Any, TextIO
 
 import mcp_types as types
 import yaml
+from jsonschema import Draft202012Validator
 from mcp import Client
 
+from toolauthz.display.escape import display
 from toolauthz.mcp_proxy.pins import DRAFT_2020_12, schema_sha256
 from toolauthz.mcp_proxy.tool_merge import merge_tool_file
 from toolauthz.model import TOOL_NAME
@@ -147,11 +149,26 @@ def draft_for(tool: types.Tool, *, upstream: str | None = None, prefix: str = ""
         notes.append(f"# idempotentHint: {str(tool.annotations.idempotent_hint).lower()} (noted only).")
     if closed_note:
         notes.append(f"# input_schema: {closed_note}.")
+    unasserted = sorted(set(_formats(input_schema)) - set(Draft202012Validator.FORMAT_CHECKER.checkers))
+    if unasserted:
+        shown = ", ".join(f"`{display(fmt[:40])}`" for fmt in unasserted[:5])
+        notes.append(f"# input_schema: format {shown} cannot be asserted, so `check` refuses it: replace it with "
+                     "`pattern` or remove it (the pin keeps the server's schema).")
     notes += [resource_hint(dict(tool.input_schema)),
               f'# Until a person sets `resource`, it is Tool::"{name}". Add limits and audit.record as needed.',
               "# mcp: the upstream tool as advertised; `toolauthz mcp-proxy` refuses it if it changes."]
     body = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
     return Draft(name, f"{name}.yaml", "\n".join(notes) + "\n" + body)
+
+
+def _formats(node: Any) -> list[str]:
+    """Every `format` value of a schema (and, harmlessly, of a property named `format`)."""
+    if isinstance(node, dict):
+        found = [node["format"]] if isinstance(node.get("format"), str) else []
+        return found + [fmt for value in node.values() for fmt in _formats(value)]
+    if isinstance(node, list):
+        return [fmt for value in node for fmt in _formats(value)]
+    return []
 
 
 async def list_upstream_tools(upstream: Any) -> list[types.Tool]:

@@ -46,7 +46,16 @@ from toolauthz.mcp_proxy.list_watch import ListWatch
 from toolauthz.mcp_proxy.passthrough import LogRelay, annotations_of, instructions_of, relaying_progress
 from toolauthz.mcp_proxy.pins import PinnedTool
 from toolauthz.mcp_proxy.refusal_tally import RefusalTally, Report
-from toolauthz.mcp_proxy.runs import RUN_META_KEY, BoundedMap, Caller, Run, call_id, run_of
+from toolauthz.mcp_proxy.runs import (
+    RUN_META_KEY,
+    BoundedMap,
+    Caller,
+    Run,
+    call_id,
+    is_modern,
+    run_of,
+    session_header,
+)
 from toolauthz.mcp_proxy.upstreams import UPSTREAM_UNAVAILABLE, UpstreamSpec
 
 __all__ = ["ProxySettings", "McpProxy", "TOOL_CHANGED"]
@@ -114,7 +123,9 @@ class McpProxy:
         self.governed = Governed(self, settings.rpc_timeout or 10.0)
         self.logs = LogRelay(forward=settings.downstream == "stdio")
         self.client_requests = ClientRequests()
-        self.list_watch = ListWatch(authz, lambda: self.logs.session, rpc_timeout=settings.rpc_timeout)
+        # The 2025-11-25 HTTP sessions that sent a request, by Mcp-Session-Id: told when lists change.
+        self._http_sessions: BoundedMap[str, Any] = BoundedMap(_MAX_RUNS)
+        self.list_watch = ListWatch(authz, self._sessions_to_tell, rpc_timeout=settings.rpc_timeout)
         self.requests = GovernedRequests(self, self.governed)
         with warnings.catch_warnings():  # logging/setLevel: deprecated as of 2026-07-28, served for 2025-11-25
             warnings.simplefilter("ignore")
@@ -149,15 +160,20 @@ class McpProxy:
         async with self.catalog.connected(), anyio.create_task_group() as tg:
             tg.start_soon(self._flush_refusals)
             self.server.instructions = instructions_of(self.catalog.links)
-            if self.settings.list_watch_seconds > 0:
-                await self.list_watch.check()  # what the lists are decided on, before the first one
+            if self.settings.list_watch_seconds > 0:  # its first check is at once, off the start-up path
                 tg.start_soon(self.list_watch.run, self.settings.list_watch_seconds)
             try:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
+                # The counts not yet written, within one RPC timeout in all: a sidecar that is
+                # gone must not hold the gateway's shutdown.
                 with anyio.CancelScope(shield=True):
-                    await self._report_refusals(self._unavailable.flush())  # the counts not yet written
+                    with anyio.move_on_after(self.settings.rpc_timeout or 10.0) as bounded:
+                        await self._report_refusals(self._unavailable.flush())
+                    if bounded.cancelled_caught:
+                        log.warning("the last upstream_unavailable counts were not recorded: the sidecar did not "
+                                    "take them in time")
 
     def _use_tools(self, tools: ToolSet) -> None:
         self._tools = tools
@@ -180,9 +196,19 @@ class McpProxy:
         return self.catalog.upstream_of(name)
 
     def note_session(self, ctx: Any) -> None:
-        """Remembers the stdio client's session: where upstream log messages go."""
+        """Remembers the stdio client's session (where upstream log messages go) and each
+        2025-11-25 HTTP session (told when the lists change)."""
+        session = getattr(ctx, "session", None)
         if self.settings.downstream == "stdio":
-            self.logs.session = getattr(ctx, "session", None)
+            self.logs.session = session
+            return
+        header = session_header(ctx)
+        if header is not None and session is not None and not is_modern(ctx):
+            self._http_sessions.set(header, session)
+
+    def _sessions_to_tell(self) -> list[Any]:
+        stdio = [self.logs.session] if self.logs.session is not None else []
+        return stdio + self._http_sessions.values()
 
     def run_of(self, ctx: Any) -> Run:
         self.note_session(ctx)
@@ -389,3 +415,4 @@ class McpProxy:
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+

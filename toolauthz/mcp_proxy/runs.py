@@ -41,7 +41,7 @@ from ulid import ULID
 
 from toolauthz.client import Principal
 
-__all__ = ["RUN_META_KEY", "Caller", "Run", "run_of", "call_id", "BoundedMap"]
+__all__ = ["RUN_META_KEY", "Caller", "Run", "run_of", "call_id", "BoundedMap", "is_modern", "session_header"]
 
 RUN_META_KEY = "io.toolauthz/run"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
@@ -99,13 +99,13 @@ def run_of(ctx: Any, caller: Caller, connection: str | None) -> Run:
     if connection is not None:
         return Run(caller, connection)
     if not is_modern(ctx):
-        session = _session_header(ctx)
+        session = session_header(ctx)
         if session is not None:
             return Run(caller, session)
     return Run(caller, str(ULID()))
 
 
-def _session_header(ctx: Any) -> str | None:
+def session_header(ctx: Any) -> str | None:
     headers = getattr(getattr(ctx, "request", None), "headers", None)
     session = headers.get("mcp-session-id") if headers is not None else None
     return session if isinstance(session, str) and _SESSION.fullmatch(session) else None

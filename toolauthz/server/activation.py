@@ -111,6 +111,7 @@ class Activations:
         self._attempted = threading.Condition()
         self.after_swap: Callable[[], None] | None = None  # serving processes: heap.py
         self.after_attempt: Callable[[], None] | None = None  # the worker's status board
+        self._lock = threading.Lock()  # one reload at a time (the watcher or poller, and SIGHUP)
 
     @property
     def source(self) -> str:
@@ -182,24 +183,28 @@ class Activations:
                 shown = ", ".join(f"`{name}`" for name in asking[:5]) + (" and more" if len(asking) > 5 else "")
                 notices.append(f"restart needed: {shown} set audit.retain_input, which applies only after a "
                                "restart (inputs are not retained until then)")
-        for notice in notices:
-            if notice not in self.restart_needed:
-                log.warning("%s", notice)
-        self.restart_needed = tuple(notices)
+        new = [notice for notice in notices if notice not in self.restart_needed]
+        self.restart_needed = tuple(notices)  # in status before the log says so
+        for notice in new:
+            log.warning("%s", notice)
 
     def _note_settings_changes(self) -> None:
         if self._settings_changes is None:
             return
         notices = self._settings_changes()
-        for notice in notices:
-            if notice not in self.settings_changed:
-                log.warning("%s", notice)
-        self.settings_changed = notices
+        new = [notice for notice in notices if notice not in self.settings_changed]
+        self.settings_changed = notices  # in status before the log says so
+        for notice in new:
+            log.warning("%s", notice)
 
     def check_floor(self) -> None:
         """Holds the serving bundle back (it decides nothing) while the fleet's floor is
         above its revision: another process activated a newer one, and this one has none
         to load. A store that cannot be read changes nothing: decisions need it anyway."""
+        with self._lock:  # never between a reload's read of the floor and its swap
+            self._check_floor()
+
+    def _check_floor(self) -> None:
         serving = self._holder.current
         if self._floor is None or self._keys is None or serving.revision is None:
             return
@@ -208,10 +213,11 @@ class Activations:
         except StoreUnavailable:
             return
         if stored is not None and stored.revision > serving.revision:
-            if not self._holder.held_back:
-                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
-                          "bundle at the floor loads", serving.revision, stored.revision)
+            newly = not self._holder.held_back
             self._holder.hold_back(f"revision {serving.revision} is below the fleet's floor, {stored.revision}: "
                                    "no decision until a bundle at the floor loads")
+            if newly:  # in status before the log says so
+                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
+                          "bundle at the floor loads", serving.revision, stored.revision)
         else:
             self._holder.release()

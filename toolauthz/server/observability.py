@@ -27,6 +27,7 @@ from wsgiref.simple_server import make_server
 
 from toolauthz.server.config import TracingSettings
 from toolauthz.server.probes import Readiness, probe_app
+from toolauthz.service.loopback import address_host_header, is_loopback_host, loopback_host_header
 from toolauthz.telemetry import tracing
 
 if TYPE_CHECKING:
@@ -106,8 +107,9 @@ def start_metrics_server(host: str, port: int, multiprocess_dir: pathlib.Path | 
     if multiprocess_dir is not None:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(multiprocess_dir))  # type: ignore[no-untyped-call]  # unannotated upstream
-    app = probe_app(make_wsgi_app(registry), readiness or Readiness())
     address = host.strip("[]")
+    answers_host = loopback_host_header if is_loopback_host(address) else address_host_header
+    app = probe_app(make_wsgi_app(registry), readiness or Readiness(), answers_host)
 
     class Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in address else socket.AF_INET

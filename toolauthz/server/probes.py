@@ -6,10 +6,15 @@ health service's meaning: 200 `SERVING` once the listeners serve and while the s
 be read; 503 `NOT_SERVING` before that, while the store cannot be read, and from the
 moment a drain begins (SIGTERM), so a load balancer stops sending work first. Any other
 path is 404: a probe pointed at a wrong path fails instead of reading metrics as health.
+
+Like every listener, it answers only a `Host` that no DNS name can be rebound to (a
+loopback name on a loopback address; a loopback name or an IP address elsewhere), so a
+web page cannot read it through DNS rebinding (403 otherwise).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +26,40 @@ def _answer(start_response: Callable[..., Any], status: str, body: bytes,
             extra: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
     start_response(status, [*_TEXT, *extra, ("Content-Length", str(len(body)))])
     return [body]
+
+
+class BoundedRead:
+    """Whether `read` answers True within `limit` seconds. At most one read runs at a
+    time, on a thread of its own: a probe never waits past `limit` on a hung store, and a
+    hung read is never joined by a second one (server/build.py's StoreProbe, for threads)."""
+
+    def __init__(self, read: Callable[[], bool], limit: float):
+        self._read, self._limit = read, limit
+        self._lock = threading.Lock()
+        self._running: concurrent.futures.Future[bool] | None = None
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if self._running is None or self._running.done():
+                self._running = self._start()
+            running = self._running
+        try:
+            return running.result(timeout=self._limit)
+        except concurrent.futures.TimeoutError:
+            return False
+
+    def _start(self) -> concurrent.futures.Future[bool]:
+        # A daemon thread, not an executor's: a read hung at exit must not hold the exit.
+        future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._read())
+            except BaseException as exc:  # noqa: BLE001 - handed to the prober, who answers not ready
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="readiness-read", daemon=True).start()
+        return future
 
 
 class Readiness:
@@ -48,11 +87,15 @@ class Readiness:
             return False
 
 
-def probe_app(metrics_app: Callable[..., Iterable[bytes]], readiness: Readiness) -> Callable[..., Iterable[bytes]]:
-    """A WSGI app: the three routes above, GET (and HEAD) only."""
+def probe_app(metrics_app: Callable[..., Iterable[bytes]], readiness: Readiness,
+              answers_host: Callable[[str], bool]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: the three routes above, GET (and HEAD) only, for the Hosts `answers_host` takes."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        if not answers_host(environ.get("HTTP_HOST", "")):
+            return _answer(start_response, "403 Forbidden", b"this listener answers requests for a loopback host "
+                                                            b"or an IP address only\n")
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _answer(start_response, "405 Method Not Allowed", b"method not allowed\n", (("Allow", "GET, HEAD"),))
         if path == "/metrics":

@@ -127,7 +127,6 @@ class BundleReloader(Activations):
                          settings_changes=settings_changes)
         self._directory = pathlib.Path(holder.current.directory)
         self._poll = poll_seconds
-        self._lock = threading.Lock()  # one reload at a time (watcher and SIGHUP)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._seen = fingerprint(self._directory)

@@ -125,7 +125,6 @@ class RemoteBundleReloader(Activations):
         self._polls = 0
         self.failures = 0
         self._refusal = ""  # why the archive the server serves now was refused, if it was
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None

@@ -75,18 +75,15 @@ def _commit_from_metadata() -> str:
 
 
 def _commit_from_checkout() -> str:
-    """HEAD of the checkout the package was imported from (an editable install), with
-    `+dirty` when tracked files differ from it; "" outside a checkout or without git."""
+    """HEAD of the checkout the package was imported from (an editable install); "" outside
+    a checkout or without git. Only `rev-parse`: `git status` would run whatever filters
+    and monitors the checkout's own config names, and this runs inside the sidecar."""
     root = pathlib.Path(toolauthz.__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return ""
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
-    if not _COMMIT.match(head):
-        return ""
-    return head[:12] + ("+dirty" if dirty else "")
+    return head[:12] if _COMMIT.match(head) else ""

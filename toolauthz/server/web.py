@@ -36,7 +36,8 @@ def start_http(sidecar: Sidecar, server: AioServer, listeners: tuple[ListenerSet
     if not listeners:
         return ()
     settings = sidecar.settings
-    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate,
+    api = HttpApi(sidecar.authorizer, sidecar.pump, sidecar.keyring, gate=sidecar.gate, desk=sidecar.approvals,
+                  watches=sidecar.watches, audit_log=sidecar.audit_log,
                   max_body_bytes=settings.max_message_bytes, max_concurrent=settings.max_concurrent_rpcs,
                   batch_limits=settings.batch.limits())
     served = tuple(_serve_http(server, api, listener, reuse_port) for listener in listeners)

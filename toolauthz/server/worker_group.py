@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from toolauthz.errors import BundleError, ToolAuthzError
@@ -158,9 +158,16 @@ class WorkerGroup:
 
 
 @contextlib.contextmanager
-def forwarded_signals(group: WorkerGroup) -> Iterator[None]:
+def forwarded_signals(group: WorkerGroup, stopping: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """SIGTERM and SIGINT go to every worker; `stopping` is told first (readiness turns
+    NOT_SERVING as the drain begins)."""
     signals = (signal.SIGTERM, signal.SIGINT)  # SIGHUP: ReloadRequests routes it to the group
-    previous = {sig: signal.signal(sig, lambda signum, _frame: group.signal(signum)) for sig in signals}
+
+    def forward(signum: int, _frame: Any) -> None:
+        stopping()
+        group.signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in signals}
     try:
         yield
     finally:

@@ -52,7 +52,7 @@ from toolauthz.server.listeners import (
 from toolauthz.server.logs import banner, configure_logging
 from toolauthz.server.observability import MetricsServer, RunDirectory, configure_tracing, start_metrics_server
 from toolauthz.server.ports import reserved_address, with_reserved_port
-from toolauthz.server.probes import Readiness
+from toolauthz.server.probes import BoundedRead, Readiness
 from toolauthz.server.reload_requests import ReloadRequests
 from toolauthz.server.worker_group import WorkerGroup, forwarded_signals
 
@@ -124,7 +124,7 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
             group = WorkerGroup(worker_settings, workers, run)
             # A reload asked for before the workers start needs nothing: they load the bundle then.
             reloads.route_to(lambda: group.signal(signal.SIGHUP))
-            with forwarded_signals(group):
+            with forwarded_signals(group, stopping=readiness.draining):
                 with contextlib.ExitStack() as reserved:
                     resolved = tuple(with_reserved_port(reserved, listener) for listener in listeners)
                     # Every worker binds the HTTP API's address too (SO_REUSEPORT), so the kernel
@@ -141,13 +141,13 @@ def _serve(settings: Settings, workers: int, reloads: ReloadRequests) -> int:
                     status = group.start(resolved)
                 if status is not None:
                     return status
+                readiness.serving()  # before the lines that say so: whoever reads them may probe at once
                 # The single-process line, then the workers: whoever parses `on HOST:PORT,` still can.
                 http_addresses = [http_listen] if http_listen else [_shown(x.address) for x in reserved_http]
                 _announce_serving(settings, version, [_shown(listener.address) for listener in resolved],
                                   http_addresses, workers=workers, pids=group.pids())
                 _announce_metrics(settings, metrics_server)
                 _announce_console(console_listen)
-                readiness.serving()
                 try:
                     return group.supervise()
                 finally:
@@ -214,10 +214,11 @@ def _serve_here(settings: Settings, sidecar: Sidecar, version: str, reloads: Rel
             raise
         reloads.route_to(reload_of(sidecar))
         keep_bundles_frozen(sidecar)
+        # Ready before the lines that say it serves: whoever reads them may probe at once.
+        readiness.serving(BoundedRead(sidecar.store.available, settings.store_hang_seconds))
         _announce_serving(settings, version, list(serving.addresses), list(serving.http_addresses))
         _announce_metrics(settings, metrics_server)
         _announce_console(serving.console_address)
-        readiness.serving(sidecar.store.available)
         try:
             # Never a wait without a timeout: the kernel may deliver SIGHUP or SIGTERM to
             # one of gRPC's threads, and CPython then runs the handler only when the main

@@ -18,7 +18,7 @@ from toolauthz.service.access import About, Gate
 from toolauthz.service.callers import caller_of
 from toolauthz.service.common import status_mapped, timestamp, trusted_context
 from toolauthz.service.observe import approval_decided, grpc_transport
-from toolauthz.service.ownership import admit_reader
+from toolauthz.service.ownership import admit_approval_reader
 from toolauthz.service.roles import Access, Rpc
 from toolauthz.service.watching import LoopNotifier, WatchLimits, watch_records
 from toolauthz.store.approvals import ApprovalRecord
@@ -117,9 +117,7 @@ class ApprovalsService(apb_grpc.ApprovalsServicer):
                       rpc: Rpc) -> CallOwner | None:
         """The approval's tenant, then its call's owner (service/ownership.py): whom the
         token may go to."""
-        record = self._desk.get(request.approval_id)
-        self._gate.admit_tenant(access, rpc, About(record.tenant, approval_id=request.approval_id))
-        return admit_reader(self._gate, self._desk, access, rpc, record, viewer)
+        return admit_approval_reader(self._gate, self._desk, access, rpc, request.approval_id, viewer)
 
     @status_mapped
     async def WatchApproval(self, request: apb.GetApprovalRequest, context):

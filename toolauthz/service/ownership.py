@@ -21,10 +21,20 @@ from toolauthz.approvals import ApprovalDesk
 from toolauthz.audit.records import AuditEvent
 from toolauthz.call_record import NOT_CALL_OWNER
 from toolauthz.model import TrustedContext
-from toolauthz.service.access import Gate
+from toolauthz.service.access import About, Gate
 from toolauthz.service.roles import Access, CallerRefused, Rpc
 from toolauthz.store.approvals import ApprovalRecord
 from toolauthz.store.ledger import CallOwner
+
+
+def admit_approval_reader(gate: Gate, desk: ApprovalDesk, access: Access, rpc: Rpc, approval_id: str,
+                          viewer: TrustedContext | None) -> CallOwner | None:
+    """The approval's tenant, then its call's owner: whom the token of `approval_id` may
+    go to on this request (None: nobody). Blocks on the store: call it off the event
+    loop. Raises NotFoundError, or CallerRefused (audited when past the tenant check)."""
+    record = desk.get(approval_id)
+    gate.admit_tenant(access, rpc, About(record.tenant, approval_id=approval_id))
+    return admit_reader(gate, desk, access, rpc, record, viewer)
 
 
 def admit_reader(gate: Gate, desk: ApprovalDesk, access: Access, rpc: Rpc, record: ApprovalRecord,

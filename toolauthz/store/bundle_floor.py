@@ -49,8 +49,11 @@ class FloorSql:
             read=f"SELECT revision, digest, updated_at FROM {FLOOR_TABLE} WHERE id = 1",
             lift=(f"INSERT INTO {FLOOR_TABLE} (id, revision, digest, updated_at) VALUES (1, {m}, {m}, {m}) "
                   f"ON CONFLICT (id) DO UPDATE SET "
-                  f"digest = CASE WHEN excluded.revision > {FLOOR_TABLE}.revision THEN excluded.digest "
-                  f"ELSE {FLOOR_TABLE}.digest END, "
+                  # The first bundle activated at a revision names it (after a rollback too,
+                  # which leaves the digest empty).
+                  f"digest = CASE WHEN excluded.revision > {FLOOR_TABLE}.revision OR "
+                  f"({FLOOR_TABLE}.digest = '' AND excluded.revision = {FLOOR_TABLE}.revision) "
+                  f"THEN excluded.digest ELSE {FLOOR_TABLE}.digest END, "
                   f"updated_at = CASE WHEN excluded.revision > {FLOOR_TABLE}.revision THEN excluded.updated_at "
                   f"ELSE {FLOOR_TABLE}.updated_at END, "
                   f"revision = CASE WHEN excluded.revision > {FLOOR_TABLE}.revision THEN excluded.revision "

@@ -49,7 +49,7 @@ export interface RefusedCall {
 }
 
 export type Answer = AssembledCall | RefusedCall;
-type Key = string | number;
+export type Key = string | number;
 
 class Open {
   chunks: Uint8Array[] = [];
@@ -143,21 +143,33 @@ export class CallAssembly {
     return this.open_.has(key);
   }
 
+  hasEnded(key: Key): boolean {
+    return this.ended.has(key);
+  }
+
   /** The stream ended: a call still open never finished. */
   close(): Answer[] {
-    return this.endAll("stream_incomplete");
+    return this.endAll([], "stream_incomplete");
   }
 
   /** A protocol violation no single call owns: the stream is broken from here on. */
   fail(problem: string): Answer[] {
     if (this.problems.length < MAX_PROBLEMS) this.problems.push(problem.slice(0, 200));
     this.broken = true;
-    return this.endAll("stream_broken");
+    return this.endAll([], "stream_broken");
   }
 
-  private endAll(code: string): Answer[] {
+  /** Ends every open call (those of `keysFirst` first, in that order), or, with `code`, refuses them with it. */
+  endAll(keysFirst: readonly Key[] = [], code?: string): Answer[] {
+    const order = keysFirst.filter((key) => this.open_.has(key));
+    for (const key of this.open_.keys()) if (!order.includes(key)) order.push(key);
     const answers: Answer[] = [];
-    for (const [key, call] of [...this.open_]) {
+    for (const key of order) {
+      if (code === undefined) {
+        answers.push(...this.end(key));
+        continue;
+      }
+      const call = this.open_.get(key)!;
       this.open_.delete(key);
       this.ended.add(key);
       if (!call.refused) answers.push(...this.refuse(call, code));

@@ -17,3 +17,4 @@ export type { ClientTls } from "./transport.js";
 export * as authorizer from "./gen/toolauthz/v1/authorizer_pb.js";
 export * as approvals from "./gen/toolauthz/v1/approvals_pb.js";
 export { type Answer, type AssembledCall, CallAssembly, type RefusedCall, REFUSALS } from "./assembly.js";
+export { AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream } from "./streaming.js";

@@ -10,13 +10,14 @@ import { describe, test } from "node:test";
 
 import { fromJson, type JsonObject } from "@bufbuild/protobuf";
 
-import { CallAssembly, REFUSALS } from "../src/assembly.js";
+import { type Answer, CallAssembly, REFUSALS } from "../src/assembly.js";
 import { RpcError } from "../src/client.js";
 import { Principal, TrustedContext } from "../src/context.js";
 import { callDigest, canonicalJson } from "../src/digest.js";
 import * as apb from "../src/gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardClient, type TurnCall } from "../src/guard.js";
+import { AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream } from "../src/streaming.js";
 import { InvalidInputError, parseStrictJson } from "../src/json.js";
 import { type CallResult, MESSAGES } from "../src/results.js";
 import { ToolError, type ToolInvocation, ToolSet } from "../src/tools.js";
@@ -145,7 +146,8 @@ describe("guard", () => {
       const client = new ScriptedClient(c.script);
       const tools = new ToolSet();
       for (const [name, behaviour] of Object.entries(c.tools)) tools.register(name, tool(behaviour, client));
-      const guard = new Guard(client, new TrustedContext("acme", new Principal("User", "alice"), "run-1"), tools);
+      const entities = c.entities === "throws" ? () => { throw new Error("the runtime's store is down"); } : undefined;
+      const guard = new Guard(client, new TrustedContext("acme", new Principal("User", "alice"), "run-1", entities), tools);
       for (const step of c.runs) {
         client.cancel = new AbortController();
         if (step.cancel_pending !== undefined) {
@@ -168,9 +170,23 @@ describe("guard", () => {
   }
 });
 
+function shown(a: Answer) {
+  return "refused" in a ? { call_id: a.callId, name: a.name, refused: a.refused }
+    : { call_id: a.callId, name: a.name, input_json: Buffer.from(a.inputJson).toString("utf8") };
+}
+
 describe("streams", () => {
   for (const c of load("streams.json")) {
     test(c.name, () => {
+      if (c.api !== undefined) {
+        const adapters = { anthropic: AnthropicToolStream, chat_completions: ChatCompletionsToolStream,
+          responses: ResponsesToolStream } as const;
+        const stream = new adapters[c.api as keyof typeof adapters](c.limits ?? {});
+        const answers = [...c.api_events.flatMap((event: unknown) => stream.feed(event)), ...stream.close()];
+        assert.deepEqual(answers.map(shown), c.expect);
+        assert.equal(stream.assembly.broken, c.broken ?? false);
+        return;
+      }
       const assembly = new CallAssembly(c.limits ?? {}, c.max_calls !== undefined ? { maxCalls: c.max_calls } : {});
       const answers = [];
       for (const op of c.events) {
@@ -180,9 +196,7 @@ describe("streams", () => {
         else if (op[0] === "close") answers.push(...assembly.close());
         else throw new Error(`unknown event ${op[0]}`);
       }
-      const shown = answers.map((a) => ("refused" in a ? { call_id: a.callId, name: a.name, refused: a.refused }
-        : { call_id: a.callId, name: a.name, input_json: Buffer.from(a.inputJson).toString("utf8") }));
-      assert.deepEqual(shown, c.expect);
+      assert.deepEqual(answers.map(shown), c.expect);
       assert.equal(assembly.broken, c.broken ?? false);
     });
   }

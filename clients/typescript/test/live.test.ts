@@ -16,6 +16,7 @@ import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { Guard, type GuardEvent } from "../src/guard.js";
 import { OfflineVerifier } from "../src/offline.js";
 import { NO_RETRY, RetryPolicy } from "../src/retry.js";
+import { AnthropicToolStream } from "../src/streaming.js";
 import { ToolSet } from "../src/tools.js";
 import { type Sidecar, startSidecar } from "./sidecar.js";
 
@@ -144,6 +145,22 @@ describe("against a live sidecar", () => {
     assert.deepEqual(results.map((r) => [r.callId, r.status, r.code]), [
       ["ts_turn_a", "completed", ""], ["ts_turn_b", "completed", ""], ["ts_turn_c", "failed", "denied"],
       ["ts_turn_d", "completed", ""]]);
+  });
+
+  test("a streamed turn: assembled calls run, a refused one authorizes nothing", async () => {
+    const stream = new AnthropicToolStream({ issue_refund: 4096 });
+    const delta = (index: number, partial_json: string) => ({ type: "content_block_delta", index,
+      delta: { type: "input_json_delta", partial_json } });
+    const events = [
+      { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "ts_stream_a", name: "lookup_order", input: {} } },
+      delta(0, '{"order_id"'), delta(0, ':"ord_1"}'), { type: "content_block_stop", index: 0 },
+      { type: "content_block_start", index: 1, content_block: { type: "tool_use", id: "ts_stream_b", name: "issue_refund", input: {} } },
+      delta(1, '{"order_id":"ord_1",'), // the stream ends before this block does
+    ];
+    const answers = [...events.flatMap((event) => stream.feed(event)), ...stream.close()];
+    const results = await new Guard(client, alice("run-stream", 3000), tools()).runTurn(answers);
+    assert.deepEqual(results.map((r) => [r.callId, r.status, r.code, r.reported]), [
+      ["ts_stream_a", "completed", "", "recorded"], ["ts_stream_b", "failed", "stream_incomplete", "not_reported"]]);
   });
 
   test("the sidecar's digest is this SDK's digest, and the token checks offline", async () => {

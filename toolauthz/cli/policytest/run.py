@@ -11,12 +11,14 @@ anything failed. See docs/policy-testing.md.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import pathlib
 import sys
 import time
 
 from toolauthz.bundle import Bundle, load_bundle
+from toolauthz.cli.output import add_output_option
 from toolauthz.cli.policytest import report
 from toolauthz.cli.policytest.expect import Approver, name_problems
 from toolauthz.cli.policytest.suite import ApprovalCheck, Case, Result, load_suites
@@ -71,8 +73,9 @@ def shadow_disagreements(bundle: Bundle, verdict: Verdict) -> frozenset[str]:
 
 
 def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict_coverage: bool = False,
-        junit: str | None = None, out=None, err=None) -> int:
-    """The whole command; returns its exit code."""
+        junit: str | None = None, out=None, err=None, output: str = "text") -> int:
+    """The whole command; returns its exit code. `output="json"`: one JSON document on
+    `out` instead of the lines (the problems still go to `err` as well)."""
     out, err = out or sys.stdout, err or sys.stderr
     problems: list[str] = []
     try:
@@ -89,10 +92,13 @@ def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict
         print(f"{len(problems)} problem(s); no case was run", file=err)
         if junit:
             report.write_junit(junit, [], problems=problems)
+        if output == "json":
+            print(json.dumps({"problems": problems, "passed": 0, "failed": 0, "cases": []}, indent=2), file=out)
         return 1
     selected = [case for case in cases if filter in case.title]
     results = [run_case(bundle, case, i) for i, case in enumerate(selected, 1)]
-    failed = report.print_results(results, out)
+    shown = io.StringIO() if output == "json" else out  # the lines, unless JSON says it all
+    failed = report.print_results(results, shown)
     if filter and not selected:
         print(f"no case matches `{filter}`", file=err)
     # Coverage only means something over every case: a filtered run skips it.
@@ -100,11 +106,16 @@ def run(bundle_dir: str | pathlib.Path = "policies", *, filter: str = "", strict
     if not filter:
         uncovered, policies = report.coverage(bundle, results)
         for item in uncovered:
-            print(f"uncovered: {item}", file=out)
+            print(f"uncovered: {item}", file=shown)
         unreached = sum(1 for item in uncovered if "policy `" in item)
-        print(f"coverage: {policies - unreached} of {policies} policies reached", file=out)
+        print(f"coverage: {policies - unreached} of {policies} policies reached", file=shown)
     if junit:
         report.write_junit(junit, results, uncovered=uncovered if strict_coverage else [])
+    if output == "json":
+        print(json.dumps({"problems": [], "passed": len(results) - failed, "failed": failed, "uncovered": uncovered,
+                          "cases": [{"case": r.case.title, "passed": r.passed,
+                                     **({} if r.passed else {"differs": report.summary(r)})} for r in results]},
+                         indent=2), file=out)
     return 1 if failed or not selected or (strict_coverage and uncovered) else 0
 
 
@@ -131,11 +142,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the cases whose `<file> :: <name>` contains SUBSTRING (skips coverage)")
     parser.add_argument("--strict-coverage", action="store_true",
                         help="fail when a tool policy or a tool is not covered")
+    add_output_option(parser)
     parser.set_defaults(func=_command)
 
 
 def _command(args: argparse.Namespace) -> int:
-    return run(args.bundle, filter=args.filter, strict_coverage=args.strict_coverage, junit=args.junit)
+    return run(args.bundle, filter=args.filter, strict_coverage=args.strict_coverage, junit=args.junit,
+               output=args.output)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ not speak gRPC (a TypeScript agent with `fetch`, a shell script with `curl`).
                               -> {answers: [{response: <as /v1/authorize>} | {error: {code, message}}]}
     POST /v1/verify      {token, context, call}               -> {valid, code, decision_id}
     POST /v1/outcome     {context, call_id, status, ...}      -> {decision_id, unverified}
+    POST /v1/approval    {approval_id, context?}              -> the approval (GetApproval)
+    POST /v1/approval/wait  {approval_id, context?, wait_seconds?}
+                                                              -> the approval once decided, or at
+                                                                 the end of the wait (WatchApproval)
+    POST /v1/call-story  {tenant, call_id}                    -> {summary, steps, complete}
     GET  /v1/keys                                             -> {keys: [{kid, paserk, jwk, state}]}
     GET  /healthz                                             -> {status: "SERVING"}
 
@@ -23,6 +28,8 @@ Its parts, along their seams:
     json_body.py  the strict scan that keeps raw members and enforces a body's shape
     envelope.py   each route's body shape, and the model values a body stands for
     handlers.py   what each route asks of the authorizer and the pump
+    approval_routes.py  the approval, wait and call-story routes (desk, watches, audit log)
+    approval_json.py    the JSON of an approval and of a call's story
     answers.py    the JSON of a decision and of a failure
 """
 

@@ -28,6 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from toolauthz.approvals import ApprovalDesk
+from toolauthz.audit.store import AuditLog
 from toolauthz.authorizer import Authorizer
 from toolauthz.batch import DEFAULT_LIMITS, BatchLimits
 from toolauthz.bundle.catalog import MAX_INPUT_BYTES_CEILING
@@ -37,12 +39,14 @@ from toolauthz.service.access import Gate
 from toolauthz.service.failures import Failure, Status, failure_of
 from toolauthz.service.http_api import envelope
 from toolauthz.service.http_api.answers import HttpRefusal, error_response, http_exception
+from toolauthz.service.http_api.approval_routes import HttpApprovals
 from toolauthz.service.http_api.body import declares_body, parse_json, read_body
 from toolauthz.service.http_api.handlers import Body, HttpHandlers
 from toolauthz.service.http_api.json_body import BodyShape
 from toolauthz.service.http_api.listener import peer_of
 from toolauthz.service.observe import Observation, observed
 from toolauthz.service.roles import Rpc
+from toolauthz.service.watching import WatchLimits
 from toolauthz.tokens.keyring import KeyRing
 
 __all__ = ["ENVELOPE_BYTES", "HttpApi", "HttpRoute"]
@@ -86,12 +90,15 @@ class HttpApi:
     """The Starlette application; one per sidecar process, on the gRPC server's loop."""
 
     def __init__(self, authorizer: Authorizer, pump: DecisionPump, keyring: KeyRing, *, gate: Gate,
+                 desk: ApprovalDesk, watches: WatchLimits, audit_log: AuditLog,
                  max_body_bytes: int, max_concurrent: int, batch_limits: BatchLimits = DEFAULT_LIMITS):
         # The caller is the one the connection's listener proved (listener.py).
         self._gate = replace(gate, callers=lambda request: peer_of(request).caller)
         self._max_concurrent = max_concurrent
         self._in_flight = 0
         handlers = HttpHandlers(authorizer, pump, keyring, self._gate, batch_limits)
+        approvals = HttpApprovals(desk, watches, audit_log, self._gate)
+        small = min(max_body_bytes, ENVELOPE_BYTES)
         single = single_call_bytes(max_body_bytes)
         outcome = min(max_body_bytes, MAX_ENTITIES_BYTES + ENVELOPE_BYTES)
         self.routes: dict[str, HttpRoute] = {
@@ -100,6 +107,10 @@ class HttpApi:
                                              envelope.batch_shape(batch_limits), handlers.authorize_batch),
             "/v1/verify": HttpRoute("POST", "Verify", single, envelope.VERIFY, handlers.verify),
             "/v1/outcome": HttpRoute("POST", "ReportOutcome", outcome, envelope.OUTCOME, handlers.outcome),
+            "/v1/approval": HttpRoute("POST", "GetApproval", small, envelope.APPROVAL, approvals.get_approval),
+            "/v1/approval/wait": HttpRoute("POST", "WatchApproval", small, envelope.APPROVAL_WAIT,
+                                           approvals.wait_approval),
+            "/v1/call-story": HttpRoute("POST", "QueryDecisions", small, envelope.CALL_STORY, approvals.call_story),
             "/v1/keys": HttpRoute("GET", "GetKeys", 0, None, handlers.keys, observed=False),
             "/healthz": HttpRoute("GET", None, 0, None, handlers.health, observed=False),
         }
@@ -132,7 +143,8 @@ class HttpApi:
                     members = await parse_json(body, route.shape) if route.shape is not None else {}
                     return await route.handle(request, members, seen)
             except HttpRefusal as refusal:
-                return error_response(refusal.http_status, refusal.failure, close=unread)
+                return error_response(refusal.http_status, refusal.failure, code=refusal.code,
+                                      close=unread and not refusal.body_read)
             except Exception as exc:  # noqa: BLE001 - the boundary
                 failure = failure_of(exc, where)
                 return error_response(failure.status.http_status, failure, close=unread)

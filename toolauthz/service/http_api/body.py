@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from toolauthz.digest import MAX_DEPTH
 from toolauthz.service.failures import Failure, Status
-from toolauthz.service.http_api.answers import HttpRefusal
+from toolauthz.service.http_api.answers import UNSUPPORTED_MEDIA_TYPE, HttpRefusal
 from toolauthz.service.http_api.json_body import BodyShape, parse_body
 
 __all__ = ["OFF_LOOP_BYTES", "declares_body", "parse_json", "read_body"]
@@ -48,11 +48,19 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise _too_large(0)
         return b""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
-        raise HttpRefusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"))
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
+    body = await _read_within(request, max_bytes)
+    if media_type != "application/json":
+        # Refused once read (within the cap, from an admitted caller): a connection closed
+        # on an unread body resets, and the client may lose this answer with it.
+        raise HttpRefusal(415, Failure(Status.INVALID_ARGUMENT, "the request body must be `application/json`"),
+                          UNSUPPORTED_MEDIA_TYPE, body_read=True)
+    return body
+
+
+async def _read_within(request: Request, max_bytes: int) -> bytes:
     chunks, size = [], 0
     try:
         async for chunk in request.stream():

@@ -9,16 +9,19 @@ missing or mistyped member its own message.
 
 from __future__ import annotations
 
+import re
+
 from toolauthz.batch import BatchCall, BatchLimits, check_count
 from toolauthz.display.escape import shown
 from toolauthz.errors import InputError, RequestError
-from toolauthz.model import Principal, ProposedCall, TrustedContext
+from toolauthz.model import CALL_ID, TENANT, Principal, ProposedCall, TrustedContext
 from toolauthz.service.access import About
 from toolauthz.service.http_api.json_body import ANY_ITEM, BodyShape, JsonPath, RawJson
 from toolauthz.strict_json import parse_strict_json
 
-__all__ = ["AUTHORIZE", "OUTCOME", "OUTCOMES", "VERIFY", "about", "batch_calls", "batch_shape", "context_of",
-           "proposed_call", "string_member", "only"]
+__all__ = ["APPROVAL", "APPROVAL_ID", "APPROVAL_WAIT", "AUTHORIZE", "CALL_STORY", "MAX_APPROVAL_ID", "MAX_WAIT_SECONDS",
+           "OUTCOME", "OUTCOMES", "VERIFY", "about", "approval_id_of", "batch_calls", "batch_shape", "call_story_of",
+           "context_of", "only", "proposed_call", "required_string", "string_member", "viewer_of", "wait_seconds_of"]
 
 OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown")
 
@@ -41,6 +44,23 @@ VERIFY = BodyShape(raw=AUTHORIZE.raw,
 OUTCOME = BodyShape(raw=frozenset({("context", "entities")}),
                     members={(): ("context", "call_id", "status", "error_code", "output_digest"),
                              **_context_members(())})
+
+
+# Reading an approval: the reader's own context (the call's tenant, principal and run,
+# for its token), never entities.
+_VIEWER = ("tenant", "principal", "request_id")
+APPROVAL = BodyShape(members={(): ("approval_id", "context"), ("context",): _VIEWER,
+                              ("context", "principal"): _PRINCIPAL})
+APPROVAL_WAIT = BodyShape(members={**APPROVAL.members, (): ("approval_id", "context", "wait_seconds")})
+CALL_STORY = BodyShape(members={(): ("tenant", "call_id")})
+# Approval ids are ULIDs (26 letters and digits); the bound keeps a hostile id (a NUL, a
+# megabyte) out of the store and out of messages.
+MAX_APPROVAL_ID = 128
+APPROVAL_ID = re.compile(rf"^[0-9A-Za-z_-]{{1,{MAX_APPROVAL_ID}}}\Z")
+# A long poll's bound: below the idle timeouts of common proxies, so that a wait ends
+# with an answer rather than a dropped connection.
+MAX_WAIT_SECONDS = 55
+DEFAULT_WAIT_SECONDS = 30
 
 
 def batch_shape(limits: BatchLimits) -> BodyShape:
@@ -74,6 +94,52 @@ def string_member(members: dict[str, object], name: str, at: str) -> str:
     if not isinstance(value, str):
         raise RequestError(f"`{at}/{name}` must be a string")
     return value
+
+
+def required_string(members: dict[str, object], name: str, at: str) -> str:
+    """A string member the body must hold."""
+    if name not in members:
+        raise RequestError(f"missing `{name}`" if not at else f"missing `{at.lstrip('/')}.{name}`")
+    return string_member(members, name, at)
+
+
+def approval_id_of(body: dict[str, object]) -> str:
+    approval_id = required_string(body, "approval_id", "")
+    if not APPROVAL_ID.fullmatch(approval_id):
+        raise RequestError(f"approval_id must match `{APPROVAL_ID.pattern}`")
+    return approval_id
+
+
+def viewer_of(body: dict[str, object]) -> TrustedContext | None:
+    """The reader's context when the body gives one: checked as a runtime's context is."""
+    value = body.get("context")
+    if value is None:
+        return None
+    members = _members(value, "/context", _VIEWER)
+    principal = _members(members.get("principal", {}), "/context/principal", _PRINCIPAL)
+    viewer = TrustedContext(required_string(members, "tenant", "/context"),
+                            Principal(string_member(principal, "type", "/context/principal"),
+                                      string_member(principal, "id", "/context/principal")),
+                            required_string(members, "request_id", "/context"))
+    viewer.check()
+    return viewer
+
+
+def wait_seconds_of(body: dict[str, object]) -> float:
+    value = body.get("wait_seconds", DEFAULT_WAIT_SECONDS)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_WAIT_SECONDS:
+        raise RequestError(f"wait_seconds must be a number from 0 to {MAX_WAIT_SECONDS}")
+    return float(value)
+
+
+def call_story_of(body: dict[str, object]) -> tuple[str, str]:
+    """The tenant and call id of a story, each as the model spells them."""
+    tenant, call_id = required_string(body, "tenant", ""), required_string(body, "call_id", "")
+    if not TENANT.fullmatch(tenant):
+        raise RequestError(f"tenant must match `{TENANT.pattern}`")
+    if not CALL_ID.fullmatch(call_id):
+        raise RequestError(f"call_id must match `{CALL_ID.pattern}`")
+    return tenant, call_id
 
 
 def context_of(value: object) -> TrustedContext:

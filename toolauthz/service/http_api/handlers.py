@@ -27,6 +27,7 @@ from toolauthz.service.http_api.envelope import (
     batch_calls,
     context_of,
     proposed_call,
+    required_string,
     string_member,
 )
 from toolauthz.service.observe import Observation
@@ -85,7 +86,7 @@ class HttpHandlers:
         return JSONResponse({"answers": shown})
 
     async def verify(self, request: Request, body: Body, seen: Observation) -> Response:
-        token, ctx, call = (string_member(body, "token", ""), context_of(body.get("context")),
+        token, ctx, call = (required_string(body, "token", ""), context_of(body.get("context")),
                             proposed_call(body.get("call")))
         caller = (await self._gate.admit_async(request, "Verify", about(ctx, call.call_id))).caller.id
         result = await self._pump.answer(seen.plan(

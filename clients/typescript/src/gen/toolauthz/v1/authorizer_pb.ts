@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolauthz/v1/authorizer.proto.
  */
 export const file_toolauthz_v1_authorizer: GenFile = /*@__PURE__*/
-  fileDesc("Ch10b29sYXV0aHovdjEvYXV0aG9yaXplci5wcm90bxIMdG9vbGF1dGh6LnYxIiUKCVByaW5jaXBhbBIMCgR0eXBlGAEgASgJEgoKAmlkGAIgASgJIncKDlRydXN0ZWRDb250ZXh0Eg4KBnRlbmFudBgBIAEoCRIqCglwcmluY2lwYWwYAiABKAsyFy50b29sYXV0aHoudjEuUHJpbmNpcGFsEhIKCnJlcXVlc3RfaWQYAyABKAkSFQoNZW50aXRpZXNfanNvbhgEIAEoDCI9CghUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEgoKaW5wdXRfanNvbhgDIAEoDCIuCg1EZWNpc2lvbkVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJnChBBdXRob3JpemVSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSJAoEY2FsbBgCIAEoCzIWLnRvb2xhdXRoei52MS5Ub29sQ2FsbCLXAgoRQXV0aG9yaXplUmVzcG9uc2USKAoIZGVjaXNpb24YASABKA4yFi50b29sYXV0aHoudjEuRGVjaXNpb24SEwoLZGVjaXNpb25faWQYAiABKAkSDwoHcmVhc29ucxgDIAMoCRIrCgZlcnJvcnMYBCADKAsyGy50b29sYXV0aHoudjEuRGVjaXNpb25FcnJvchIWCg5wb2xpY3lfdmVyc2lvbhgFIAEoCRINCgV0b2tlbhgGIAEoCRIuCgpleHBpcmVzX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZkaWdlc3QYCCABKAkSEwoLYXBwcm92YWxfaWQYCSABKAkSEAoIcmVwbGF5ZWQYCiABKAgSNwoTYXBwcm92YWxfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibgoVQXV0aG9yaXplQmF0Y2hSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSJgoFY2FsbHMYAiADKAsyFy50b29sYXV0aHoudjEuQmF0Y2hDYWxsIkgKCUJhdGNoQ2FsbBIkCgRjYWxsGAEgASgLMhYudG9vbGF1dGh6LnYxLlRvb2xDYWxsEhUKDWVudGl0aWVzX2pzb24YAiABKAwiRAoWQXV0aG9yaXplQmF0Y2hSZXNwb25zZRIqCgdhbnN3ZXJzGAEgAygLMhkudG9vbGF1dGh6LnYxLkJhdGNoQW5zd2VyInYKC0JhdGNoQW5zd2VyEjMKCHJlc3BvbnNlGAEgASgLMh8udG9vbGF1dGh6LnYxLkF1dGhvcml6ZVJlc3BvbnNlSAASKAoFZXJyb3IYAiABKAsyFy50b29sYXV0aHoudjEuQ2FsbEVycm9ySABCCAoGYW5zd2VyIioKCUNhbGxFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkicwoNVmVyaWZ5UmVxdWVzdBINCgV0b2tlbhgBIAEoCRItCgdjb250ZXh0GAIgASgLMhwudG9vbGF1dGh6LnYxLlRydXN0ZWRDb250ZXh0EiQKBGNhbGwYAyABKAsyFi50b29sYXV0aHoudjEuVG9vbENhbGwiQgoOVmVyaWZ5UmVzcG9uc2USDQoFdmFsaWQYASABKAgSDAoEY29kZRgCIAEoCRITCgtkZWNpc2lvbl9pZBgDIAEoCSIQCg5HZXRLZXlzUmVxdWVzdCJJCglQdWJsaWNLZXkSCwoDa2lkGAEgASgJEg4KBnBhc2VyaxgCIAEoCRIQCghqd2tfanNvbhgDIAEoCRINCgVzdGF0ZRgEIAEoCSI4Cg9HZXRLZXlzUmVzcG9uc2USJQoEa2V5cxgBIAMoCzIXLnRvb2xhdXRoei52MS5QdWJsaWNLZXkirgEKFFJlcG9ydE91dGNvbWVSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSDwoHY2FsbF9pZBgCIAEoCRIrCgZzdGF0dXMYAyABKA4yGy50b29sYXV0aHoudjEuT3V0Y29tZVN0YXR1cxISCgplcnJvcl9jb2RlGAQgASgJEhUKDW91dHB1dF9kaWdlc3QYBSABKAkiQAoVUmVwb3J0T3V0Y29tZVJlc3BvbnNlEhMKC2RlY2lzaW9uX2lkGAEgASgJEhIKCnVudmVyaWZpZWQYAiABKAgiggEKFFJlcG9ydFJlZnVzYWxSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSDwoHY2FsbF9pZBgCIAEoCRIMCgR0b29sGAMgASgJEgwKBGNvZGUYBCABKAkSDgoGZGV0YWlsGAUgASgJIiwKFVJlcG9ydFJlZnVzYWxSZXNwb25zZRITCgtkZWNpc2lvbl9pZBgBIAEoCSISChBHZXRTdGF0dXNSZXF1ZXN0IqoDChFHZXRTdGF0dXNSZXNwb25zZRIWCg5wb2xpY3lfdmVyc2lvbhgBIAEoCRItCglsb2FkZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhkKEWxhc3RfcmVsb2FkX2Vycm9yGAMgASgJEhIKCmJ1bmRsZV9kaXIYBCABKAkSSgoOc2hhZG93X2VmZmVjdHMYBSADKAsyMi50b29sYXV0aHoudjEuR2V0U3RhdHVzUmVzcG9uc2UuU2hhZG93RWZmZWN0c0VudHJ5Eg8KB3JlbG9hZHMYBiABKAQSEQoJZGVjaXNpb25zGAcgASgEEhgKEGRlY2lzaW9uX2JhdGNoZXMYCCABKAQSGQoRZGVjaXNpb25zX3dhaXRpbmcYCSABKA0SKwoHd29ya2VycxgKIAMoCzIaLnRvb2xhdXRoei52MS5Xb3JrZXJTdGF0dXMSFwoPYW5zd2VyZWRfYnlfcGlkGAsgASgNGjQKElNoYWRvd0VmZmVjdHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAQ6AjgBIuICCgxXb3JrZXJTdGF0dXMSDQoFaW5kZXgYASABKA0SCwoDcGlkGAIgASgNEhYKDnBvbGljeV92ZXJzaW9uGAMgASgJEi0KCWxvYWRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHcmVsb2FkcxgFIAEoBBIZChFsYXN0X3JlbG9hZF9lcnJvchgGIAEoCRIRCglkZWNpc2lvbnMYByABKAQSGAoQZGVjaXNpb25fYmF0Y2hlcxgIIAEoBBIZChFkZWNpc2lvbnNfd2FpdGluZxgJIAEoDRJFCg5zaGFkb3dfZWZmZWN0cxgKIAMoCzItLnRvb2xhdXRoei52MS5Xb3JrZXJTdGF0dXMuU2hhZG93RWZmZWN0c0VudHJ5GjQKElNoYWRvd0VmZmVjdHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAQ6AjgBKlAKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASCQoFQUxMT1cQARIICgRERU5ZEAISFQoRQVBQUk9WQUxfUkVRVUlSRUQQAypuCg1PdXRjb21lU3RhdHVzEh4KGk9VVENPTUVfU1RBVFVTX1VOU1BFQ0lGSUVEEAASDQoJQ09NUExFVEVEEAESCgoGRkFJTEVEEAISDQoJQ0FOQ0VMTEVEEAMSEwoPT1VUQ09NRV9VTktOT1dOEAQyygQKDlRvb2xBdXRob3JpemVyEkwKCUF1dGhvcml6ZRIeLnRvb2xhdXRoei52MS5BdXRob3JpemVSZXF1ZXN0Gh8udG9vbGF1dGh6LnYxLkF1dGhvcml6ZVJlc3BvbnNlElsKDkF1dGhvcml6ZUJhdGNoEiMudG9vbGF1dGh6LnYxLkF1dGhvcml6ZUJhdGNoUmVxdWVzdBokLnRvb2xhdXRoei52MS5BdXRob3JpemVCYXRjaFJlc3BvbnNlEkMKBlZlcmlmeRIbLnRvb2xhdXRoei52MS5WZXJpZnlSZXF1ZXN0GhwudG9vbGF1dGh6LnYxLlZlcmlmeVJlc3BvbnNlEkYKB0dldEtleXMSHC50b29sYXV0aHoudjEuR2V0S2V5c1JlcXVlc3QaHS50b29sYXV0aHoudjEuR2V0S2V5c1Jlc3BvbnNlElgKDVJlcG9ydE91dGNvbWUSIi50b29sYXV0aHoudjEuUmVwb3J0T3V0Y29tZVJlcXVlc3QaIy50b29sYXV0aHoudjEuUmVwb3J0T3V0Y29tZVJlc3BvbnNlElgKDVJlcG9ydFJlZnVzYWwSIi50b29sYXV0aHoudjEuUmVwb3J0UmVmdXNhbFJlcXVlc3QaIy50b29sYXV0aHoudjEuUmVwb3J0UmVmdXNhbFJlc3BvbnNlEkwKCUdldFN0YXR1cxIeLnRvb2xhdXRoei52MS5HZXRTdGF0dXNSZXF1ZXN0Gh8udG9vbGF1dGh6LnYxLkdldFN0YXR1c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("Ch10b29sYXV0aHovdjEvYXV0aG9yaXplci5wcm90bxIMdG9vbGF1dGh6LnYxIiUKCVByaW5jaXBhbBIMCgR0eXBlGAEgASgJEgoKAmlkGAIgASgJIncKDlRydXN0ZWRDb250ZXh0Eg4KBnRlbmFudBgBIAEoCRIqCglwcmluY2lwYWwYAiABKAsyFy50b29sYXV0aHoudjEuUHJpbmNpcGFsEhIKCnJlcXVlc3RfaWQYAyABKAkSFQoNZW50aXRpZXNfanNvbhgEIAEoDCI9CghUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEgoKaW5wdXRfanNvbhgDIAEoDCIuCg1EZWNpc2lvbkVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJnChBBdXRob3JpemVSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSJAoEY2FsbBgCIAEoCzIWLnRvb2xhdXRoei52MS5Ub29sQ2FsbCLXAgoRQXV0aG9yaXplUmVzcG9uc2USKAoIZGVjaXNpb24YASABKA4yFi50b29sYXV0aHoudjEuRGVjaXNpb24SEwoLZGVjaXNpb25faWQYAiABKAkSDwoHcmVhc29ucxgDIAMoCRIrCgZlcnJvcnMYBCADKAsyGy50b29sYXV0aHoudjEuRGVjaXNpb25FcnJvchIWCg5wb2xpY3lfdmVyc2lvbhgFIAEoCRINCgV0b2tlbhgGIAEoCRIuCgpleHBpcmVzX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZkaWdlc3QYCCABKAkSEwoLYXBwcm92YWxfaWQYCSABKAkSEAoIcmVwbGF5ZWQYCiABKAgSNwoTYXBwcm92YWxfZXhwaXJlc19hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAibgoVQXV0aG9yaXplQmF0Y2hSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSJgoFY2FsbHMYAiADKAsyFy50b29sYXV0aHoudjEuQmF0Y2hDYWxsIkgKCUJhdGNoQ2FsbBIkCgRjYWxsGAEgASgLMhYudG9vbGF1dGh6LnYxLlRvb2xDYWxsEhUKDWVudGl0aWVzX2pzb24YAiABKAwiRAoWQXV0aG9yaXplQmF0Y2hSZXNwb25zZRIqCgdhbnN3ZXJzGAEgAygLMhkudG9vbGF1dGh6LnYxLkJhdGNoQW5zd2VyInYKC0JhdGNoQW5zd2VyEjMKCHJlc3BvbnNlGAEgASgLMh8udG9vbGF1dGh6LnYxLkF1dGhvcml6ZVJlc3BvbnNlSAASKAoFZXJyb3IYAiABKAsyFy50b29sYXV0aHoudjEuQ2FsbEVycm9ySABCCAoGYW5zd2VyIioKCUNhbGxFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkicwoNVmVyaWZ5UmVxdWVzdBINCgV0b2tlbhgBIAEoCRItCgdjb250ZXh0GAIgASgLMhwudG9vbGF1dGh6LnYxLlRydXN0ZWRDb250ZXh0EiQKBGNhbGwYAyABKAsyFi50b29sYXV0aHoudjEuVG9vbENhbGwiQgoOVmVyaWZ5UmVzcG9uc2USDQoFdmFsaWQYASABKAgSDAoEY29kZRgCIAEoCRITCgtkZWNpc2lvbl9pZBgDIAEoCSIQCg5HZXRLZXlzUmVxdWVzdCJJCglQdWJsaWNLZXkSCwoDa2lkGAEgASgJEg4KBnBhc2VyaxgCIAEoCRIQCghqd2tfanNvbhgDIAEoCRINCgVzdGF0ZRgEIAEoCSI4Cg9HZXRLZXlzUmVzcG9uc2USJQoEa2V5cxgBIAMoCzIXLnRvb2xhdXRoei52MS5QdWJsaWNLZXkirgEKFFJlcG9ydE91dGNvbWVSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSDwoHY2FsbF9pZBgCIAEoCRIrCgZzdGF0dXMYAyABKA4yGy50b29sYXV0aHoudjEuT3V0Y29tZVN0YXR1cxISCgplcnJvcl9jb2RlGAQgASgJEhUKDW91dHB1dF9kaWdlc3QYBSABKAkiQAoVUmVwb3J0T3V0Y29tZVJlc3BvbnNlEhMKC2RlY2lzaW9uX2lkGAEgASgJEhIKCnVudmVyaWZpZWQYAiABKAgiggEKFFJlcG9ydFJlZnVzYWxSZXF1ZXN0Ei0KB2NvbnRleHQYASABKAsyHC50b29sYXV0aHoudjEuVHJ1c3RlZENvbnRleHQSDwoHY2FsbF9pZBgCIAEoCRIMCgR0b29sGAMgASgJEgwKBGNvZGUYBCABKAkSDgoGZGV0YWlsGAUgASgJIiwKFVJlcG9ydFJlZnVzYWxSZXNwb25zZRITCgtkZWNpc2lvbl9pZBgBIAEoCSJSChJMaXN0VmlzaWJsZVJlcXVlc3QSLQoHY29udGV4dBgBIAEoCzIcLnRvb2xhdXRoei52MS5UcnVzdGVkQ29udGV4dBINCgV0b29scxgCIAMoCSI+ChNMaXN0VmlzaWJsZVJlc3BvbnNlEg8KB3Zpc2libGUYASADKAkSFgoOcG9saWN5X3ZlcnNpb24YAiABKAkiEgoQR2V0U3RhdHVzUmVxdWVzdCKbBAoRR2V0U3RhdHVzUmVzcG9uc2USFgoOcG9saWN5X3ZlcnNpb24YASABKAkSLQoJbG9hZGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFsYXN0X3JlbG9hZF9lcnJvchgDIAEoCRISCgpidW5kbGVfZGlyGAQgASgJEkoKDnNoYWRvd19lZmZlY3RzGAUgAygLMjIudG9vbGF1dGh6LnYxLkdldFN0YXR1c1Jlc3BvbnNlLlNoYWRvd0VmZmVjdHNFbnRyeRIPCgdyZWxvYWRzGAYgASgEEhEKCWRlY2lzaW9ucxgHIAEoBBIYChBkZWNpc2lvbl9iYXRjaGVzGAggASgEEhkKEWRlY2lzaW9uc193YWl0aW5nGAkgASgNEisKB3dvcmtlcnMYCiADKAsyGi50b29sYXV0aHoudjEuV29ya2VyU3RhdHVzEhcKD2Fuc3dlcmVkX2J5X3BpZBgLIAEoDRIcCg9idW5kbGVfcmV2aXNpb24YDCABKANIAIgBARIVCg1idW5kbGVfZGlnZXN0GA0gASgJEhUKDWJ1bmRsZV9zaWduZXIYDiABKAkSDwoHbm90aWNlcxgPIAMoCRo0ChJTaGFkb3dFZmZlY3RzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4AUISChBfYnVuZGxlX3JldmlzaW9uIikKEUdldENhdGFsb2dSZXF1ZXN0EhQKDGtub3duX2RpZ2VzdBgBIAEoCSIsCgtDYXRhbG9nRmlsZRIMCgRuYW1lGAEgASgJEg8KB2NvbnRlbnQYAiABKAwipAEKEkdldENhdGFsb2dSZXNwb25zZRIVCg1idW5kbGVfZGlnZXN0GAEgASgJEhYKDnBvbGljeV92ZXJzaW9uGAIgASgJEhUKCHJldmlzaW9uGAMgASgDSACIAQESEQoJdW5jaGFuZ2VkGAQgASgIEigKBWZpbGVzGAUgAygLMhkudG9vbGF1dGh6LnYxLkNhdGFsb2dGaWxlQgsKCV9yZXZpc2lvbiLiAgoMV29ya2VyU3RhdHVzEg0KBWluZGV4GAEgASgNEgsKA3BpZBgCIAEoDRIWCg5wb2xpY3lfdmVyc2lvbhgDIAEoCRItCglsb2FkZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3JlbG9hZHMYBSABKAQSGQoRbGFzdF9yZWxvYWRfZXJyb3IYBiABKAkSEQoJZGVjaXNpb25zGAcgASgEEhgKEGRlY2lzaW9uX2JhdGNoZXMYCCABKAQSGQoRZGVjaXNpb25zX3dhaXRpbmcYCSABKA0SRQoOc2hhZG93X2VmZmVjdHMYCiADKAsyLS50b29sYXV0aHoudjEuV29ya2VyU3RhdHVzLlNoYWRvd0VmZmVjdHNFbnRyeRo0ChJTaGFkb3dFZmZlY3RzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASpQCghEZWNpc2lvbhIYChRERUNJU0lPTl9VTlNQRUNJRklFRBAAEgkKBUFMTE9XEAESCAoEREVOWRACEhUKEUFQUFJPVkFMX1JFUVVJUkVEEAMqbgoNT3V0Y29tZVN0YXR1cxIeChpPVVRDT01FX1NUQVRVU19VTlNQRUNJRklFRBAAEg0KCUNPTVBMRVRFRBABEgoKBkZBSUxFRBACEg0KCUNBTkNFTExFRBADEhMKD09VVENPTUVfVU5LTk9XThAEMu8FCg5Ub29sQXV0aG9yaXplchJMCglBdXRob3JpemUSHi50b29sYXV0aHoudjEuQXV0aG9yaXplUmVxdWVzdBofLnRvb2xhdXRoei52MS5BdXRob3JpemVSZXNwb25zZRJbCg5BdXRob3JpemVCYXRjaBIjLnRvb2xhdXRoei52MS5BdXRob3JpemVCYXRjaFJlcXVlc3QaJC50b29sYXV0aHoudjEuQXV0aG9yaXplQmF0Y2hSZXNwb25zZRJDCgZWZXJpZnkSGy50b29sYXV0aHoudjEuVmVyaWZ5UmVxdWVzdBocLnRvb2xhdXRoei52MS5WZXJpZnlSZXNwb25zZRJGCgdHZXRLZXlzEhwudG9vbGF1dGh6LnYxLkdldEtleXNSZXF1ZXN0Gh0udG9vbGF1dGh6LnYxLkdldEtleXNSZXNwb25zZRJYCg1SZXBvcnRPdXRjb21lEiIudG9vbGF1dGh6LnYxLlJlcG9ydE91dGNvbWVSZXF1ZXN0GiMudG9vbGF1dGh6LnYxLlJlcG9ydE91dGNvbWVSZXNwb25zZRJYCg1SZXBvcnRSZWZ1c2FsEiIudG9vbGF1dGh6LnYxLlJlcG9ydFJlZnVzYWxSZXF1ZXN0GiMudG9vbGF1dGh6LnYxLlJlcG9ydFJlZnVzYWxSZXNwb25zZRJSCgtMaXN0VmlzaWJsZRIgLnRvb2xhdXRoei52MS5MaXN0VmlzaWJsZVJlcXVlc3QaIS50b29sYXV0aHoudjEuTGlzdFZpc2libGVSZXNwb25zZRJMCglHZXRTdGF0dXMSHi50b29sYXV0aHoudjEuR2V0U3RhdHVzUmVxdWVzdBofLnRvb2xhdXRoei52MS5HZXRTdGF0dXNSZXNwb25zZRJPCgpHZXRDYXRhbG9nEh8udG9vbGF1dGh6LnYxLkdldENhdGFsb2dSZXF1ZXN0GiAudG9vbGF1dGh6LnYxLkdldENhdGFsb2dSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message toolauthz.v1.Principal
@@ -631,6 +631,58 @@ export const ReportRefusalResponseSchema: GenMessage<ReportRefusalResponse> = /*
   messageDesc(file_toolauthz_v1_authorizer, 19);
 
 /**
+ * @generated from message toolauthz.v1.ListVisibleRequest
+ */
+export type ListVisibleRequest = Message<"toolauthz.v1.ListVisibleRequest"> & {
+  /**
+   * The tenant and principal whose list it is (request_id and entities_json unused).
+   *
+   * @generated from field: toolauthz.v1.TrustedContext context = 1;
+   */
+  context?: TrustedContext | undefined;
+
+  /**
+   * Catalog names, at most 4096; names the catalog does not have are never visible.
+   *
+   * @generated from field: repeated string tools = 2;
+   */
+  tools: string[];
+};
+
+/**
+ * Describes the message toolauthz.v1.ListVisibleRequest.
+ * Use `create(ListVisibleRequestSchema)` to create a new message.
+ */
+export const ListVisibleRequestSchema: GenMessage<ListVisibleRequest> = /*@__PURE__*/
+  messageDesc(file_toolauthz_v1_authorizer, 20);
+
+/**
+ * @generated from message toolauthz.v1.ListVisibleResponse
+ */
+export type ListVisibleResponse = Message<"toolauthz.v1.ListVisibleResponse"> & {
+  /**
+   * The visible ones among `tools`, in their order.
+   *
+   * @generated from field: repeated string visible = 1;
+   */
+  visible: string[];
+
+  /**
+   * The bundle that decided it: a list shown for one version changes with the next.
+   *
+   * @generated from field: string policy_version = 2;
+   */
+  policyVersion: string;
+};
+
+/**
+ * Describes the message toolauthz.v1.ListVisibleResponse.
+ * Use `create(ListVisibleResponseSchema)` to create a new message.
+ */
+export const ListVisibleResponseSchema: GenMessage<ListVisibleResponse> = /*@__PURE__*/
+  messageDesc(file_toolauthz_v1_authorizer, 21);
+
+/**
  * @generated from message toolauthz.v1.GetStatusRequest
  */
 export type GetStatusRequest = Message<"toolauthz.v1.GetStatusRequest"> & {
@@ -641,7 +693,7 @@ export type GetStatusRequest = Message<"toolauthz.v1.GetStatusRequest"> & {
  * Use `create(GetStatusRequestSchema)` to create a new message.
  */
 export const GetStatusRequestSchema: GenMessage<GetStatusRequest> = /*@__PURE__*/
-  messageDesc(file_toolauthz_v1_authorizer, 20);
+  messageDesc(file_toolauthz_v1_authorizer, 22);
 
 /**
  * @generated from message toolauthz.v1.GetStatusResponse
@@ -722,6 +774,32 @@ export type GetStatusResponse = Message<"toolauthz.v1.GetStatusResponse"> & {
    * @generated from field: uint32 answered_by_pid = 11;
    */
   answeredByPid: number;
+
+  /**
+   * The serving bundle of the answering worker: its signed revision (absent when the
+   * bundle is not signed), the SHA-256 of its snapshot, the key id that signed it.
+   *
+   * @generated from field: optional int64 bundle_revision = 12;
+   */
+  bundleRevision?: bigint | undefined;
+
+  /**
+   * @generated from field: string bundle_digest = 13;
+   */
+  bundleDigest: string;
+
+  /**
+   * @generated from field: string bundle_signer = 14;
+   */
+  bundleSigner: string;
+
+  /**
+   * What needs the operator, one line each: a reload that changed what only a restart
+   * applies, a bundle held back below the fleet's revision floor.
+   *
+   * @generated from field: repeated string notices = 15;
+   */
+  notices: string[];
 };
 
 /**
@@ -729,7 +807,90 @@ export type GetStatusResponse = Message<"toolauthz.v1.GetStatusResponse"> & {
  * Use `create(GetStatusResponseSchema)` to create a new message.
  */
 export const GetStatusResponseSchema: GenMessage<GetStatusResponse> = /*@__PURE__*/
-  messageDesc(file_toolauthz_v1_authorizer, 21);
+  messageDesc(file_toolauthz_v1_authorizer, 23);
+
+/**
+ * @generated from message toolauthz.v1.GetCatalogRequest
+ */
+export type GetCatalogRequest = Message<"toolauthz.v1.GetCatalogRequest"> & {
+  /**
+   * The bundle digest the caller holds; when it is the serving one, `unchanged` is set
+   * and no files are sent.
+   *
+   * @generated from field: string known_digest = 1;
+   */
+  knownDigest: string;
+};
+
+/**
+ * Describes the message toolauthz.v1.GetCatalogRequest.
+ * Use `create(GetCatalogRequestSchema)` to create a new message.
+ */
+export const GetCatalogRequestSchema: GenMessage<GetCatalogRequest> = /*@__PURE__*/
+  messageDesc(file_toolauthz_v1_authorizer, 24);
+
+/**
+ * @generated from message toolauthz.v1.CatalogFile
+ */
+export type CatalogFile = Message<"toolauthz.v1.CatalogFile"> & {
+  /**
+   * `tools/<file>` (.yaml, .yml or .json), as in the bundle.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: bytes content = 2;
+   */
+  content: Uint8Array;
+};
+
+/**
+ * Describes the message toolauthz.v1.CatalogFile.
+ * Use `create(CatalogFileSchema)` to create a new message.
+ */
+export const CatalogFileSchema: GenMessage<CatalogFile> = /*@__PURE__*/
+  messageDesc(file_toolauthz_v1_authorizer, 25);
+
+/**
+ * @generated from message toolauthz.v1.GetCatalogResponse
+ */
+export type GetCatalogResponse = Message<"toolauthz.v1.GetCatalogResponse"> & {
+  /**
+   * @generated from field: string bundle_digest = 1;
+   */
+  bundleDigest: string;
+
+  /**
+   * @generated from field: string policy_version = 2;
+   */
+  policyVersion: string;
+
+  /**
+   * Absent when the serving bundle is not signed.
+   *
+   * @generated from field: optional int64 revision = 3;
+   */
+  revision?: bigint | undefined;
+
+  /**
+   * @generated from field: bool unchanged = 4;
+   */
+  unchanged: boolean;
+
+  /**
+   * @generated from field: repeated toolauthz.v1.CatalogFile files = 5;
+   */
+  files: CatalogFile[];
+};
+
+/**
+ * Describes the message toolauthz.v1.GetCatalogResponse.
+ * Use `create(GetCatalogResponseSchema)` to create a new message.
+ */
+export const GetCatalogResponseSchema: GenMessage<GetCatalogResponse> = /*@__PURE__*/
+  messageDesc(file_toolauthz_v1_authorizer, 26);
 
 /**
  * One worker process, as it last published itself (after each batch of decisions and
@@ -794,7 +955,7 @@ export type WorkerStatus = Message<"toolauthz.v1.WorkerStatus"> & {
  * Use `create(WorkerStatusSchema)` to create a new message.
  */
 export const WorkerStatusSchema: GenMessage<WorkerStatus> = /*@__PURE__*/
-  messageDesc(file_toolauthz_v1_authorizer, 22);
+  messageDesc(file_toolauthz_v1_authorizer, 27);
 
 /**
  * @generated from enum toolauthz.v1.Decision
@@ -939,6 +1100,18 @@ export const ToolAuthorizer: GenService<{
     output: typeof ReportRefusalResponseSchema;
   },
   /**
+   * Which of the named tools some call by this principal could be allowed (Cedar partial
+   * evaluation with the arguments unknown: toolauthz/visibility.py): what a tool list
+   * shows them. A preview only, never a decision: no token, no audit record, no ledger.
+   *
+   * @generated from rpc toolauthz.v1.ToolAuthorizer.ListVisible
+   */
+  listVisible: {
+    methodKind: "unary";
+    input: typeof ListVisibleRequestSchema;
+    output: typeof ListVisibleResponseSchema;
+  },
+  /**
    * The loaded policy version, when it was loaded, and the last reload error.
    *
    * @generated from rpc toolauthz.v1.ToolAuthorizer.GetStatus
@@ -947,6 +1120,18 @@ export const ToolAuthorizer: GenService<{
     methodKind: "unary";
     input: typeof GetStatusRequestSchema;
     output: typeof GetStatusResponseSchema;
+  },
+  /**
+   * The serving bundle's tool files, as the bytes the sidecar verified and parsed: the
+   * MCP gateway's catalog and pins, so that it routes by what the sidecar enforces and
+   * never reads the bundle directory itself (runtime role).
+   *
+   * @generated from rpc toolauthz.v1.ToolAuthorizer.GetCatalog
+   */
+  getCatalog: {
+    methodKind: "unary";
+    input: typeof GetCatalogRequestSchema;
+    output: typeof GetCatalogResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_toolauthz_v1_authorizer, 0);
