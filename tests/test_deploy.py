@@ -29,7 +29,8 @@ from toolauthz.server.config import Settings, load_settings
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
-KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"]
+KUSTOMIZATIONS = ["base", "overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console",
+                  "overlays/bundle-server"]
 # Custom resources the Kubernetes schemas do not hold: each is checked, as strictly,
 # against the part of its CRD's schema that the manifests use.
 SERVICE_MONITOR_SCHEMA = {
@@ -333,8 +334,18 @@ def test_keys_come_from_secrets_mounted_read_only_with_mode_0400(tmp_path):
 def test_the_paths_in_the_config_are_the_mounted_ones(tmp_path):
     for name, pod in all_sidecar_pods(tmp_path):
         mounts = pod.mounts()
-        assert str(pod.settings.bundle) in mounts, name
-        assert pod.volume(mounts[str(pod.settings.bundle)]["name"])["configMap"]["name"] == "toolauthz-policies"
+        if pod.settings.bundle_server is None:
+            assert str(pod.settings.bundle) in mounts, name
+            assert pod.volume(mounts[str(pod.settings.bundle)]["name"])["configMap"]["name"] == "toolauthz-policies"
+        else:  # a bundle server's credentials from a Secret, the verification keys beside them
+            server = pod.settings.bundle_server
+            for path in (server.bearer_token_file, server.ca_file):
+                assert path is not None and str(path.parent) in mounts, (name, path)
+                assert "secret" in pod.volume(mounts[str(path.parent)]["name"]), (name, path)
+                assert mounts[str(path.parent)]["readOnly"] is True
+            assert pod.settings.bundle_verification is not None
+            for key in pod.settings.bundle_verification.keys:
+                assert str(key.file.parent) in mounts, (name, key.file)
         assert str(pod.settings.data_dir) in mounts, name
         assert "/tmp" in mounts, name
         for listener in pod.settings.listeners:
@@ -437,7 +448,8 @@ def secrets_read(container: dict[str, Any], pod: dict[str, Any]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", ["overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console"])
+@pytest.mark.parametrize("name", ["overlays/postgres", "overlays/central", "overlays/monitoring", "overlays/console",
+                                  "overlays/bundle-server"])
 def test_each_container_reads_its_own_store_secret(name):
     """The migration runs as the schema's owner and grants the serving role; every sidecar
     connects as that serving role, so it can append to the audit trail, never rewrite it."""

@@ -1,8 +1,9 @@
-"""`toolauthz bundle sign|verify|allow-rollback`: sign a bundle in CI, verify it as the
-sidecar would, let the fleet go back to an older revision.
+"""`toolauthz bundle sign|verify|build|allow-rollback`: sign a bundle in CI, verify it as
+the sidecar would, pack it for a bundle server, let the fleet go back to an older revision.
 
-    toolauthz bundle sign [BUNDLE] --key FILE [--kid KID] [--revision N] [--force]
-    toolauthz bundle verify [BUNDLE] (--key KID=PEM ... | --config FILE) [--min-revision N]
+    toolauthz bundle sign [BUNDLE] --signing-key FILE [--kid KID] [--revision N] [--force]
+    toolauthz bundle verify [BUNDLE | ARCHIVE] (--public-key KID=PEM ... | --config FILE) [--min-revision N]
+    toolauthz bundle build [BUNDLE] -o bundle.tar.gz
     toolauthz bundle allow-rollback --to N --reason TEXT [--store URL | --config FILE | --data-dir DIR]
 
 `sign` writes `BUNDLE/.signatures.json` (toolauthz/bundle/signature.py) with an Ed25519
@@ -25,10 +26,14 @@ import os
 import pathlib
 import sys
 import time
+from collections.abc import Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from toolauthz.bundle.signature import (
     SIGNATURE_FILE,
     SignatureError,
+    SignedManifest,
     key_id,
     load_public_key_file,
     sign_bundle,
@@ -134,15 +139,52 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     keys = _keys(args)
     try:
-        manifest = verify_bundle(bundle_snapshot(args.bundle), keys, args.min_revision)
+        if os.path.isfile(args.bundle):  # an archive of `bundle build`: read as a sidecar reads it
+            manifest = _verify_archive(args.bundle, keys, args.min_revision)
+        else:
+            manifest = verify_bundle(bundle_snapshot(args.bundle), keys, args.min_revision)
     except SignatureError as exc:
-        print(f"{args.bundle}: refused: {exc}", file=sys.stderr)
+        print(f"{shown(args.bundle)}: refused: {exc}", file=sys.stderr)
         return 1
     if wants_json(args):
         print(json.dumps({"ok": True, "files": len(manifest.files), "kid": manifest.kid,
                           "revision": manifest.revision}))
     else:
         print(f"ok: {len(manifest.files)} files signed with key {manifest.kid}, revision {manifest.revision}")
+    return 0
+
+
+def _verify_archive(path: str, keys: Mapping[str, Ed25519PublicKey], min_revision: int | None) -> SignedManifest:
+    """The archive read as the poller reads it (bounded, into a snapshot), then verified."""
+    from toolauthz.bundle.archive import DEFAULT_LIMITS, ArchiveError, archive_snapshot
+    from toolauthz.files.bounded import FileRefused, read_bounded
+
+    try:
+        data = read_bounded(path, DEFAULT_LIMITS.max_compressed_bytes)
+        return verify_bundle(archive_snapshot(data, path), keys, min_revision)
+    except FileRefused:
+        raise SignatureError(f"the archive is larger than {DEFAULT_LIMITS.max_compressed_bytes} bytes") from None
+    except OSError as exc:
+        raise SignatureError(f"cannot read the archive: {exc.strerror}") from None
+    except ArchiveError as exc:
+        raise SignatureError(str(exc)) from None
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import hashlib
+
+    from toolauthz.bundle.archive import build_archive
+
+    try:
+        data = build_archive(args.bundle)
+    except SignatureError as exc:
+        print(f"{shown(args.bundle)}: refused: {exc}", file=sys.stderr)
+        return 1
+    target = pathlib.Path(args.output)
+    temporary = target.with_name(f".{target.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, target)  # an uploader never reads half an archive
+    print(f"wrote {target}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}")
     return 0
 
 
@@ -164,7 +206,7 @@ def _keys(args: argparse.Namespace) -> dict:
 
 
 def add_bundle_command(subparsers) -> None:
-    bundle = subparsers.add_parser("bundle", help="sign a bundle, or verify its signature")
+    bundle = subparsers.add_parser("bundle", help="sign a bundle, verify its signature, or pack it for a bundle server")
     sub = bundle.add_subparsers(dest="bundle_command", required=True)
     sign = sub.add_parser("sign", help=f"write BUNDLE/{SIGNATURE_FILE}")
     sign.add_argument("bundle", nargs="?", default="policies")
@@ -176,7 +218,8 @@ def add_bundle_command(subparsers) -> None:
                       help="sign even when the revision is not above the one of the signature it replaces")
     add_output_option(sign)
     sign.set_defaults(func=cmd_sign)
-    verify = sub.add_parser("verify", help="check a bundle against its signature, as serve and reload do")
+    verify = sub.add_parser("verify", help="check a bundle (a directory or an archive of `bundle build`) against "
+                                           "its signature, as serve, reload and the bundle server's poller do")
     verify.add_argument("bundle", nargs="?", default="policies")
     renamed_option(verify, "--public-key", "--key", dest="public_key", action="append", metavar="KID=PEM_FILE",
                    help="a public key (repeat for several)")
@@ -184,6 +227,10 @@ def add_bundle_command(subparsers) -> None:
     verify.add_argument("--min-revision", type=int, help="refuse a revision below this one (the one serving)")
     add_output_option(verify)
     verify.set_defaults(func=cmd_verify)
+    build = sub.add_parser("build", help="write the signed bundle as a deterministic tar.gz for a bundle server")
+    build.add_argument("bundle", nargs="?", default="policies")
+    build.add_argument("-o", "--out", dest="output", required=True, help="the archive to write, e.g. bundle.tar.gz")
+    build.set_defaults(func=cmd_build)
     rollback = sub.add_parser("allow-rollback", help="lower the fleet's revision floor to N (audited), so that "
                                                      "an older signed revision may serve again")
     rollback.add_argument("--to", type=int, required=True, help="the lowest revision that may activate from now on")

@@ -9,6 +9,7 @@ import os
 import pathlib
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -23,7 +24,7 @@ from toolauthz.authorizer.retainer import Retainer
 from toolauthz.bundle import Bundle, BundleHolder
 from toolauthz.bundle.signature import SIGNATURE_FILE
 from toolauthz.clock import Clock, SystemClock
-from toolauthz.errors import BundleError, KeyFileError, Problem, StoreUnavailable
+from toolauthz.errors import BundleError, KeyFileError, Problem, StoreUnavailable, ToolAuthzError
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
@@ -62,6 +63,10 @@ from toolauthz.tokens import TokenIssuer, TokenVerifier
 from toolauthz.tokens.keyring import MANIFEST, load_keyring
 from toolauthz.tokens.keys import SigningKey, generate_key_file, load_private_key_file
 
+if TYPE_CHECKING:  # imported when configured: a bundle server brings the HTTP client
+    from toolauthz.server.remote_reload import RemoteBundleReloader
+    from toolauthz.server.remote_start import RemoteStart
+
 log = logging.getLogger("toolauthz.server")
 
 
@@ -71,7 +76,8 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     from an RPC's context (tests inject their own)."""
     clock = clock or SystemClock()
     bundle_keys = settings.bundle_verification.public_keys() if settings.bundle_verification else None
-    bundle = load_bundle_snapshot(settings.bundle, bundle_keys)
+    first = _first_remote_bundle(settings, bundle_keys) if settings.bundle_server is not None else None
+    bundle = first.bundle if first is not None else load_bundle_snapshot(settings.bundle, bundle_keys)
     data = pathlib.Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not settings.store:
@@ -91,7 +97,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     audit_log, approval_store, ledger = store.audit_log, store.approvals, store.ledger
     writer = AuditWriter(audit_log)
     try:
-        bundle = _activate(bundle, settings, bundle_keys, store, writer, clock)
+        bundle = _activate(bundle, bundle_keys, store, writer, clock, first)
     except BaseException:
         store.close()
         raise
@@ -111,10 +117,26 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                                clock=clock),
         audit=writer, clock=clock, approvals=desk, reissue_window=t.reissue_window_seconds,
         retainer=_retainer(settings, bundle, clock))
-    reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys, audit=writer,
-                              clock=clock, floor=store.bundle_floor,
-                              retaining=authorizer.retainer is not None,
-                              settings_changes=lambda: config_changes(settings)).start()
+    reloader: BundleReloader | RemoteBundleReloader
+    if first is not None and settings.bundle_server is not None and bundle_keys is not None:
+        from toolauthz.server.remote_reload import PollSchedule, RemoteBundleReloader
+        from toolauthz.server.remote_start import CACHE_FILE
+
+        server = settings.bundle_server
+        first.keep(settings.data_dir / CACHE_FILE)
+        reloader = RemoteBundleReloader(
+            bundles, first.fetcher, first.fetched, keys=bundle_keys, audit=writer, clock=clock,
+            floor=store.bundle_floor, retaining=authorizer.retainer is not None,
+            settings_changes=lambda: config_changes(settings),
+            schedule=PollSchedule(server.poll_seconds, server.jitter, server.max_backoff_seconds,
+                                  server.revalidate_every),
+            limits=server.archive_limits(), cache=settings.data_dir / CACHE_FILE,
+            start_problem=first.problem, start_unreachable=first.unreachable).start()
+    else:
+        reloader = BundleReloader(bundles, poll_seconds=settings.reload_poll_seconds, keys=bundle_keys,
+                                  audit=writer, clock=clock, floor=store.bundle_floor,
+                                  retaining=authorizer.retainer is not None,
+                                  settings_changes=lambda: config_changes(settings)).start()
     watches = WatchLimits(per_caller=settings.approvals.max_watches_per_caller, total=settings.approvals.max_watches)
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
@@ -125,11 +147,19 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
                    desk, approval_store, pump, reloader, watches, gate, notifier)
 
 
-def _activate(bundle: Bundle, settings: Settings, keys: Mapping[str, Ed25519PublicKey] | None, store: Store,
-              audit: AuditWriter, clock: Clock) -> Bundle:
+def _activate(bundle: Bundle, keys: Mapping[str, Ed25519PublicKey] | None, store: Store, audit: AuditWriter,
+              clock: Clock, first: RemoteStart | None) -> Bundle:
     """The bundle this process starts with, held to the store's revision floor (a restart,
-    a new replica or a fresh pod never serves an older signed revision), recorded in the
-    audit trail as a reload is. A bundle below the floor refuses the start, recorded too."""
+    a new replica or a fresh pod never serves an older signed revision, whether it reads a
+    directory or a bundle server), recorded in the audit trail as a reload is: one record
+    for the start, which also says when a bundle server's kept archive serves instead of
+    the server's (`first`). A bundle below the floor refuses the start, recorded too."""
+    detail: dict[str, object] = {"at": "start"}
+    if first is not None:
+        detail["source"] = first.fetcher.url
+        if first.problem:
+            detail.update({"kept_archive": True, "reason": first.problem[:2000],
+                           "server_unreachable": first.unreachable})
     if keys is not None:
         try:
             floor = floor_revision(store.bundle_floor, None)
@@ -140,11 +170,23 @@ def _activate(bundle: Bundle, settings: Settings, keys: Mapping[str, Ed25519Publ
             hold_to_floor(bundle, store.bundle_floor, clock.now())
         except BundleError as exc:
             record_bundle(audit, clock, BUNDLE_REFUSED, bundle, ("bundle_signature",),
-                          {"at": "start", "reason": str(exc)[:2000]})
+                          {**detail, "reason": str(exc)[:2000]})
             metrics.BUNDLE_SIGNATURE_REFUSALS.inc()
             raise
-    record_bundle(audit, clock, BUNDLE_LOADED, bundle, (), {"at": "start"})
+    record_bundle(audit, clock, BUNDLE_LOADED, bundle, (), detail)
     return bundle
+
+
+def _first_remote_bundle(settings: Settings, keys: Mapping[str, Ed25519PublicKey] | None) -> RemoteStart:
+    """The bundle server's bundle to start with, or the kept last good one."""
+    from toolauthz.bundle.remote import BundleFetcher
+    from toolauthz.server.remote_start import CACHE_FILE, first_bundle
+
+    if settings.bundle_server is None or keys is None:  # the settings require both together
+        raise ToolAuthzError("a bundle server needs `bundle_verification`")
+    fetcher = BundleFetcher(settings.bundle_server.fetch_options())
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return first_bundle(fetcher, keys, settings.bundle_server.archive_limits(), settings.data_dir / CACHE_FILE)
 
 
 def _retainer(settings: Settings, bundle: Bundle, clock: Clock) -> Retainer | None:

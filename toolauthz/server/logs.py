@@ -104,6 +104,9 @@ def configure_logging(log_format: str = "text", worker: int | None = None, level
     # uvicorn's lifecycle lines ("Started server process", one per HTTP server) say less
     # than the banner does; its warnings and errors still show.
     logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, root.level))
+    # The HTTP client logs each request at INFO: a bundle server's poller would write a
+    # line per poll; the poller's own lines say what a poll changed (remote_reload.py).
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, root.level))
 
 
 def _one_handler(logger: logging.Logger, stream: Any, formatter: logging.Formatter) -> None:

@@ -28,14 +28,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from toolauthz.audit.sink import AuditSink
 from toolauthz.bundle import Bundle, BundleHolder
-from toolauthz.bundle.signature import SIGNATURE_FILE
 from toolauthz.bundle.snapshot import BundleSnapshot, read_snapshot
 from toolauthz.bundle.verified import load_verified
-from toolauthz.clock import Clock, SystemClock
-from toolauthz.errors import BundleError, Problem, StoreUnavailable
-from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, floor_revision, hold_to_floor, record_bundle
+from toolauthz.clock import Clock
+from toolauthz.errors import BundleError, Problem
+from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, Activations
 from toolauthz.store.rules import BundleFloor
-from toolauthz.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")
 
@@ -114,7 +112,7 @@ def fingerprint(directory: pathlib.Path) -> tuple[object, ...]:
     return (str(snapshot), tuple(sorted(entries)))
 
 
-class BundleReloader:
+class BundleReloader(Activations):
     def __init__(self, holder: BundleHolder, *, poll_seconds: float = 1.0,
                  keys: Mapping[str, Ed25519PublicKey] | None = None, audit: AuditSink | None = None,
                  clock: Clock | None = None, floor: BundleFloor | None = None, retaining: bool = True,
@@ -125,154 +123,40 @@ class BundleReloader:
         where refusals and swaps are recorded. `retaining`: whether this process started
         with a retainer of inputs (`audit.retain_input` needs one, made only at start).
         `settings_changes`: what changed in the config file since the start (notices)."""
-        self._holder = holder
-        self._keys = keys
-        self._floor = floor
-        self._retaining = retaining
-        self._settings_changes = settings_changes
-        # What a swapped bundle asks for that only a restart applies (shown in status).
-        self.restart_needed: tuple[str, ...] = ()
-        self.settings_changed: tuple[str, ...] = ()  # config keys changed since the start
-        self._audit = audit
-        self._clock = clock or SystemClock()
+        super().__init__(holder, keys=keys, floor=floor, audit=audit, clock=clock, retaining=retaining,
+                         settings_changes=settings_changes)
         self._directory = pathlib.Path(holder.current.directory)
         self._poll = poll_seconds
-        self._lock = threading.Lock()  # one reload at a time (watcher and SIGHUP)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._seen = fingerprint(self._directory)
-        self.last_error = ""
-        self.reloads = 0
-        self.attempts = 0
-        self._attempted = threading.Condition()
         self._thread: threading.Thread | None = None
-        self.after_swap: Callable[[], None] | None = None  # serving processes: heap.py
-        self.after_attempt: Callable[[], None] | None = None  # the worker's status board
-
-    def wait_for_attempt(self, after: int, timeout: float) -> bool:
-        """Block until more than `after` reload attempts have finished (for tests and
-        tools that must see the outcome of a change without sleeping)."""
-        with self._attempted:
-            return self._attempted.wait_for(lambda: self.attempts > after, timeout)
 
     def reload(self) -> bool:
         """Load, validate and swap. True when a new version is serving."""
         try:
             return self._reload()
         finally:
-            self.check_floor()
-            self._note_settings_changes()
-            if self.after_attempt is not None:
-                self.after_attempt()
-            with self._attempted:
-                self.attempts += 1
-                self._attempted.notify_all()
+            self._attempt_done()
 
     def _reload(self) -> bool:
         with self._lock:
             seen = fingerprint(self._directory)
             serving = self._holder.current
             try:
-                bundle = self._next(serving)
+                bundle = self._admit(lambda floor: load_bundle_snapshot(self._directory, self._keys, floor), serving)
             except BundleError as exc:
                 self.last_error = str(exc)
-                metrics.RELOAD_ERRORS.inc()
-                signature = any(p.file == SIGNATURE_FILE for p in exc.problems)
-                if signature:
-                    metrics.BUNDLE_SIGNATURE_REFUSALS.inc()
-                self._record(BUNDLE_REFUSED, serving, ("bundle_signature" if signature else "bundle_invalid",),
-                             {"reason": str(exc)[:2000]})
-                # One line; each problem an item of `problems` (never newlines in a message).
-                log.error("bundle reload refused; version %s keeps serving", serving.version,
-                          extra={"problems": [str(p) for p in exc.problems]})
+                self._refuse(exc, serving, "bundle reload", {})
                 return False
             finally:
                 self._seen = seen
             self.last_error = ""
             if bundle.version == serving.version:
                 return False
-            previous = serving.version
-            self._holder.swap(bundle)
-            self._record(BUNDLE_LOADED, bundle, (), {"previous_version": previous, "previous_revision":
-                                                     serving.revision, "at": "reload"})
-            metrics.RELOADS.inc()
-            metrics.serving_version(bundle.version, previous)
-            self._note_restart_needed(bundle)
-            if self.after_swap is not None:
-                self.after_swap()
-            self.reloads += 1
+            self._swap(bundle, serving, {"at": "reload"})
             log.info("bundle reloaded: version %s", bundle.version)
             return True
-
-    def _note_restart_needed(self, bundle: Bundle) -> None:
-        """A process that started with no tool retaining its inputs has no retainer (and
-        maybe no retention key): a reloaded tool with `audit.retain_input` retains
-        nothing until a restart. Said in the log and in status, never silently."""
-        notices: list[str] = []
-        if not self._retaining:
-            asking = sorted(name for name, s in bundle.tools.items() if s.tool.retain_input_seconds)
-            if asking:
-                shown = ", ".join(f"`{name}`" for name in asking[:5]) + (" and more" if len(asking) > 5 else "")
-                notices.append(f"restart needed: {shown} set audit.retain_input, which applies only after a "
-                               "restart (inputs are not retained until then)")
-        new = [notice for notice in notices if notice not in self.restart_needed]
-        self.restart_needed = tuple(notices)  # in status before the log says so
-        for notice in new:
-            log.warning("%s", notice)
-
-    def _note_settings_changes(self) -> None:
-        if self._settings_changes is None:
-            return
-        notices = self._settings_changes()
-        new = [notice for notice in notices if notice not in self.settings_changed]
-        self.settings_changed = notices  # in status before the log says so
-        for notice in new:
-            log.warning("%s", notice)
-
-    def check_floor(self) -> None:
-        """Holds the serving bundle back (it decides nothing) while the fleet's floor is
-        above its revision: another process activated a newer one, and this one has none
-        to load. A store that cannot be read changes nothing: decisions need it anyway."""
-        with self._lock:  # never between a reload's read of the floor and its swap
-            self._check_floor()
-
-    def _check_floor(self) -> None:
-        serving = self._holder.current
-        if self._floor is None or self._keys is None or serving.revision is None:
-            return
-        try:
-            stored = self._floor.current()
-        except StoreUnavailable:
-            return
-        if stored is not None and stored.revision > serving.revision:
-            newly = not self._holder.held_back
-            self._holder.hold_back(f"revision {serving.revision} is below the fleet's floor, {stored.revision}: "
-                                   "no decision until a bundle at the floor loads")
-            if newly:
-                log.error("the serving bundle's revision %s is below the fleet's floor %s: no decisions until a "
-                          "bundle at the floor loads", serving.revision, stored.revision)
-        else:
-            self._holder.release()
-
-    def _next(self, serving: Bundle) -> Bundle:
-        """The bundle to serve next. A signed one must not be older than the serving one,
-        and other content under the same revision is refused too: a revision names one
-        signed bundle, so only a newer signature may change what is enforced."""
-        floor = floor_revision(self._floor, serving) if self._keys is not None else None
-        bundle = load_bundle_snapshot(self._directory, self._keys, floor)
-        if bundle.version == serving.version:
-            return bundle  # nothing new: the floor stays as it is
-        if self._keys is not None and bundle.revision == serving.revision:
-            raise BundleError([Problem(SIGNATURE_FILE, f"refused: revision {bundle.revision} is the serving one's, "
-                                                       "but the content differs; sign a new revision")])
-        if self._keys is not None:
-            hold_to_floor(bundle, self._floor, self._clock.now())
-        return bundle
-
-    def _record(self, result: str, bundle: Bundle, codes: tuple[str, ...], detail: dict[str, object]) -> None:
-        """A `bundle` audit record of a reload: refused (with the version that keeps
-        serving) or loaded (with the new one)."""
-        record_bundle(self._audit, self._clock, result, bundle, codes, detail)
 
     def trigger(self) -> None:
         """Ask the watcher thread to reload now (safe from a signal handler)."""

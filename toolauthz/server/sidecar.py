@@ -9,6 +9,7 @@ import pathlib
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from toolauthz.approvals import ApprovalDesk
 from toolauthz.authorizer import Authorizer
@@ -29,6 +30,9 @@ from toolauthz.telemetry import metrics
 from toolauthz.tokens.keyring import KeyRing
 from toolauthz.tokens.keys import SigningKey
 
+if TYPE_CHECKING:  # loaded only by a sidecar with a bundle server (it brings the HTTP client)
+    from toolauthz.server.remote_reload import RemoteBundleReloader
+
 log = logging.getLogger("toolauthz.server")
 
 
@@ -47,7 +51,7 @@ class Sidecar:
     approvals: ApprovalDesk
     approval_store: Approvals
     pump: DecisionPump
-    reloader: BundleReloader
+    reloader: BundleReloader | RemoteBundleReloader  # a directory, or a bundle server (`bundle_server`)
     watches: WatchLimits
     gate: Gate  # every handler's check of its caller's roles and tenants
     notifier: Notifier | None = None  # approval notifications (`notifications:`), started by the server
@@ -63,7 +67,7 @@ class Sidecar:
         bundle = self.bundles.current
         notices = (*self.reloader.restart_needed, *self.reloader.settings_changed,
                    *((self.bundles.held_back,) if self.bundles.held_back else ()))
-        policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=str(bundle.directory),
+        policy = PolicyStatus(version=bundle.version, loaded_at=bundle.loaded_at, bundle_dir=self.reloader.source,
                               reloads=self.reloader.reloads, last_reload_error=self.reloader.last_error,
                               shadow_effects=self.authorizer.shadow_effects(), revision=bundle.revision,
                               digest=bundle.digest, signer=bundle.signer or "", notices=notices)

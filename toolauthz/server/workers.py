@@ -164,9 +164,10 @@ def _announce_serving(settings: Settings, version: str, addresses: list[str], ht
     """The line that says the sidecar serves: on standard output, text or JSON."""
     http = f", HTTP on {', '.join(http_addresses)}" if http_addresses else ""
     processes = f", {workers} workers (pids {', '.join(str(p) for p in pids)})" if pids else ""
-    banner("toolauthz serving bundle %s (version %s) on %s%s, data in %s, store %s%s", settings.bundle, version,
+    source = settings.bundle_server.url if settings.bundle_server is not None else str(settings.bundle)
+    banner("toolauthz serving bundle %s (version %s) on %s%s, data in %s, store %s%s", source, version,
            ", ".join(addresses), http, settings.data_dir, settings.store_shown, processes,
-           bundle=str(settings.bundle), policy_version=version, listen=addresses, http_listen=http_addresses,
+           bundle=source, policy_version=version, listen=addresses, http_listen=http_addresses,
            data_dir=str(settings.data_dir), store=settings.store_shown, workers=workers, pids=pids or [])
 
 

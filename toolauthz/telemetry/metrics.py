@@ -51,6 +51,13 @@ RETAINED_INPUTS = Counter("toolauthz_retained_inputs", "Inputs of calls kept for
                           "by outcome: kept, too_large, failed", ["outcome"])
 BUNDLE_SIGNATURE_REFUSALS = Counter("toolauthz_bundle_signature_refusals",
                                     "Bundle reloads refused because the bundle did not verify against its signature")
+BUNDLE_FETCHES = Counter("toolauthz_bundle_fetches",
+                         "Polls of the bundle server by outcome: new, unchanged, not_modified, refused, or why no "
+                         "archive came (unreachable, tls, timeout, redirect, status, too_large, credentials)",
+                         ["outcome"])
+BUNDLE_FETCH_FAILURES = Gauge("toolauthz_bundle_fetch_failures",
+                              "Polls of the bundle server that have failed in a row (0: the last one succeeded)",
+                              multiprocess_mode="livemax")
 POLICY_INFO = Gauge("toolauthz_policy_info", "1 for the policy version a worker serves (info metric)",
                     ["version"], multiprocess_mode="livemax")
 BUILD_INFO = Gauge("toolauthz_build_info", "1, labelled with what runs: version, commit, Python, Cedar (cedarpy) "

@@ -11,6 +11,7 @@ their JSON Schema.
 
 from __future__ import annotations
 
+from toolauthz.server.config.bundle_server import BundleServerSettings
 from toolauthz.server.config.listening import SERVICES, ListenerSettings, Service, TlsSettings
 from toolauthz.server.config.loading import ENVIRONMENT, load_settings
 from toolauthz.server.config.notifications import NotificationSettings, NotificationSinkSettings
@@ -35,7 +36,8 @@ from toolauthz.server.config.sections import (
 from toolauthz.server.config.settings import DATABASE_FILE, Settings
 
 __all__ = ["SERVICES", "DATABASE_FILE", "ENVIRONMENT", "ApprovalSettings", "ApproverSettings", "AuditSettings",
-           "BatchSettings", "BundleKeySettings", "BundleVerificationSettings", "CallerSettings", "ConsoleOidcSettings",
-           "ConsoleProxySettings", "ConsoleSettings", "DecisionLogHttpSettings", "DecisionLogSettings",
-           "ListenerSettings", "NotificationSettings", "NotificationSinkSettings", "OidcApproverSettings", "Role",
-           "Service", "Settings", "TlsSettings", "TokenSettings", "TracingSettings", "load_settings"]
+           "BatchSettings", "BundleKeySettings", "BundleServerSettings", "BundleVerificationSettings",
+           "CallerSettings", "ConsoleOidcSettings", "ConsoleProxySettings", "ConsoleSettings",
+           "DecisionLogHttpSettings", "DecisionLogSettings", "ListenerSettings", "NotificationSettings",
+           "NotificationSinkSettings", "OidcApproverSettings", "Role", "Service", "Settings", "TlsSettings",
+           "TokenSettings", "TracingSettings", "load_settings"]

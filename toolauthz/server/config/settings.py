@@ -11,6 +11,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from toolauthz.audit.records import DEFAULT_CHAINS, MAX_CHAINS
 from toolauthz.errors import ToolAuthzError
 from toolauthz.server.config.base import StrictModel
+from toolauthz.server.config.bundle_server import BundleServerSettings
 from toolauthz.server.config.listening import ListenerSettings
 from toolauthz.server.config.notifications import NotificationSettings
 from toolauthz.server.config.observing import DecisionLogSettings, TracingSettings
@@ -38,6 +39,9 @@ class Settings(StrictModel):
     validates one)."""
     bundle_verification: BundleVerificationSettings | None = None
     """Verify every bundle against its signature before it loads (at start and each reload)."""
+    bundle_server: BundleServerSettings | None = None
+    """Poll a bundle server for the bundle archive instead of reading `bundle` (a directory);
+    docs/bundle-server.md."""
     listen: str = "127.0.0.1:50051"
     """The gRPC address, `HOST:PORT` or `unix:///path`, plaintext; ignored when `listeners` is set."""
     approvals_listen: str = ""
@@ -133,6 +137,15 @@ class Settings(StrictModel):
         except ValueError:
             port = ""
         return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+
+    @model_validator(mode="after")
+    def _served_bundles_are_signed(self) -> Settings:
+        if self.bundle_server is not None and self.bundle_verification is None:
+            raise ValueError("a bundle from `bundle_server` must be signed: set `bundle_verification`")
+        if self.bundle_server is not None and "bundle" in self.model_fields_set:
+            # One source: a directory named too would be silently ignored.
+            raise ValueError("`bundle` (a directory) and `bundle_server` exclude each other: give one")
+        return self
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
