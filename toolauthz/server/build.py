@@ -42,6 +42,7 @@ from toolauthz.server.listeners import (
     transport_of,
 )
 from toolauthz.server.notifications import notifier_of
+from toolauthz.server.probes import BoundedRead
 from toolauthz.server.pump import DecisionPump
 from toolauthz.server.reload import BundleReloader, load_bundle_snapshot
 from toolauthz.server.roles import id_token_verifier, role_policy
@@ -309,7 +310,7 @@ def create_listener_server(sidecar: Sidecar, listener: ListenerSettings, *,
     # SO_REUSEPORT means nothing to a Unix socket, whose path one process binds.
     tcp = not listener.address.startswith("unix:")
     return _start(sidecar.settings, build, names, listener, reuse_port and tcp,
-                  healthy=StoreProbe(sidecar.store.available, sidecar.settings.store_hang_seconds))
+                  healthy=BoundedRead(sidecar.store.available, sidecar.settings.store_hang_seconds).wait)
 
 
 def _start(settings: Settings, build, names: list[str], listener: ListenerSettings,
@@ -350,25 +351,6 @@ async def _serving(health_servicer, names: list[str], healthy: Callable[[], Awai
 
 
 STORE_CHECK_SECONDS = 1.0
-
-
-class StoreProbe:
-    """Whether the store answers a read within `limit` seconds. The read runs on a thread
-    of its own, at most one at a time: a probe never waits on a hung connection (it
-    answers False at `limit`), and a hung read is never joined by a second one."""
-
-    def __init__(self, read: Callable[[], bool], limit: float):
-        self._read, self._limit = read, limit
-        self._running: asyncio.Future[bool] | None = None
-
-    async def __call__(self) -> bool:
-        loop = asyncio.get_running_loop()
-        if self._running is None or self._running.done():
-            self._running = loop.run_in_executor(None, self._read)
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._running), self._limit)
-        except TimeoutError:
-            return False
 
 
 async def _follow_the_store(health_servicer, names: list[str], healthy: Callable[[], Awaitable[bool]]) -> None:

@@ -14,6 +14,7 @@ web page cannot read it through DNS rebinding (403 otherwise).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Iterable
@@ -31,7 +32,8 @@ def _answer(start_response: Callable[..., Any], status: str, body: bytes,
 class BoundedRead:
     """Whether `read` answers True within `limit` seconds. At most one read runs at a
     time, on a thread of its own: a probe never waits past `limit` on a hung store, and a
-    hung read is never joined by a second one (server/build.py's StoreProbe, for threads)."""
+    hung read is never joined by a second one. `__call__` waits on the calling thread (the
+    HTTP probes), `wait` on the event loop (the gRPC health service's store check)."""
 
     def __init__(self, read: Callable[[], bool], limit: float):
         self._read, self._limit = read, limit
@@ -39,14 +41,24 @@ class BoundedRead:
         self._running: concurrent.futures.Future[bool] | None = None
 
     def __call__(self) -> bool:
+        try:
+            return self._current().result(timeout=self._limit)
+        except concurrent.futures.TimeoutError:
+            return False
+
+    async def wait(self) -> bool:
+        # Shielded: a probe that gives up at `limit` leaves the read running, never cancelled,
+        # so the next probe joins it instead of starting a second one.
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._current())), self._limit)
+        except TimeoutError:
+            return False
+
+    def _current(self) -> concurrent.futures.Future[bool]:
         with self._lock:
             if self._running is None or self._running.done():
                 self._running = self._start()
-            running = self._running
-        try:
-            return running.result(timeout=self._limit)
-        except concurrent.futures.TimeoutError:
-            return False
+            return self._running
 
     def _start(self) -> concurrent.futures.Future[bool]:
         # A daemon thread, not an executor's: a read hung at exit must not hold the exit.

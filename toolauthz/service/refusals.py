@@ -33,13 +33,13 @@ import math
 import threading
 from dataclasses import dataclass
 
-from toolauthz.audit.records import AuditEvent
+from toolauthz.audit.records import SYSTEM_TENANT, AuditEvent
 from toolauthz.audit.sink import AuditSink
 from toolauthz.clock import Clock
 from toolauthz.service.callers import Caller
 from toolauthz.service.roles import ALL_TENANTS, RolePolicy
 
-SYSTEM_STREAM = "_system"  # TENANT (toolauthz/model.py) never matches it: a tenant name starts with [A-Za-z0-9]
+SYSTEM_STREAM = SYSTEM_TENANT  # the sidecar's own tenant (audit/records.py), which no tenant name matches
 WINDOW_SECONDS = 60.0
 FLUSH_SECONDS = 5.0
 MAX_TALLIES = 4096
