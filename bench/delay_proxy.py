@@ -1,7 +1,13 @@
 """A TCP proxy on loopback that delays every chunk by a fixed time in each direction:
 a database on another host, as far as round trips go (not bandwidth). Chunks are
 forwarded in order, each `delay` seconds after it arrived, so several in flight overlap
-as on a real link. Runs on an asyncio loop in a thread of its own."""
+as on a real link. Runs on an asyncio loop in a thread of its own.
+
+`waves` counts round trips as a client waits for them: a chunk from a client counts
+when it is the connection's first or the client had been answered since its last one
+(so statements sent together in a pipeline are one wave, a statement sent after reading
+the answer to another a second). With a delay well above the client's own pauses
+between writes, it is exact and independent of the machine's speed."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ class DelayProxy:
     def __init__(self, target: tuple[str, int], delay: float, port: int = 0):
         self.target, self.delay = target, delay
         self.chunks_up = 0  # chunks the clients sent (each a flush of theirs: about a round trip)
+        self.waves = 0  # round trips the clients waited for (the module's docstring)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
@@ -43,9 +50,11 @@ class DelayProxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(self._pump(reader, up_writer, up=True), self._pump(up_reader, writer))
+        answered = [True]  # the client was answered since its last chunk (a new connection: yes)
+        await asyncio.gather(self._pump(reader, up_writer, answered, up=True), self._pump(up_reader, writer, answered))
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool = False) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: list[bool],
+                    up: bool = False) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def deliver() -> None:
@@ -57,13 +66,19 @@ class DelayProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 writer.write(chunk)
+                if not up:
+                    answered[0] = True
                 await writer.drain()
 
         sender = asyncio.ensure_future(deliver())
         try:
             while chunk := await reader.read(65536):
                 queue.put_nowait((time.monotonic() + self.delay, chunk))
-                self.chunks_up += up
+                if up:
+                    self.chunks_up += 1
+                    if answered[0]:
+                        self.waves += 1
+                        answered[0] = False
         except OSError:
             pass
         queue.put_nowait((0.0, b""))
