@@ -27,6 +27,7 @@ class DelayProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()  # every connection's two ends, closed at close()
         self._thread = threading.Thread(target=self._run, args=(port,), name="delay-proxy", daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
@@ -45,11 +46,13 @@ class DelayProxy:
         self._loop.run_forever()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
+        self._writers.add(up_writer)
         answered = [True]  # the client was answered since its last chunk (a new connection: yes)
         await asyncio.gather(self._pump(reader, up_writer, answered, up=True), self._pump(up_reader, writer, answered))
 
@@ -93,7 +96,13 @@ class DelayProxy:
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task():
                     task.cancel()
+            for writer in self._writers:
+                writer.close()
+                with contextlib.suppress(OSError, ConnectionError, asyncio.CancelledError):
+                    await writer.wait_closed()
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -76,7 +76,7 @@ def _first_standing(ledger: CallLedger, plans: Sequence[Plan]) -> dict[int, Stan
     if not deciding:
         return {}
     try:
-        read = ledger.standing([entry for _, entry in deciding])
+        read = ledger.expected_standing([entry for _, entry in deciding])
     except StoreUnavailable:  # a guess: the transaction reads them (or fails the batch)
         read = [Standing(0, 0, tuple(0 for _ in entry.charges)) for _, entry in deciding]
     return {i: standing for (i, _), standing in zip(deciding, read, strict=True)}

@@ -215,7 +215,12 @@ class CallLedger(Protocol):
 
     def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         """How each entry's run and meters stand now (one read, outside any write
-        transaction): what a decision is first made on."""
+        transaction)."""
+
+    def expected_standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        """What a decision is first made on: `standing`, or how the backend expects it
+        to be without a read where the transaction that records the decision checks it
+        (`UnitOfWork.foreseen_standing`)."""
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None: ...
 

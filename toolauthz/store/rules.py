@@ -8,6 +8,7 @@ requests' writes share a transaction (and its fsync) through the group commit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +34,7 @@ from toolauthz.store.ledger import (
     Standing,
     only_result,
 )
-from toolauthz.store.unit import ApprovalVerdict, Transaction, UnitOfWork, iter_audit, iter_chains
+from toolauthz.store.unit import ApprovalVerdict, Transaction, Unforeseen, UnitOfWork, iter_audit, iter_chains
 from toolauthz.store.usage_rows import APPROVAL_HOLD_GRACE
 
 AUDIT_PAGE = 1000  # records per read while streaming: bounded memory, short reads
@@ -165,7 +166,18 @@ class Ledger:
         self._writes: GroupCommit[LedgerOp, Any] = GroupCommit(self._run_batch, name=f"{unit.label} ledger")
 
     def _run_batch(self, ops: Sequence[LedgerOp]) -> list[Any]:
-        with self._unit.transaction() as tx:
+        # New calls' reservations (and bare audit records) read only what the backend can
+        # foresee: their call is new, their run and meters stand as they were last seen.
+        if all(isinstance(op, (ReserveCall, AppendAudit)) for op in ops):
+            try:
+                return self._run_in(self._unit.transaction(foreseen=True), ops)
+            except Unforeseen:
+                pass  # nothing written: the long way, whose reads are the truth
+        return self._run_in(self._unit.transaction(), ops)
+
+    @staticmethod
+    def _run_in(transaction: AbstractContextManager[Transaction], ops: Sequence[LedgerOp]) -> list[Any]:
+        with transaction as tx:
             tx.lock(lock_keys(ops))
             tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
                           [op.entry for op in ops if isinstance(op, ReserveCall) and op.standing is not None])
@@ -182,6 +194,12 @@ class Ledger:
     def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         with self._unit.reading() as reads:
             return reads.standing_of(entries)
+
+    def expected_standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
+        foreseen = self._unit.foreseen_standing(entries)
+        if foreseen is not None:
+            return foreseen  # checked by the transaction that records the decision
+        return self.standing(entries)
 
     def get(self, tenant: str, call_id: str) -> CallEntry | None:
         with self._unit.reading() as reads:

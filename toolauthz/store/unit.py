@@ -26,6 +26,11 @@ from toolauthz.store.deliveries import Delivery
 from toolauthz.store.ledger import CallEntry, RecordedDecision, Standing
 
 
+class Unforeseen(Exception):
+    """A foreseen transaction (`UnitOfWork.transaction(foreseen=True)`) found that a row
+    it predicted did not stand so, and wrote nothing: run it again unforeseen."""
+
+
 @dataclass(frozen=True)
 class ApprovalVerdict:
     """What deciding a pending approval writes."""
@@ -190,7 +195,15 @@ class UnitOfWork(Protocol):
 
     label: str
 
-    def transaction(self) -> AbstractContextManager[Transaction]: ...
+    def transaction(self, *, foreseen: bool = False) -> AbstractContextManager[Transaction]:
+        """`foreseen`: the backend may answer the reads of a batch of reservations from what
+        it expects and have the database check them with the writes (one round trip on a
+        network); it raises Unforeseen, having written nothing, where they did not hold.
+        A backend without predictions ignores it."""
+
+    def foreseen_standing(self, entries: Sequence[CallEntry]) -> list[Standing] | None:
+        """How each entry's run and meters are expected to stand without reading them, for
+        a decision whose foreseen transaction checks them; None: read them."""
 
     def reading(self) -> AbstractContextManager[Reads]: ...
 

@@ -25,23 +25,26 @@ CallKey = tuple[str, str]  # tenant, call_id
 CountKey = tuple[str, str, str, float]  # tenant, request_id, tool, created_at
 UsageKey = tuple[str, str, str, float, int]  # tenant, meter, key, at, window
 
-# The run counts of several entries in one statement: each entry's run, counted at its
-# own time (a pending approval holds a share until it expires).
-RUN_COUNTS_OF = (
-    "SELECT k.calls, k.tool_calls FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) "
-    "WITH ORDINALITY AS e(tenant, request_id, tool, created_at, i) CROSS JOIN LATERAL ("
+# One entry's run counts (`e`: tenant, request_id, tool, created_at), counted at its own
+# time: a pending approval holds a share until it expires.
+RUN_COUNT = (
     "SELECT count(*) AS calls, coalesce(sum(CASE WHEN c.tool = e.tool THEN 1 ELSE 0 END), 0) AS tool_calls "
     "FROM calls c WHERE c.tenant = e.tenant AND c.request_id = e.request_id AND (c.decision = 'ALLOW' OR EXISTS "
     "(SELECT 1 FROM approvals a WHERE a.approval_id = c.approval_id AND (a.status = 'approved' OR "
-    "(a.status = 'pending' AND a.expires_at >= e.created_at))))) k ORDER BY e.i")
+    "(a.status = 'pending' AND a.expires_at >= e.created_at))))")
+RUN_ENTRIES = "%s::text[], %s::text[], %s::text[], %s::float8[]"
+# The run counts of several entries in one statement.
+RUN_COUNTS_OF = (f"SELECT k.calls, k.tool_calls FROM unnest({RUN_ENTRIES}) WITH ORDINALITY "
+                 f"AS e(tenant, request_id, tool, created_at, i) CROSS JOIN LATERAL ({RUN_COUNT}) k ORDER BY e.i")
 
-
-# The value of several meters in one statement, each at its own time (usage_rows.py).
-METER_VALUES_OF = (
-    f"SELECT coalesce((SELECT sum(u.amount) FROM {USAGE_TABLE} u WHERE u.tenant = e.tenant AND u.meter = e.meter "
-    "AND u.meter_key = e.meter_key AND u.charged_at > e.since AND (u.hold_until IS NULL OR u.hold_until >= e.at)), 0) "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[]) "
-    "WITH ORDINALITY AS e(tenant, meter, meter_key, since, at, i) ORDER BY e.i")
+# One meter's value (`e`: tenant, meter, meter_key, since, at: usage_rows.py).
+METER_VALUE = (
+    f"coalesce((SELECT sum(u.amount) FROM {USAGE_TABLE} u WHERE u.tenant = e.tenant AND u.meter = e.meter "
+    "AND u.meter_key = e.meter_key AND u.charged_at > e.since AND (u.hold_until IS NULL OR u.hold_until >= e.at)), 0)")
+METER_ENTRIES = "%s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[]"
+# The value of several meters in one statement, each at its own time.
+METER_VALUES_OF = (f"SELECT {METER_VALUE} FROM unnest({METER_ENTRIES}) "
+                   "WITH ORDINALITY AS e(tenant, meter, meter_key, since, at, i) ORDER BY e.i")
 
 
 def usage_keys(entries: Sequence[CallEntry]) -> list[UsageKey]:

@@ -175,6 +175,20 @@ ALTER TABLE audit_record ADD CONSTRAINT audit_record_kind_check
     CHECK (kind IN ('authorize', 'verify', 'approval', 'outcome', 'bundle'));
 """
 
+# A foreseen transaction's check (store/postgres/foreseen.py): a prediction that does not
+# hold fails the transaction, with its own SQLSTATE, before anything is written.
+_V8_EXPECT = """
+CREATE OR REPLACE FUNCTION toolauthz_expect(held BOOLEAN, what TEXT) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF held IS NOT TRUE THEN
+        RAISE EXCEPTION 'toolauthz: % changed since this replica last saw it', what USING ERRCODE = 'TZ001';
+    END IF;
+    RETURN TRUE;
+END
+$$;
+"""
+
 # (version, statements). Append only: a released migration never changes.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_LEDGER + _V1_AUDIT),
@@ -188,6 +202,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (6, USAGE_SCHEMA + "ALTER TABLE approvals ADD COLUMN usage_seen TEXT NOT NULL DEFAULT '{}';\n"),
     # The bundle revision floor the fleet shares (store/bundle_floor.py).
     (7, FLOOR_SCHEMA),
+    (8, _V8_EXPECT),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -221,4 +236,5 @@ def grant_serving(role: str, schema: str) -> list[str]:
         f"GRANT SELECT, INSERT ON {', '.join(AUDIT_TABLES)} TO {role}",
         f"GRANT SELECT, INSERT, UPDATE ON {HEAD_TABLE} TO {role}",
         f"GRANT USAGE ON SEQUENCE audit_checkpoint_id_seq, audit_record_seq TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {schema}.toolauthz_expect(BOOLEAN, TEXT) TO {role}",
     ]

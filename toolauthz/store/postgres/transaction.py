@@ -98,6 +98,7 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
         # next one that is (pipeline mode), and what the batch reads is read ahead.
         self._pipeline = pipeline
         self._known = ReadAhead()
+        self.heads_written: dict[str, tuple[int, str]] = {}  # the chains' heads this transaction left
 
     def _sync(self) -> None:
         """In pipeline mode, a statement's row count is known once its result came back:
@@ -297,10 +298,20 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
     def _write_records(self, records: list[AuditRecord], heads: list[ChainHead]) -> None:
         # One statement each, queued in the pipeline with the COMMIT: executemany would
         # wait for its results (a round trip) while the chains' heads are locked.
-        for record in records:
-            self._conn.execute(_AUDIT_INSERT, to_row(record))
+        self._insert_records(records)
         for head in heads:
             self._conn.execute(_SET_HEAD, (head.seq, head.hash, head.chain))
+        self.heads_written = {head.chain: (head.seq, head.hash) for head in heads}
+
+    def _insert_records(self, records: list[AuditRecord]) -> None:
+        for record in records:
+            self._conn.execute(_AUDIT_INSERT, to_row(record))
+
+    def learned(self) -> tuple[dict[Any, tuple[int, int]], dict[Any, int], dict[str, tuple[int, str]]]:
+        """What this transaction read and wrote of the rows a decision reads: the runs'
+        counts and meters' values as they stand after it, and the chains' heads it left
+        (store/postgres/foresight.py)."""
+        return self._known.counts, self._known.usage, self.heads_written
 
     def ended_calls(self, before: float, limit: int) -> list[tuple[str, str, str]]:
         return [(str(t), str(c), str(a)) for t, c, a in self._all(_ENDED, (before, before, limit))]

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,7 +34,11 @@ from psycopg_pool import ConnectionPool
 
 from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH
 from toolauthz.errors import StoreUnavailable
+from toolauthz.store.ledger import CallEntry, Standing
+from toolauthz.store.postgres.foresight import MISPREDICTED, Foresight
+from toolauthz.store.postgres.foreseen import ForeseenTransaction
 from toolauthz.store.postgres.transaction import APPROVAL_CHANNEL, PgTransaction
+from toolauthz.store.unit import Unforeseen
 from toolauthz.store.postgres.watchdog import Watchdog, keepalive_options
 
 CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when lent
@@ -81,6 +85,7 @@ class PgUnit:
         self._closed = False
         self._lock = threading.Lock()
         self._listener: _Listener | None = None
+        self.foresight = Foresight()
         self._watchdog = Watchdog(hang_seconds, name=self.label) if hang_seconds else None
         kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "connect_timeout": max(1, int(timeout))}
         if hang_seconds:
@@ -127,24 +132,45 @@ class PgUnit:
             raise StoreUnavailable(f"{self.label}: {action} failed: {_first_line(exc)}") from exc
 
     @contextmanager
-    def transaction(self) -> Iterator[PgTransaction]:
-        # BEGIN and COMMIT are sent as statements of the pipeline: BEGIN goes with the key
-        # locks and the reads ahead, COMMIT with the audit records, whose chains' heads are
-        # so held for one round trip and the commit (psycopg's transaction() would wait for
-        # each). Three round trips in all for a batch of reservations.
+    def transaction(self, *, foreseen: bool = False) -> Iterator[PgTransaction]:
+        """A write transaction. BEGIN and COMMIT are sent as statements of the pipeline:
+        BEGIN goes with the key locks and the reads ahead, COMMIT with the audit records,
+        whose chains' heads are so held for one round trip and the commit (psycopg's
+        transaction() would wait for each): three round trips for a batch of reservations.
+        `foreseen`: its reads predicted and checked in the pipeline (foreseen.py), one
+        round trip; Unforeseen if a prediction did not hold (nothing was written)."""
         with self._errors("write"), self._pool.connection() as conn, self._watched(conn):
             try:
                 with conn.pipeline() as pipeline:
                     conn.execute("BEGIN")
-                    tx = PgTransaction(conn, self.chains, pipeline)
+                    tx = (ForeseenTransaction(conn, self.chains, pipeline, self.foresight) if foreseen
+                          else PgTransaction(conn, self.chains, pipeline))
                     yield tx
                     tx.flush_audit()
                     conn.execute("COMMIT")
-            except BaseException:
-                if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-                    with suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                self._roll_back(conn)
+                if exc.sqlstate == MISPREDICTED:
+                    self.foresight.tally(hit=False)
+                    raise Unforeseen(_first_line(exc)) from exc
                 raise
+            except BaseException:
+                self._roll_back(conn)
+                raise
+        self.foresight.learn(*tx.learned())
+        if foreseen:
+            self.foresight.tally(hit=True)
+
+    def foreseen_standing(self, entries: Sequence[CallEntry]) -> list[Standing] | None:
+        """How each entry's run and meters are expected to stand, from what this process
+        last read and wrote (foresight.py); None while predictions keep failing (read)."""
+        return self.foresight.standing(entries) if self.foresight.worth_trying() else None
+
+    @staticmethod
+    def _roll_back(conn: psycopg.Connection[Any]) -> None:
+        if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            with suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
 
     @contextmanager
     def reading(self) -> Iterator[PgTransaction]:

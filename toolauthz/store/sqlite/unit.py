@@ -22,6 +22,7 @@ from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditEvent, Au
 from toolauthz.audit.store import AuditQuery
 from toolauthz.errors import StoreUnavailable
 from toolauthz.store.bundle_floor import SCHEMA as FLOOR_SCHEMA
+from toolauthz.store.ledger import CallEntry, Standing
 from toolauthz.store.deliveries import SCHEMA as DELIVERY_SCHEMA
 from toolauthz.store.rules import Store
 from toolauthz.store.sqlite.audit_sql import (
@@ -118,7 +119,8 @@ class SqliteUnit:
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[SqliteTransaction]:
+    def transaction(self, *, foreseen: bool = False) -> Iterator[SqliteTransaction]:
+        # `foreseen` is moot: reads under the write lock cost no round trip.
         with self._errors("write"):
             with self._write_lock.held(self._busy_timeout):
                 conn = self._conn()
@@ -133,6 +135,9 @@ class SqliteUnit:
                     raise
                 conn.execute("COMMIT")
         sync_log(self.path, self.label)  # committed: durable before anyone is answered
+
+    def foreseen_standing(self, entries: Sequence[CallEntry]) -> list[Standing] | None:
+        return None  # read: a local read is cheaper than a decision made again
 
     @contextmanager
     def reading(self) -> Iterator[SqliteTransaction]:

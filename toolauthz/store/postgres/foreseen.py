@@ -1,0 +1,103 @@
+"""A write transaction whose reads are predicted (foresight.py) and checked by the
+database in the same pipeline as the writes and the COMMIT: one round trip for a batch
+of reservations.
+
+In order, all sent before any answer is awaited: BEGIN; the row keys' advisory locks;
+the checks that the calls are new and that the runs' counts and the meters' values are
+as predicted; the calls, charges and approvals; the chains' heads locked and checked;
+the audit records (their cursor drawn in the INSERT, under the heads' locks) and the new
+heads; COMMIT. A check that fails raises `toolauthz_expect`'s error, the pipeline skips
+everything after it (the COMMIT included: nothing was written), and the unit runs the
+batch again the long way, whose reads teach the foresight. The locks are so held for
+the server's own work and the commit's fsync, not for a round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from toolauthz.audit.records import AuditRecord
+from toolauthz.store.audit_rows import COLUMNS, HEADS_SELECT, to_row
+from toolauthz.store.ledger import CallEntry
+from toolauthz.store.postgres.foresight import Foresight
+from toolauthz.store.postgres.read_ahead import (
+    METER_ENTRIES,
+    METER_VALUE,
+    RUN_COUNT,
+    RUN_ENTRIES,
+    count_key,
+    meter_values_params,
+    run_counts_params,
+    usage_keys,
+)
+from toolauthz.store.postgres.transaction import PgTransaction
+
+_CALLS_IN = "(tenant, call_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+_EXPECT_NEW = f"SELECT toolauthz_expect(NOT EXISTS (SELECT 1 FROM calls WHERE {_CALLS_IN}), 'a call id')"
+_EXPECT_COUNTS = (
+    "SELECT toolauthz_expect(coalesce(bool_and(k.calls = e.calls AND k.tool_calls = e.tool_calls), true), "
+    f"'a run''s counts') FROM unnest({RUN_ENTRIES}, %s::bigint[], %s::bigint[]) "
+    f"AS e(tenant, request_id, tool, created_at, calls, tool_calls) CROSS JOIN LATERAL ({RUN_COUNT}) k")
+_EXPECT_METERS = (
+    f"SELECT toolauthz_expect(coalesce(bool_and({METER_VALUE} = e.amount), true), 'a usage meter') "
+    f"FROM unnest({METER_ENTRIES}, %s::bigint[]) AS e(tenant, meter, meter_key, since, at, amount)")
+_LOCK_HEADS = "SELECT chain, seq, hash FROM audit_head WHERE chain = ANY(%s) ORDER BY chain FOR UPDATE"
+_EXPECT_HEADS = (
+    "SELECT toolauthz_expect(count(*) = %s, 'an audit chain''s head') FROM audit_head h "
+    "JOIN unnest(%s::text[], %s::bigint[], %s::text[]) AS e(chain, seq, hash) "
+    "ON h.chain = e.chain AND h.seq = e.seq AND h.hash = e.hash")
+# The record's cursor (`seq`) drawn in the INSERT, under its chain's head lock.
+_INSERT_RECORD = (f"INSERT INTO audit_record ({', '.join(COLUMNS)}) "
+                  f"VALUES (nextval('audit_record_seq'), {', '.join(['%s'] * (len(COLUMNS) - 1))})")
+
+
+class ForeseenTransaction(PgTransaction):
+    """PgTransaction with its reads predicted by `foresight` and checked in the pipeline."""
+
+    def __init__(self, conn: psycopg.Connection[Any], chains: int, pipeline: psycopg.Pipeline,
+                 foresight: Foresight):
+        super().__init__(conn, chains, pipeline)
+        self._foresight = foresight
+        self._server_seq = False  # the records' cursors are drawn by the INSERT
+
+    def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        calls = [key for key in dict.fromkeys(calls) if key not in self._known.calls]
+        if calls:
+            self._conn.execute(_EXPECT_NEW, ([t for t, _ in calls], [c for _, c in calls]))
+            self._known.calls.update(dict.fromkeys(calls))  # predicted: new
+        runs = [entry for entry in runs if count_key(entry) not in self._known.counts]
+        if runs:
+            predicted = [self._foresight.counts(entry) for entry in runs]
+            self._conn.execute(_EXPECT_COUNTS, (*run_counts_params(runs), [a for a, _ in predicted],
+                                                [b for _, b in predicted]))
+            for entry, counts in zip(runs, predicted, strict=True):
+                self._known.counts[count_key(entry)] = counts
+        metered = [key for key in dict.fromkeys(usage_keys(runs)) if key not in self._known.usage]
+        if metered:
+            values = [self._foresight.meter((k[0], k[1], k[2], k[4])) for k in metered]
+            self._conn.execute(_EXPECT_METERS, (*meter_values_params(metered), values))
+            for key, value in zip(metered, values, strict=True):
+                self._known.usage[key] = value
+
+    def _lock_heads(self, chains: list[str], count: int) -> tuple[dict[str, tuple[int, str]], list[int]]:
+        predicted = self._foresight.heads(chains)
+        if len(predicted) < len(chains):  # a head never seen: read under its lock (a round trip),
+            every = self._conn.execute(HEADS_SELECT)  # and every other, to be foreseen from now on
+            heads, seqs = super()._lock_heads(chains, count)
+            self._foresight.learn_heads(every.fetchall())
+            return heads, seqs
+        self._conn.execute(_LOCK_HEADS, (chains,))
+        self._conn.execute(_EXPECT_HEADS, (len(chains), chains, [predicted[c][0] for c in chains],
+                                           [predicted[c][1] for c in chains]))
+        self._server_seq = True
+        return dict(predicted), [0] * count
+
+    def _insert_records(self, records: list[AuditRecord]) -> None:
+        if not self._server_seq:
+            super()._insert_records(records)
+            return
+        for record in records:
+            self._conn.execute(_INSERT_RECORD, to_row(record)[1:])
