@@ -213,10 +213,14 @@ def test_a_hung_database_is_noticed_within_its_bound_then_serving_resumes(settin
         for n, stub in enumerate(stubs):
             # Cut after its COMMIT was sent, the hung transaction may have committed once
             # the link forwarded its bytes: whole or not at all, never half.
-            assert rows_of(postgres_url, f"during_{n}") in ((0, 0), (1, 1))
+            # (A transaction is one round trip: its COMMIT was sent with its first bytes.)
+            # The retry then replays it: a response of its own, with a record of its own.
+            hung = rows_of(postgres_url, f"during_{n}")
+            assert hung in ((0, 0), (1, 1))
             again = stub.Authorize(make_request(call_id=f"during_{n}"))
             assert again.decision == pb.ALLOW and again.token
-            assert rows_of(postgres_url, f"during_{n}") == (1, 1)
+            assert again.replayed == (hung == (1, 1))
+            assert rows_of(postgres_url, f"during_{n}") == (1, 1 + hung[1])
         assert all(car.store.unit._watchdog.cuts >= 1 for car in cars)
     finally:
         for channel in channels:
@@ -225,3 +229,36 @@ def test_a_hung_database_is_noticed_within_its_bound_then_serving_resumes(settin
             server.stop(None)
         for car in cars:
             car.close()
+
+
+def test_a_decision_past_its_callers_deadline_is_given_up_by_the_database(settings, clock, postgres_url):
+    """The statement timeout of a decision's transaction is its caller's deadline, not
+    only `store_hang_seconds`: a call stuck behind a lock its client stopped waiting for
+    is cancelled on the server then, and leaves nothing behind."""
+    from toolauthz.store.postgres.transaction import lock_id
+
+    migrate(postgres_url)
+    car = build_sidecar(settings.model_copy(update={"store": postgres_url, "store_hang_seconds": 120.0}),
+                        clock=clock)
+    server, port = create_server(car, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, \
+                psycopg.connect(postgres_url, autocommit=True) as holder:
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            assert stub.Authorize(make_request(call_id="warm", request_id="other")).token
+            holder.execute("SELECT pg_advisory_lock(%s)", (lock_id("run\x00acme\x00run-1"),))
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Authorize(make_request(call_id="late"), timeout=1.0)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            until(lambda: _waiting_on_locks(holder) == 0, "the late call's statement given up")
+            holder.execute("SELECT pg_advisory_unlock_all()")
+        assert rows_of(postgres_url, "late") == (0, 0)
+    finally:
+        server.stop(None)
+        car.close()
+
+
+def _waiting_on_locks(conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND pid != pg_backend_pid()").fetchone()
+    return int(row[0])

@@ -79,7 +79,7 @@ def check_batch(ctx: TrustedContext, calls: Sequence[BatchCall], limits: BatchLi
 
 def plan_batch(authorizer: Authorizer, ctx: TrustedContext, calls: Sequence[BatchCall], limits: BatchLimits,
                still_wanted: Callable[[], bool] = lambda: True, *,
-               caller: str = "") -> list[Plan[AuthorizeResult] | Exception]:
+               caller: str = "", deadline: float | None = None) -> list[Plan[AuthorizeResult] | Exception]:
     """Each call's plan, or the exception its own Authorize would have failed with, in
     order. Raises RequestError when the batch's envelope is refused (`check_batch`)."""
     check_batch(ctx, calls, limits)
@@ -87,7 +87,7 @@ def plan_batch(authorizer: Authorizer, ctx: TrustedContext, calls: Sequence[Batc
     for item in calls:
         try:
             members.append(authorizer.plan_authorize(replace(ctx, entities_json=item.entities_json), item.call,
-                                                     still_wanted, caller=caller))
+                                                     still_wanted, caller=caller, deadline=deadline))
         except Exception as exc:  # noqa: BLE001 - this call's answer alone, as its Authorize's would be
             members.append(exc)
     return members

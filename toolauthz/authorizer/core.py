@@ -35,8 +35,10 @@ class Authorizer(Parts):
         return self.run(self.plan_authorize(ctx, call, still_wanted, caller=caller))
 
     def plan_authorize(self, ctx: TrustedContext, call: ProposedCall,
-                       still_wanted: Callable[[], bool] = lambda: True, *, caller: str = "") -> Plan[AuthorizeResult]:
-        return deciding.plan_authorize(self, ctx, call, still_wanted, caller)
+                       still_wanted: Callable[[], bool] = lambda: True, *, caller: str = "",
+                       deadline: float | None = None) -> Plan[AuthorizeResult]:
+        """`deadline`: when the caller stops waiting (time.monotonic() seconds)."""
+        return deciding.plan_authorize(self, ctx, call, still_wanted, caller, deadline)
 
     def verify(self, token: str, ctx: TrustedContext, call: ProposedCall, *, caller: str = "") -> VerifyResult:
         return self.run(self.plan_verify(token, ctx, call, caller=caller))

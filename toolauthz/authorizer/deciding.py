@@ -25,7 +25,7 @@ from toolauthz.tokens import IssuedToken
 
 
 def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_wanted: Callable[[], bool],
-                   caller: str) -> Plan[AuthorizeResult]:
+                   caller: str, deadline: float | None = None) -> Plan[AuthorizeResult]:
     """Everything of Authorize up to its ledger write. `caller`: who asked, as the
     transport proved it; a new call is recorded as theirs (`CallEntry.caller`)."""
     ctx.check()
@@ -103,7 +103,7 @@ def plan_authorize(parts: Parts, ctx: TrustedContext, call: ProposedCall, still_
 
     entry = CallEntry(ctx.tenant, call.call_id, ctx.request_id, tool, prepared.digest, record.principal,
                       parts.clock.now(), caller=caller, charges=prepared.charges)
-    return Plan(None, finish, Deciding(entry, decide), trace=trace)
+    return Plan(None, finish, Deciding(entry, decide), trace=trace, deadline=deadline)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class Plan(Generic[T]):
     # call's meters (`writes.py`).
     deciding: Deciding | None = None
     trace: Any = None  # the request's tracing context (toolauthz/telemetry/tracing.py), None when off
+    # When the caller stops waiting (time.monotonic() seconds; None: never): the store
+    # gives up on the decision's statements then (`ReserveCall.deadline`).
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def _round_ops(plans: Sequence[Plan], pending: list[int], standing: dict[int, St
             for meter, charge in zip(meters, entry.charges, strict=True):
                 ahead[meter] += charge.amount
         placed.append(i)
-        ops.append(ReserveCall(entry, decision, stands))
+        ops.append(ReserveCall(entry, decision, stands, deadline=plan.deadline))
     return placed, ops
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 
@@ -41,6 +42,12 @@ def still_wanted(context, gone: threading.Event):
     return wanted
 
 
+def deadline_of(context) -> float | None:
+    """When the client stops waiting, in time.monotonic() seconds (None: no deadline)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
 def _observed(rpc: str, context) -> AbstractContextManager[Observation]:
     """The request's observation, labelled with the transport its client declared."""
     return observed(rpc, grpc_transport(context.invocation_metadata()), lambda: context.invocation_metadata())
@@ -72,10 +79,10 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         with _observed("Authorize", context) as seen:
             ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
             access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
-            wanted, caller = still_wanted(context, gone), access.caller.id
+            wanted, caller, deadline = still_wanted(context, gone), access.caller.id, deadline_of(context)
             try:
                 result = await self._pump.answer(seen.plan(
-                    lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)))
+                    lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller, deadline=deadline)))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
@@ -90,10 +97,11 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             access = await self._gate.admit_async(context, "AuthorizeBatch", _about(ctx, ""))
             check_count(len(request.calls), limits)  # before converting what may be a flood of calls
             calls = [batch_call(c) for c in request.calls]
-            wanted, caller = still_wanted(context, gone), access.caller.id
+            wanted, caller, deadline = still_wanted(context, gone), access.caller.id, deadline_of(context)
             try:
                 settled = settle_batch(await self._pump.answer_group(seen.plan(
-                    lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)), len(calls)))
+                    lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller,
+                                       deadline=deadline)), len(calls)))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: decisions still to be made get no token
                 raise

@@ -138,6 +138,9 @@ class ReserveCall:
     entry: CallEntry
     decision: RecordedDecision | None = None
     standing: Standing | None = None
+    # When its caller stops waiting (time.monotonic() seconds; None: never): the
+    # transaction's statements are given up on then, not left running on the server.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)

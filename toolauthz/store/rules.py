@@ -7,6 +7,7 @@ requests' writes share a transaction (and its fsync) through the group commit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -135,6 +136,15 @@ def lock_keys(ops: Sequence[object]) -> list[str]:
     return keys
 
 
+def batch_deadline(ops: Sequence[object]) -> float | None:
+    """When the last caller of a batch of reservations stops waiting (None: one waits
+    for ever, or the batch has other operations, whose callers set no deadline)."""
+    deadlines = [op.deadline if isinstance(op, ReserveCall) else None for op in ops]
+    if not deadlines or None in deadlines:
+        return None
+    return max(d for d in deadlines if d is not None)
+
+
 def call_of_op(op: ReserveCall | ConsumeToken | RecordOutcome) -> tuple[str, str]:
     """The call (tenant, call_id) an operation reads first."""
     if isinstance(op, ReserveCall):
@@ -178,6 +188,9 @@ class Ledger:
     @staticmethod
     def _run_in(transaction: AbstractContextManager[Transaction], ops: Sequence[LedgerOp]) -> list[Any]:
         with transaction as tx:
+            deadline = batch_deadline(ops)
+            if deadline is not None:
+                tx.bound(deadline - time.monotonic())
             tx.lock(lock_keys(ops))
             tx.read_ahead([call_of_op(op) for op in ops if isinstance(op, (ReserveCall, ConsumeToken, RecordOutcome))],
                           [op.entry for op in ops if isinstance(op, ReserveCall) and op.standing is not None])

@@ -110,6 +110,11 @@ class Transaction(Reads, Protocol):
     heads (`store/chains.py`). SQLite runs every write transaction alone (its write
     lock); PostgreSQL only those that share a key or a chain."""
 
+    def bound(self, seconds: float) -> None:
+        """No statement of this transaction may run longer than `seconds` from now (its
+        callers' deadline): past it, the server gives the statement up, and the
+        transaction fails with nothing written, rather than running for no one."""
+
     def lock(self, keys: Sequence[str]) -> None:
         """Holds `keys` (names of rows: a call, a run, a token) until the transaction
         ends; call it once, before the first write, with every key it will write under: the

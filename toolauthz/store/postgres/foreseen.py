@@ -58,8 +58,8 @@ class ForeseenTransaction(PgTransaction):
     """PgTransaction with its reads predicted by `foresight` and checked in the pipeline."""
 
     def __init__(self, conn: psycopg.Connection[Any], chains: int, pipeline: psycopg.Pipeline,
-                 foresight: Foresight):
-        super().__init__(conn, chains, pipeline)
+                 foresight: Foresight, statement_ms: int = 0):
+        super().__init__(conn, chains, pipeline, statement_ms)
         self._foresight = foresight
         self._server_seq = False  # the records' cursors are drawn by the INSERT
 

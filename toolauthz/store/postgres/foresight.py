@@ -67,9 +67,12 @@ class Foresight:
 
     def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         with self._lock:
-            return [Standing(*self._runs.get(run_key(e), (0, 0)),
-                             tuple(self._meters.get(meter_key(e.tenant, c), 0) for c in e.charges))
-                    for e in entries]
+            out = []
+            for e in entries:
+                calls, tool_calls = self._runs.get(run_key(e), (0, 0))
+                out.append(Standing(calls, tool_calls, tuple(self._meters.get(meter_key(e.tenant, c), 0)
+                                                             for c in e.charges)))
+            return out
 
     def counts(self, entry: CallEntry) -> tuple[int, int]:
         with self._lock:

@@ -80,6 +80,7 @@ _LOCK_KEYS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 _ENDED = ("SELECT tenant, call_id, approval_id FROM calls WHERE (outcome != '' AND outcome_at < %s) "
           "OR (decision = 'DENY' AND created_at < %s) LIMIT %s")
 APPROVAL_CHANNEL = "toolauthz_approval"
+MIN_STATEMENT_MS = 100  # the shortest bound a caller's deadline sets (`bound`)
 
 
 class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
@@ -91,9 +92,10 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
     _floor_sql = FloorSql.with_mark("%s")
 
     def __init__(self, conn: psycopg.Connection[Any], chains: int = DEFAULT_CHAINS,
-                 pipeline: psycopg.Pipeline | None = None):
+                 pipeline: psycopg.Pipeline | None = None, statement_ms: int = 0):
         super().__init__(chains)
         self._conn = conn
+        self._statement_ms = statement_ms  # the unit's bound on a statement (0: none)
         # In a write transaction: statements whose results are not read are sent with the
         # next one that is (pipeline mode), and what the batch reads is read ahead.
         self._pipeline = pipeline
@@ -242,6 +244,14 @@ class PgTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
         return checkpoint_of(row) if row else None
 
     # -- writes --
+
+    def bound(self, seconds: float) -> None:
+        # Never above the unit's own bound (`hang_seconds`), never so short that a call
+        # about to be answered is cut for the round trip it needs.
+        ms = max(MIN_STATEMENT_MS, int(seconds * 1000))
+        if self._statement_ms:
+            ms = min(ms, self._statement_ms)
+        self._conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(ms),))
 
     def lock(self, keys: Sequence[str]) -> None:
         if keys:

@@ -1,8 +1,8 @@
 """The PostgreSQL backend: one database shared by a fleet of sidecars.
 
-Connections come from a psycopg_pool pool (`pool_size`), each checked before use so
-that a connection the server dropped is replaced rather than failing a request, in
-autocommit for reads. Statements are prepared on the server from their first use
+Connections come from a psycopg_pool pool (`pool_size`), each checked before use (without
+a round trip: `_check`) so that a connection the server dropped is replaced rather than
+failing a request, in autocommit for reads. Statements are prepared on the server from their first use
 (`prepare_threshold=0`). There is no lock over the whole database: a write transaction
 first takes a transaction-scoped advisory lock on each row key it writes under (a call,
 a run: `Transaction.lock`), all in one statement and in one order, so a run's counts
@@ -20,9 +20,8 @@ terminated) committed nothing.
 from __future__ import annotations
 
 import logging
+import select
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -35,13 +34,11 @@ from psycopg_pool import ConnectionPool
 from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH
 from toolauthz.errors import StoreUnavailable
 from toolauthz.store.ledger import CallEntry, Standing
-from toolauthz.store.postgres.foresight import MISPREDICTED, Foresight
 from toolauthz.store.postgres.foreseen import ForeseenTransaction
+from toolauthz.store.postgres.foresight import MISPREDICTED, Foresight
 from toolauthz.store.postgres.transaction import APPROVAL_CHANNEL, PgTransaction
-from toolauthz.store.unit import Unforeseen
 from toolauthz.store.postgres.watchdog import Watchdog, keepalive_options
-
-CHECK_AFTER = 1.0  # seconds idle before a pooled connection is checked when lent
+from toolauthz.store.unit import Unforeseen
 
 log = logging.getLogger("toolauthz.store")
 
@@ -93,9 +90,8 @@ class PgUnit:
         self._statement_ms = int(hang_seconds * 1000) if hang_seconds else 0
         self._pool = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=timeout, name="toolauthz", kwargs=kwargs,
-            configure=self._configure, check=self._check, reset=self._used)
+            configure=self._configure, check=self._check)
         self._pool.open(wait=False)
-        self._last_use: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """A new connection: the server gives up on a statement after `hang_seconds`
@@ -111,16 +107,20 @@ class PgUnit:
             with self._watchdog.watching(conn):
                 yield
 
-    def _used(self, conn: psycopg.Connection[Any]) -> None:
-        self._last_use[conn] = time.monotonic()
-
-    def _check(self, conn: psycopg.Connection[Any]) -> None:
-        """A connection handed back less than CHECK_AFTER seconds ago answered then: it is
-        lent without a check (a round trip). An older one is checked, so that one the
-        server dropped while idle is replaced rather than failing a request."""
-        if time.monotonic() - self._last_use.get(conn, float("-inf")) > CHECK_AFTER:
-            with self._watched(conn):
-                ConnectionPool.check_connection(conn)
+    @staticmethod
+    def _check(conn: psycopg.Connection[Any]) -> None:
+        """Lent without a round trip (an agent's calls come seconds apart: a check that
+        asked the server would double a lone decision's wait). An idle connection has
+        nothing to read; one the server closed or is closing (a restart, a terminated
+        backend, an idle timeout) has said so on its socket, with an error message and
+        the end of the stream, and is refused here, so the pool opens another. A peer
+        gone without a word (a partition) is for the keepalives and the watchdog."""
+        if conn.closed or conn.broken:
+            raise psycopg.OperationalError("the connection is closed")
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        if readable:
+            conn.close()  # closed, the pool opens another rather than lending this one again
+            raise psycopg.OperationalError("the server closed or is closing this idle connection")
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -143,8 +143,8 @@ class PgUnit:
             try:
                 with conn.pipeline() as pipeline:
                     conn.execute("BEGIN")
-                    tx = (ForeseenTransaction(conn, self.chains, pipeline, self.foresight) if foreseen
-                          else PgTransaction(conn, self.chains, pipeline))
+                    tx = (ForeseenTransaction(conn, self.chains, pipeline, self.foresight, self._statement_ms)
+                          if foreseen else PgTransaction(conn, self.chains, pipeline, self._statement_ms))
                     yield tx
                     tx.flush_audit()
                     conn.execute("COMMIT")

@@ -148,6 +148,10 @@ class SqliteTransaction(ChainedAppends, DeliveryRows, UsageRows, FloorRows):
 
     # -- writes --
 
+    def bound(self, seconds: float) -> None:
+        """Nothing to bound: the file's one writer already holds it, and a local write
+        takes what the disk takes (the write lock's wait is bounded by busy_timeout)."""
+
     def lock(self, keys: Sequence[str]) -> None:
         """Nothing to add: this transaction is the file's one writer."""
 

@@ -22,8 +22,8 @@ from toolauthz.audit.records import DEFAULT_CHAINS, GENESIS_HASH, AuditEvent, Au
 from toolauthz.audit.store import AuditQuery
 from toolauthz.errors import StoreUnavailable
 from toolauthz.store.bundle_floor import SCHEMA as FLOOR_SCHEMA
-from toolauthz.store.ledger import CallEntry, Standing
 from toolauthz.store.deliveries import SCHEMA as DELIVERY_SCHEMA
+from toolauthz.store.ledger import CallEntry, Standing
 from toolauthz.store.rules import Store
 from toolauthz.store.sqlite.audit_sql import (
     audit_columns_added_later,
