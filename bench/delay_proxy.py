@@ -54,7 +54,9 @@ class DelayProxy:
             return
         self._writers.add(up_writer)
         answered = [True]  # the client was answered since its last chunk (a new connection: yes)
-        await asyncio.gather(self._pump(reader, up_writer, answered, up=True), self._pump(up_reader, writer, answered))
+        with contextlib.suppress(asyncio.CancelledError):  # close(): ends quietly
+            await asyncio.gather(self._pump(reader, up_writer, answered, up=True),
+                                 self._pump(up_reader, writer, answered))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answered: list[bool],
                     up: bool = False) -> None:

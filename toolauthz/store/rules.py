@@ -181,9 +181,27 @@ class Ledger:
         if all(isinstance(op, (ReserveCall, AppendAudit)) for op in ops):
             try:
                 return self._run_in(self._unit.transaction(foreseen=True), ops)
+            except Unforeseen as missed:
+                if missed.learned:  # another replica wrote a run, a meter or a chain meanwhile
+                    return self._again(ops)
+        return self._run_in(self._unit.transaction(), ops)  # the long way, whose reads are the truth
+
+    def _again(self, ops: Sequence[LedgerOp]) -> list[Any]:
+        """After a foreseen batch missed, with what it read now foreseen: a reservation
+        decided on other counts or meters is answered `moved` at once (decided again, its
+        next transaction checks it), the others are tried foreseen once more, then the
+        long way."""
+        deciding = [(i, op) for i, op in enumerate(ops) if isinstance(op, ReserveCall) and op.standing is not None]
+        stands = self._unit.foreseen_standing([op.entry for _, op in deciding]) or []
+        moved = {i: now for (i, op), now in zip(deciding, stands, strict=False) if now != op.standing}
+        rest = [op for i, op in enumerate(ops) if i not in moved]
+        written: Iterator[Any] = iter(())
+        if rest:
+            try:
+                written = iter(self._run_in(self._unit.transaction(foreseen=True), rest))
             except Unforeseen:
-                pass  # nothing written: the long way, whose reads are the truth
-        return self._run_in(self._unit.transaction(), ops)
+                written = iter(self._run_in(self._unit.transaction(), rest))
+        return [Reservation(None, moved=moved[i]) if i in moved else next(written) for i in range(len(ops))]
 
     @staticmethod
     def _run_in(transaction: AbstractContextManager[Transaction], ops: Sequence[LedgerOp]) -> list[Any]:

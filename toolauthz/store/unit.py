@@ -28,7 +28,13 @@ from toolauthz.store.ledger import CallEntry, RecordedDecision, Standing
 
 class Unforeseen(Exception):
     """A foreseen transaction (`UnitOfWork.transaction(foreseen=True)`) found that a row
-    it predicted did not stand so, and wrote nothing: run it again unforeseen."""
+    it predicted did not stand so, and wrote nothing. `learned`: the backend has since
+    read how those rows stand, so the batch may be foreseen again; otherwise it is run
+    unforeseen."""
+
+    def __init__(self, message: str, *, learned: bool = False):
+        super().__init__(message)
+        self.learned = learned
 
 
 @dataclass(frozen=True)

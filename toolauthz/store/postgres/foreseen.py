@@ -14,7 +14,8 @@ the server's own work and the commit's fsync, not for a round trip.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -26,12 +27,15 @@ from toolauthz.store.postgres.foresight import Foresight
 from toolauthz.store.postgres.read_ahead import (
     METER_ENTRIES,
     METER_VALUE,
+    METER_VALUES_OF,
     RUN_COUNT,
+    RUN_COUNTS_OF,
     RUN_ENTRIES,
     count_key,
     meter_values_params,
     run_counts_params,
     usage_keys,
+    usage_meter,
 )
 from toolauthz.store.postgres.transaction import PgTransaction
 
@@ -62,23 +66,41 @@ class ForeseenTransaction(PgTransaction):
         super().__init__(conn, chains, pipeline, statement_ms)
         self._foresight = foresight
         self._server_seq = False  # the records' cursors are drawn by the INSERT
+        self._checks: list[tuple[str, psycopg.Cursor[Any]]] = []  # (what, its check), in pipeline order
+        # What each read found, taught to the foresight after a failed check.
+        self._lessons: list[Callable[[], None]] = []
+
+    def _expect(self, what: str, sql: str, params: Sequence[Any]) -> None:
+        self._checks.append((what, self._conn.execute(sql, params)))
 
     def read_ahead(self, calls: Sequence[tuple[str, str]], runs: Sequence[CallEntry]) -> None:
+        # The reads first, then the checks: whichever check fails, the next try knows
+        # every row this one predicted (`missed`). The heads are read unlocked here; the
+        # end of the transaction locks and checks those it appends to.
+        heads = self._conn.execute(HEADS_SELECT)
+        self._lessons.append(lambda: self._foresight.learn_heads(heads.fetchall()))
         calls = [key for key in dict.fromkeys(calls) if key not in self._known.calls]
-        if calls:
-            self._conn.execute(_EXPECT_NEW, ([t for t, _ in calls], [c for _, c in calls]))
-            self._known.calls.update(dict.fromkeys(calls))  # predicted: new
         runs = [entry for entry in runs if count_key(entry) not in self._known.counts]
+        metered = [key for key in dict.fromkeys(usage_keys(runs)) if key not in self._known.usage]
+        if runs:
+            found = self._conn.execute(RUN_COUNTS_OF, run_counts_params(runs))
+            self._lessons.append(lambda: self._foresight.learn_counts(runs, found.fetchall()))
+        if metered:
+            read = self._conn.execute(METER_VALUES_OF, meter_values_params(metered))
+            self._lessons.append(lambda: self._foresight.learn_meters([usage_meter(k) for k in metered],
+                                                                      read.fetchall()))
+        if calls:
+            self._expect("calls", _EXPECT_NEW, ([t for t, _ in calls], [c for _, c in calls]))
+            self._known.calls.update(dict.fromkeys(calls))  # predicted: new
         if runs:
             predicted = [self._foresight.counts(entry) for entry in runs]
-            self._conn.execute(_EXPECT_COUNTS, (*run_counts_params(runs), [a for a, _ in predicted],
-                                                [b for _, b in predicted]))
+            self._expect("counts", _EXPECT_COUNTS, (*run_counts_params(runs), [a for a, _ in predicted],
+                                                    [b for _, b in predicted]))
             for entry, counts in zip(runs, predicted, strict=True):
                 self._known.counts[count_key(entry)] = counts
-        metered = [key for key in dict.fromkeys(usage_keys(runs)) if key not in self._known.usage]
         if metered:
-            values = [self._foresight.meter((k[0], k[1], k[2], k[4])) for k in metered]
-            self._conn.execute(_EXPECT_METERS, (*meter_values_params(metered), values))
+            values = [self._foresight.meter(usage_meter(key)) for key in metered]
+            self._expect("meters", _EXPECT_METERS, (*meter_values_params(metered), values))
             for key, value in zip(metered, values, strict=True):
                 self._known.usage[key] = value
 
@@ -89,11 +111,27 @@ class ForeseenTransaction(PgTransaction):
             heads, seqs = super()._lock_heads(chains, count)
             self._foresight.learn_heads(every.fetchall())
             return heads, seqs
-        self._conn.execute(_LOCK_HEADS, (chains,))
-        self._conn.execute(_EXPECT_HEADS, (len(chains), chains, [predicted[c][0] for c in chains],
-                                           [predicted[c][1] for c in chains]))
+        locked = self._conn.execute(_LOCK_HEADS, (chains,))
+        self._lessons.append(lambda: self._foresight.learn_heads(locked.fetchall()))
+        self._expect("heads", _EXPECT_HEADS, (len(chains), chains, [predicted[c][0] for c in chains],
+                                              [predicted[c][1] for c in chains]))
         self._server_seq = True
         return dict(predicted), [0] * count
+
+    def missed(self) -> str:
+        """After a failed check: teaches the foresight what the reads found (those that
+        ran: all but the heads' locked read, if an earlier check failed), and returns
+        what had moved ("calls", "counts", "meters" or "heads"): the first check without
+        a result (those after it were skipped)."""
+        for lesson in self._lessons:
+            with suppress(psycopg.Error):
+                lesson()
+        for what, check in self._checks:
+            try:
+                check.fetchall()
+            except psycopg.Error:
+                return what
+        return "unknown"
 
     def _insert_records(self, records: list[AuditRecord]) -> None:
         if not self._server_seq:

@@ -102,14 +102,19 @@ class Foresight:
                 self._meters.remember((tenant, meter, key, window), amount)
             self._heads.update(heads)
 
+    def learn_counts(self, entries: Sequence[CallEntry], rows: Sequence[tuple[Any, ...]]) -> None:
+        with self._lock:
+            for entry, (calls, tool_calls) in zip(entries, rows, strict=True):
+                self._runs.remember(run_key(entry), (int(calls), int(tool_calls)))
+
+    def learn_meters(self, keys: Sequence[MeterKey], rows: Sequence[tuple[Any, ...]]) -> None:
+        with self._lock:
+            for key, (value,) in zip(keys, rows, strict=True):
+                self._meters.remember(key, int(value))
+
     def learn_heads(self, rows: Iterable[tuple[Any, ...]]) -> None:
         with self._lock:
             self._heads.update({str(c): (int(s), str(h)) for c, s, h in rows if c is not None})
-
-    def forget_heads(self, chains: Iterable[str]) -> None:
-        with self._lock:
-            for name in chains:
-                self._heads.pop(name, None)
 
     # -- whether to foresee at all --
 

@@ -57,6 +57,11 @@ def meter_values_params(keys: Sequence[UsageKey]) -> tuple[list[str], list[str],
             [k[3] for k in keys])
 
 
+def usage_meter(key: UsageKey) -> tuple[str, str, str, int]:
+    """The meter a value is of, whatever the time it is read at: tenant, meter, key, window."""
+    return key[0], key[1], key[2], key[4]
+
+
 def count_key(entry: CallEntry) -> CountKey:
     return entry.tenant, entry.request_id, entry.tool, entry.created_at
 

@@ -152,7 +152,10 @@ class PgUnit:
                 self._roll_back(conn)
                 if exc.sqlstate == MISPREDICTED:
                     self.foresight.tally(hit=False)
-                    raise Unforeseen(_first_line(exc)) from exc
+                    moved = tx.missed() if isinstance(tx, ForeseenTransaction) else "unknown"
+                    # Counts, meters and heads were read in the pipeline: now known, foreseen
+                    # again they hold. A call that exists is a replay: the long way.
+                    raise Unforeseen(_first_line(exc), learned=moved in ("counts", "meters", "heads")) from exc
                 raise
             except BaseException:
                 self._roll_back(conn)
@@ -170,7 +173,7 @@ class PgUnit:
     def _roll_back(conn: psycopg.Connection[Any]) -> None:
         if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
             with suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK", prepare=False)  # never prepared: in an aborted transaction that fails
 
     @contextmanager
     def reading(self) -> Iterator[PgTransaction]:
