@@ -1,27 +1,33 @@
 """Round trips per ledger batch on PostgreSQL (`python -m bench.roundtrips --store URL`):
-a batch of n reservations, and one read, timed through the delay proxy with no delay
-and with `--delay` seconds each way; the difference over the round-trip time is how
-many round trips the batch waited for. Robust on a loaded machine when the delay is
-large against the noise (25 ms each way by default)."""
+batches of n reservations of new calls, each in a new run, and one read, sent through the
+delay proxy (`--delay` seconds each way); the proxy counts the round trips its clients
+waited for (`DelayProxy.waves`), so the figure does not depend on the machine's speed.
+Each batch is first predicted by what the store last read and wrote (one round trip,
+store/postgres/foreseen.py); `--moved` also has another writer charge the runs' meter
+before each batch, so that every prediction misses (what a fleet whose replicas share a
+principal's meter pays)."""
 
 from __future__ import annotations
 
 import argparse
-import time
+import statistics
 
 from bench.delay_proxy import DelayProxy
 from bench.stores import fresh_schema
 
 
-def _ops(n: int, tag: str) -> list:
+def _ops(n: int, tag: str, usage: tuple[int, ...] = ()) -> list:
     from toolauthz.audit import AuditEvent
-    from toolauthz.store.ledger import CallEntry, RecordedDecision, ReserveCall
+    from toolauthz.store.ledger import CallEntry, RecordedDecision, ReserveCall, Standing
+    from toolauthz.usage.charges import Charge
 
+    charges = (Charge("spent", "alice", 1, 3600),) if usage else ()
     out = []
     for i in range(n):
-        entry = CallEntry("acme", f"{tag}-{i}", f"r{tag}-{i // 4}", "t", "ab" * 32, 'User::"a"', 1.0)
+        entry = CallEntry("acme", f"{tag}-{i}", f"r{tag}-{i}", "t", "ab" * 32, 'User::"a"', 1.0, charges=charges)
         event = AuditEvent(kind="authorize", time=1.0, call_id=entry.call_id, tenant="acme", result="ALLOW")
-        out.append(ReserveCall(entry, RecordedDecision("ALLOW", "d", "v", audit=event), (i % 4, i % 4)))
+        standing = Standing(0, 0, (usage[0] + i,) if usage else ())
+        out.append(ReserveCall(entry, RecordedDecision("ALLOW", "d", "v", audit=event), standing))
     return out
 
 
@@ -30,40 +36,45 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.roundtrips", description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True)
-    parser.add_argument("--delay", type=float, default=0.025)
+    parser.add_argument("--delay", type=float, default=0.010)
     parser.add_argument("--sizes", default="1,8,32")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--moved", action="store_true", help="another writer moves the meter before each batch")
     args = parser.parse_args(argv)
     url, drop = fresh_schema(args.store)
-    sizes = [int(n) for n in args.sizes.split(",")]
-    best: dict = {}
+    proxy = DelayProxy(("127.0.0.1", 5432), args.delay)
+    store = open_store(url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"), pool_size=1)
+    other = open_store(url, pool_size=1)
+    spent = 0
     try:
-        for delay in (0.0, args.delay):
-            proxy = DelayProxy(("127.0.0.1", 5432), delay)
-            store = open_store(url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"), pool_size=1)
-            try:
-                store.ledger.apply(_ops(4, f"warm{delay}"))
-                for n in sizes:
-                    times = []
-                    for k in range(3):
-                        ops = _ops(n, f"n{n}d{delay}k{k}")
-                        began = time.perf_counter()
-                        store.ledger.apply(ops)
-                        times.append(time.perf_counter() - began)
-                    best[(delay, n)] = min(times)
-                times = []
-                for _ in range(3):
-                    began = time.perf_counter()
-                    store.ledger.get("acme", "none")
-                    times.append(time.perf_counter() - began)
-                best[(delay, "read")] = min(times)
-            finally:
-                store.close()
-                proxy.close()
+        store.ledger.apply(_ops(4, "warm", (0,) if args.moved else ()))
+        spent += 4 if args.moved else 0
+        for n in [int(s) for s in args.sizes.split(",")]:
+            waves = []
+            for k in range(args.rounds):
+                if args.moved:  # another replica charges the meter these calls read
+                    other.ledger.apply(_ops(1, f"o{n}-{k}", (spent,)))
+                    spent += 1
+                ops = _ops(n, f"n{n}-{k}", (spent,) if args.moved else ())
+                before = proxy.waves
+                results = store.ledger.apply(ops)
+                waves.append(proxy.waves - before)
+                moved = [r for r in results if getattr(r, "moved", None) is not None]
+                if moved:  # decided again on what stands, as the authorizer does
+                    before = proxy.waves
+                    store.ledger.apply(_ops(n, f"n{n}-{k}", (moved[0].moved.usage[0],)))
+                    waves[-1] += proxy.waves - before
+                spent += n if args.moved else 0
+            print(f"a batch of {n} reservations: {statistics.median(waves):g} round trips at the median "
+                  f"({', '.join(map(str, waves))})")
+        before = proxy.waves
+        store.ledger.get("acme", "none")
+        print(f"a read (Ledger.get): {proxy.waves - before} round trip(s)")
     finally:
+        store.close()
+        other.close()
+        proxy.close()
         drop()
-    for key in (*sizes, "read"):
-        what = f"a batch of {key} reservations" if key != "read" else "a read"
-        print(f"{what}: {(best[(args.delay, key)] - best[(0.0, key)]) / (2 * args.delay):.1f} round trips")
     return 0
 
 

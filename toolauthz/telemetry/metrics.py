@@ -45,6 +45,9 @@ AUDIT_WRITE_FAILURES = Counter("toolauthz_audit_write_failures", "Audit commits 
 SHED = Counter("toolauthz_shed", "Requests refused RESOURCE_EXHAUSTED before they were decided: the decision "
                "queue's wait would have exceeded max_queue_seconds (no token; audited in aggregate)")
 STORE_ERRORS = Counter("toolauthz_store_errors", "Requests answered UNAVAILABLE because a store failed")
+FORESEEN = Counter("toolauthz_store_foreseen", "PostgreSQL write transactions whose reads were foreseen (one round "
+                   "trip), by result: hit, or miss (another replica wrote a row they read; the batch ran again)",
+                   ["result"])
 RELOADS = Counter("toolauthz_reloads", "Bundle reloads that swapped in a new version")
 RELOAD_ERRORS = Counter("toolauthz_reload_errors", "Bundle reloads refused (the last good bundle kept serving)")
 RETAINED_INPUTS = Counter("toolauthz_retained_inputs", "Inputs of calls kept for replay (audit.retain_input), "

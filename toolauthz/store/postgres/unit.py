@@ -39,6 +39,7 @@ from toolauthz.store.postgres.foresight import MISPREDICTED, Foresight
 from toolauthz.store.postgres.transaction import APPROVAL_CHANNEL, PgTransaction
 from toolauthz.store.postgres.watchdog import Watchdog, keepalive_options
 from toolauthz.store.unit import Unforeseen
+from toolauthz.telemetry import metrics
 
 log = logging.getLogger("toolauthz.store")
 
@@ -152,6 +153,7 @@ class PgUnit:
                 self._roll_back(conn)
                 if exc.sqlstate == MISPREDICTED:
                     self.foresight.tally(hit=False)
+                    metrics.FORESEEN.labels("miss").inc()
                     moved = tx.missed() if isinstance(tx, ForeseenTransaction) else "unknown"
                     # Counts, meters and heads were read in the pipeline: now known, foreseen
                     # again they hold. A call that exists is a replay: the long way.
@@ -163,6 +165,7 @@ class PgUnit:
         self.foresight.learn(*tx.learned())
         if foreseen:
             self.foresight.tally(hit=True)
+            metrics.FORESEEN.labels("hit").inc()
 
     def foreseen_standing(self, entries: Sequence[CallEntry]) -> list[Standing] | None:
         """How each entry's run and meters are expected to stand, from what this process
