@@ -27,7 +27,7 @@ from toolauthz.bundle import Bundle, BundleHolder
 from toolauthz.bundle.signature import SIGNATURE_FILE
 from toolauthz.clock import Clock, SystemClock
 from toolauthz.errors import BundleError, Problem, StoreUnavailable
-from toolauthz.store.rules import BundleFloor
+from toolauthz.store.faces import BundleFloor
 from toolauthz.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")

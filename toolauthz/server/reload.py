@@ -33,7 +33,7 @@ from toolauthz.bundle.verified import load_verified
 from toolauthz.clock import Clock
 from toolauthz.errors import BundleError, Problem
 from toolauthz.server.activation import BUNDLE_LOADED, BUNDLE_REFUSED, Activations
-from toolauthz.store.rules import BundleFloor
+from toolauthz.store.faces import BundleFloor
 
 log = logging.getLogger("toolauthz.reload")
 

@@ -41,7 +41,7 @@ from toolauthz.bundle.verified import load_verified
 from toolauthz.clock import Clock
 from toolauthz.errors import BundleError, Problem
 from toolauthz.server.activation import Activations, record_bundle
-from toolauthz.store.rules import BundleFloor
+from toolauthz.store.faces import BundleFloor
 from toolauthz.telemetry import metrics
 
 log = logging.getLogger("toolauthz.reload")

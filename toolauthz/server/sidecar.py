@@ -25,7 +25,8 @@ from toolauthz.service.status import PolicyStatus, PumpStatus, SidecarStatus, Wo
 from toolauthz.service.watching import WatchLimits
 from toolauthz.store import Store
 from toolauthz.store.audit_writer import AuditWriter, Checkpointer
-from toolauthz.store.rules import Approvals, AuditLogOf, Ledger
+from toolauthz.store.faces import Approvals, AuditLogOf
+from toolauthz.store.rules import Ledger
 from toolauthz.telemetry import metrics
 from toolauthz.tokens.keyring import KeyRing
 from toolauthz.tokens.keys import SigningKey
