@@ -120,19 +120,21 @@ class Foresight:
 
     def worth_trying(self) -> bool:
         """False while recent batches mostly missed (another writer shares their rows),
-        but for one batch in PROBE_EVERY, which finds out whether that is still so."""
+        but after PROBE_EVERY batches the long way, which finds out whether that is
+        still so."""
         with self._lock:
-            if len(self._recent) < RECENT // 4 or self._recent.count(False) <= MISS_RATE_LIMIT * len(self._recent):
-                return True
-            self._skipped += 1
-            if self._skipped >= PROBE_EVERY:
-                self._skipped = 0
-                return True
-            return False
+            return (len(self._recent) < RECENT // 4 or self._skipped >= PROBE_EVERY
+                    or self._recent.count(False) <= MISS_RATE_LIMIT * len(self._recent))
 
     def tally(self, hit: bool) -> None:
         with self._lock:
             self._recent.append(hit)
+            self._skipped = 0
+
+    def skipped(self) -> None:
+        """A batch went the long way because foreseeing was not worth trying."""
+        with self._lock:
+            self._skipped += 1
 
 
 def run_key(entry: CallEntry) -> RunKey:

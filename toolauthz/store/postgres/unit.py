@@ -2,8 +2,8 @@
 
 Connections come from a psycopg_pool pool (`pool_size`), each checked before use (without
 a round trip: `_check`) so that a connection the server dropped is replaced rather than
-failing a request, in autocommit for reads. Statements are prepared on the server from their first use
-(`prepare_threshold=0`). There is no lock over the whole database: a write transaction
+failing a request, in autocommit for reads. Statements are prepared on the server from
+their first use (`prepare_threshold=0`). There is no lock over the whole database: a write transaction
 first takes a transaction-scoped advisory lock on each row key it writes under (a call,
 a run: `Transaction.lock`), all in one statement and in one order, so a run's counts
 read in it still hold at its commit and no two transactions wait for each other in a
@@ -140,6 +140,9 @@ class PgUnit:
         transaction() would wait for each): three round trips for a batch of reservations.
         `foreseen`: its reads predicted and checked in the pipeline (foreseen.py), one
         round trip; Unforeseen if a prediction did not hold (nothing was written)."""
+        if foreseen and not self.foresight.worth_trying():
+            self.foresight.skipped()  # another writer keeps moving these rows: the long way
+            foreseen = False
         with self._errors("write"), self._pool.connection() as conn, self._watched(conn):
             try:
                 with conn.pipeline() as pipeline:
@@ -150,15 +153,16 @@ class PgUnit:
                     tx.flush_audit()
                     conn.execute("COMMIT")
             except psycopg.Error as exc:
+                if exc.sqlstate != MISPREDICTED:
+                    self._roll_back(conn)
+                    raise
+                # The counts, meters and heads were read in the pipeline: now known, foreseen
+                # again they hold. A call that exists is a replay: the long way.
+                moved = tx.missed() if isinstance(tx, ForeseenTransaction) else "unknown"
                 self._roll_back(conn)
-                if exc.sqlstate == MISPREDICTED:
-                    self.foresight.tally(hit=False)
-                    metrics.FORESEEN.labels("miss").inc()
-                    moved = tx.missed() if isinstance(tx, ForeseenTransaction) else "unknown"
-                    # Counts, meters and heads were read in the pipeline: now known, foreseen
-                    # again they hold. A call that exists is a replay: the long way.
-                    raise Unforeseen(_first_line(exc), learned=moved in ("counts", "meters", "heads")) from exc
-                raise
+                self.foresight.tally(hit=False)
+                metrics.FORESEEN.labels("miss").inc()
+                raise Unforeseen(_first_line(exc), learned=moved in ("counts", "meters", "heads")) from exc
             except BaseException:
                 self._roll_back(conn)
                 raise
@@ -169,7 +173,8 @@ class PgUnit:
 
     def foreseen_standing(self, entries: Sequence[CallEntry]) -> list[Standing] | None:
         """How each entry's run and meters are expected to stand, from what this process
-        last read and wrote (foresight.py); None while predictions keep failing (read)."""
+        last read and wrote (foresight.py); None while predictions keep failing (read
+        them: the batch's transaction goes the long way too)."""
         return self.foresight.standing(entries) if self.foresight.worth_trying() else None
 
     @staticmethod
