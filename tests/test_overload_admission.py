@@ -203,3 +203,4 @@ def test_a_multiplexing_connection_neither_starves_a_lone_client_nor_is_starved(
     order = [r.event.call_id for r in sidecar.audit_log.query(AuditQuery(kind="authorize"), limit=200)
              if r.event.result != "refused" and r.event.call_id.startswith(("many-", "lone-"))]
     assert order.index("lone-1") < 2  # in the first batch of two after the release, not after 23 of the other's
+
