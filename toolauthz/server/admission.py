@@ -12,11 +12,15 @@ refuse, at once and undecided, a call that would wait longer than the queue's bo
 than its own deadline. A peer with a long queue of its own is so refused first; a peer
 with nothing queued is admitted while the queue is within its bound for one round.
 
-Not thread-safe: the pump holds its lock around every call.
+Under load, `unwanted` sorts out of a batch the jobs no one waits for any more, and
+those that waited too long or past their deadline, before any work is spent on them.
+
+Not thread-safe: the pump holds its lock around every call of a FairQueue.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
@@ -28,6 +32,15 @@ class Queued(Protocol):
 
     @property
     def plans(self) -> int: ...
+
+    @property
+    def future(self) -> asyncio.Future: ...
+
+    @property
+    def queued_at(self) -> float: ...
+
+    @property
+    def deadline(self) -> float | None: ...
 
 
 J = TypeVar("J", bound=Queued)
@@ -79,3 +92,22 @@ class FairQueue(Generic[J]):
             else:
                 del self._peers[peer], self._plans[peer]
         return batch, plans
+
+
+def unwanted(batch: list[J], now: float, limit: float) -> tuple[list[J], list[J], list[J]]:
+    """A batch taken under load, split: the jobs to decide; those whose caller has gone
+    since they were queued (its future cancelled: the client's deadline passed or it went
+    away), dropped; and those that waited over `limit` seconds or whose deadline has
+    passed, refused. Read from the pump's thread, `done()` may be a moment stale: a job
+    cancelled meanwhile is decided as before."""
+    waiting: list[J] = []
+    gone: list[J] = []
+    late: list[J] = []
+    for job in batch:  # one read of each future: a job lands in exactly one list
+        if job.future.done():
+            gone.append(job)
+        elif now - job.queued_at > limit or (job.deadline is not None and job.deadline <= now):
+            late.append(job)
+        else:
+            waiting.append(job)
+    return waiting, gone, late

@@ -52,7 +52,7 @@ from typing import Any
 
 from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
-from toolauthz.server.admission import FairQueue
+from toolauthz.server.admission import FairQueue, unwanted
 from toolauthz.store.group_commit import MAX_BATCH
 from toolauthz.telemetry import metrics
 
@@ -185,7 +185,7 @@ class DecisionPump:
 
     @property
     def shed(self) -> int:
-        """Requests refused undecided because the queue's wait was too long."""
+        """Requests refused undecided: too long a wait, past their deadline, or their caller gone."""
         return self._shed
 
     @property
@@ -206,30 +206,29 @@ class DecisionPump:
     def check_admission(self, *, peer: str = "", plans: int = 1, remaining: float | None = None) -> None:
         """Raises ResourceExhaustedError (counted as shed) for a request that would be
         refused if queued now: for a handler, before it spends work on the request."""
-        with self._cond:
-            refusal = self._refusal(peer, plans, self._deadline(remaining))
-            if refusal is not None:
-                self._shed += plans
-        if refusal is not None:
-            self._told_shed(plans)
-            raise refusal
+        self._admit(peer, plans, self._deadline(remaining), None)
 
     def _deadline(self, remaining: float | None) -> float | None:
         return None if remaining is None else self._clock() + remaining
 
     def _enqueue(self, job: _Job) -> None:
+        self._admit(job.peer, job.plans, job.deadline, job)
+
+    def _admit(self, peer: str, plans: int, deadline: float | None, job: _Job | None) -> None:
+        """Queues `job` (None: only asks), or raises ResourceExhaustedError, counted as shed."""
         with self._cond:
-            if self._closed:
+            if self._closed and job is not None:
                 raise StoreUnavailable("the decision pump is closed")
-            refusal = self._refusal(job.peer, job.plans, job.deadline)
+            refusal = self._refusal(peer, plans, deadline)
             if refusal is None:
-                job.queued_at = self._clock()
-                self._queued_plans += job.plans
-                self._jobs.push(job)
-                self._cond.notify_all()
+                if job is not None:
+                    job.queued_at = self._clock()
+                    self._queued_plans += job.plans
+                    self._jobs.push(job)
+                    self._cond.notify_all()
                 return
-            self._shed += job.plans
-        self._told_shed(job.plans)
+            self._shed += plans
+        self._told_shed(plans)
         raise refusal
 
     def _refusal(self, peer: str, plans: int, deadline: float | None) -> ResourceExhaustedError | None:
@@ -323,26 +322,13 @@ class DecisionPump:
                 self.after_batch()
 
     def _unwanted(self, batch: list[_Job], plans: int, now: float) -> tuple[list[_Job], list[_Job], list[_Job]]:
-        """Under load (the queue bounded and the batch over `min_queue` plans): the jobs
-        to decide; those whose caller has gone since they were queued (its future
-        cancelled: the client's deadline passed or it went away), dropped; and those that
-        waited over twice the bound or whose deadline has passed, refused. Both undecided,
-        counted as shed. Not under load: all are decided (a call abandoned then is still
-        recorded, `client_gone`, and replayed on a retry). Read from the pump's thread,
-        `done()` may be a moment stale: a job cancelled meanwhile is decided as before."""
+        """Under load (the queue bounded and the batch over `min_queue` plans): the jobs to
+        decide, and those gone or late (`admission.unwanted`), undecided and counted as
+        shed. Not under load: all are decided (a call abandoned then is still recorded,
+        `client_gone`, and replayed on a retry)."""
         if self._max_queue_seconds is None or plans <= self._min_queue:
             return batch, [], []
-        limit = 2 * self._max_queue_seconds
-        waiting: list[_Job] = []
-        gone: list[_Job] = []
-        late: list[_Job] = []
-        for job in batch:  # one read of each future: a job lands in exactly one list
-            if job.future.done():
-                gone.append(job)
-            elif now - job.queued_at > limit or (job.deadline is not None and job.deadline <= now):
-                late.append(job)
-            else:
-                waiting.append(job)
+        waiting, gone, late = unwanted(batch, now, 2 * self._max_queue_seconds)
         if gone or late:
             with self._cond:
                 self._shed += sum(job.plans for job in gone + late)
