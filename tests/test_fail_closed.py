@@ -30,6 +30,9 @@ class FakeContext:
     def invocation_metadata(self):
         return ()
 
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
     async def abort(self, code, details):
         self.aborted = (code, details)
         raise grpc.RpcError(details)
@@ -104,9 +107,9 @@ def test_flood_beyond_the_concurrency_limit_is_refused_fast(settings, clock):
         release.wait(30)
         return real_apply(ops)
 
-    async def counted_answer(make_plan):  # a call has reached its handler: it is in flight
+    async def counted_answer(make_plan, **turn):  # a call has reached its handler: it is in flight
         entered.release()
-        return await real_answer(make_plan)
+        return await real_answer(make_plan, **turn)
 
     car.authorizer.ledger.apply = held_apply  # type: ignore[method-assign]
     car.pump.answer = counted_answer  # type: ignore[method-assign]

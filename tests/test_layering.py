@@ -49,8 +49,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Approval notifications: events read from the store, sent off the decision path.
     ("notify", frozenset({"toolauthz.notify"})),
     # The decision pump runs the authorizer's plans on one thread; the gRPC handlers
-    # hand their work to it, so it sits below the service although server/ holds it.
-    ("decision pump", frozenset({"toolauthz.server.pump"})),
+    # hand their work to it, so it (and its queue) sits below the service although server/ holds it.
+    ("decision pump", frozenset({"toolauthz.server.pump", "toolauthz.server.admission"})),
     ("service", frozenset({"toolauthz.service"})),
     # The browser console: pages over the approval desk and the audit log, served by
     # the server beside the gRPC and HTTP listeners.

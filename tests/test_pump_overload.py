@@ -173,3 +173,27 @@ def test_a_request_whose_caller_has_gone_is_dropped_unplanned(sidecar, pump, tic
     kept, gone = asyncio.run(main())
     assert kept.decision == Decision.ALLOW and isinstance(gone, asyncio.CancelledError) and not planned
     assert pump.abandoned == 1 and pump.shed == 1
+
+
+class _Queued:
+    def __init__(self, peer: str, name: str, plans: int = 1):
+        self.peer, self.name, self.plans = peer, name, plans
+
+
+def test_the_queue_takes_peers_in_turn_and_places_a_new_call_by_its_peers_own_queue():
+    from toolauthz.server.admission import FairQueue
+
+    queue: FairQueue[_Queued] = FairQueue()
+    for i in range(5):
+        queue.push(_Queued("many", f"m{i}"))
+    queue.push(_Queued("lone", "l0"))
+    queue.push(_Queued("group", "g0", plans=3))
+    assert queue.position("lone", 1) == 2 + 2 + 2  # its second: two rounds, two plans of each other peer
+    assert queue.position("many", 1) == 6 + 1 + 3  # its sixth: behind everything the others queued
+    assert queue.position("new", 1) == 1 + 1 + 1 + 1  # a new peer: one round
+    batch, plans = queue.take(5)
+    assert [job.name for job in batch] == ["m0", "l0", "g0"] and plans == 5  # one each, in order of arrival
+    batch, plans = queue.take(2)
+    assert [job.name for job in batch] == ["m1", "m2"] and plans == 2 and len(queue) == 2
+    batch, _ = queue.take(1)  # a batch takes at least one job
+    assert [job.name for job in batch] == ["m3"]

@@ -53,6 +53,7 @@ from toolauthz.service.audit import AuditService
 from toolauthz.service.authorizer import ToolAuthorizerService
 from toolauthz.service.callers import TransportRegistration, caller_of
 from toolauthz.service.common import TolerantRegistration
+from toolauthz.service.refusals import shed_recorder
 from toolauthz.service.running import AioServer
 from toolauthz.service.watching import WatchLimits
 from toolauthz.store.audit_writer import AuditWriter, Checkpointer
@@ -144,6 +145,7 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     gate.refusals.start()  # a minute's counts are written once it ends, refused again or not
     notifier = notifier_of(settings.notifications, store, bundles, clock)
     pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
+    pump.on_shed = shed_recorder(gate.refusals)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,
                    desk, approval_store, pump, reloader, watches, gate, notifier)
 

@@ -24,16 +24,13 @@ An inline decision cannot see its client cancel (the loop that would tell it is 
 deciding), as a pump decision cannot once its token is minted: the deadline is still
 checked before the token, and a cancelled call's answer reaches no one.
 
-The queue is bounded by time, not by count: a request that would wait longer than
-`max_queue_seconds` for its turn (the plans queued and running, times the time a plan
-took in the last batches) is refused at once with ResourceExhaustedError, before any
-work is spent on it; one that has waited longer than twice that by the time a batch
-takes it (the estimate was wrong) is refused then, still undecided. Under overload the
-pump so keeps deciding what it accepts at near-quiet latency instead of queueing every
-call until its client has given up. Under load, a request whose caller went away (its
-deadline passed) while it waited is dropped when a batch takes it, unplanned.
-Each refusal is counted (`metrics.SHED`) and handed to `on_shed`, where the refusals
-are audited in aggregate.
+The queue is fair across peers and bounded by time, not by count (server/admission.py):
+a request that would wait longer than `max_queue_seconds` for its turn in the peers'
+round robin, or past its own deadline, is refused at once with ResourceExhaustedError,
+before any work is spent on it; under load, one that has waited over twice the bound or
+past its deadline, or whose caller went away, by the time a batch takes it is refused
+then, unplanned. Each refusal is counted (`metrics.SHED`) and handed to `on_shed`
+(outside the pump's lock), where they are audited in aggregate.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
@@ -50,12 +47,12 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
+from toolauthz.server.admission import FairQueue, unwanted
 from toolauthz.store.group_commit import MAX_BATCH
 from toolauthz.telemetry import metrics
 
@@ -67,12 +64,13 @@ MIN_QUEUE = 64  # plans that may always queue: they share the next batch
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at", "peer", "deadline")
 
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
-                 group: bool = False, plans: int = 1):
+                 group: bool = False, plans: int = 1, peer: str = "", deadline: float | None = None):
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
         self.queued_at = 0.0
+        self.peer, self.deadline = peer, deadline  # the deadline on the pump's clock
 
 
 class _Stage:
@@ -107,13 +105,14 @@ class DecisionPump:
         self._min_queue = min_queue
         self._plan_seconds = 0.0  # what a plan took in the last batches (smoothed)
         self._queued_plans = 0  # plans queued and in the running batch
+        self._running_plans = 0
         self._shed = 0
         self.on_shed: Callable[[int], None] | None = None  # refusals to audit in aggregate (their count)
         self._max_batch = max_batch
         self._inline_after = inline_after
         self._slow_inline, self._slow_pause, self._clock = slow_inline, slow_pause, clock
         self._no_inline_until = float("-inf")
-        self._jobs: deque[_Job] = deque()
+        self._jobs: FairQueue[_Job] = FairQueue()
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False  # the pump's thread is running a batch
@@ -127,13 +126,14 @@ class DecisionPump:
         self._thread = threading.Thread(target=self._run, name="decision-pump", daemon=True)
         self._thread.start()
 
-    async def answer(self, make_plan: Callable[[], Plan]) -> Any:
+    async def answer(self, make_plan: Callable[[], Plan], *, peer: str = "", remaining: float | None = None) -> Any:
         """`make_plan()` is called on the pump's thread (or, for a lone call, on the
-        event loop's); returns the plan's answer."""
+        event loop's); returns the plan's answer. `peer`: whose turn the request takes
+        in the queue (a client connection); `remaining`: seconds to its deadline."""
         if self._closed:
             raise StoreUnavailable("the decision pump is closed")
         loop = asyncio.get_running_loop()
-        job = _Job(make_plan, loop.create_future(), loop)
+        job = _Job(make_plan, loop.create_future(), loop, peer=peer, deadline=self._deadline(remaining))
         stage = self._stages.get(loop)
         if stage is None:
             stage = self._stages[loop] = _Stage()
@@ -141,7 +141,7 @@ class DecisionPump:
         try:
             if self._inline_after is None or self._busy or self._jobs:
                 stage.alone = 0
-                self._enqueue([job])
+                self._enqueue(job)
             else:  # maybe alone: `_flush` sees what else arrived in this iteration
                 stage.jobs.append(job)
                 if len(stage.jobs) == 1:
@@ -150,15 +150,16 @@ class DecisionPump:
         finally:
             stage.awaiting -= 1
 
-    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]], members: int) -> list[Any]:
+    async def answer_group(self, make_plans: Callable[[], Sequence[Plan | Exception]], members: int, *,
+                           peer: str = "", remaining: float | None = None) -> list[Any]:
         """`make_plans()` is called on the pump's thread and gives each of the `members`
         plans, or the exception that member failed with; returns each member's answer or
         exception, in order. The members' plans run in one `run_many`: one transaction
         while `members` is at most `max_batch`. An exception `make_plans` raises is raised
         here, for the whole group."""
         loop = asyncio.get_running_loop()
-        job = _Job(make_plans, loop.create_future(), loop, True, members)
-        self._enqueue([job])
+        job = _Job(make_plans, loop.create_future(), loop, True, members, peer, self._deadline(remaining))
+        self._enqueue(job)
         answers: list[Any] = await job.future
         return answers
 
@@ -184,7 +185,7 @@ class DecisionPump:
 
     @property
     def shed(self) -> int:
-        """Requests refused undecided because the queue's wait was too long."""
+        """Requests refused undecided: too long a wait, past their deadline, or their caller gone."""
         return self._shed
 
     @property
@@ -202,28 +203,50 @@ class DecisionPump:
         with self._cond:
             self._cond.wait_for(lambda: not self._inline_running)
 
-    def _enqueue(self, jobs: list[_Job]) -> None:
+    def check_admission(self, *, peer: str = "", plans: int = 1, remaining: float | None = None) -> None:
+        """Raises ResourceExhaustedError (counted as shed) for a request that would be
+        refused if queued now: for a handler, before it spends work on the request."""
+        self._admit(peer, plans, self._deadline(remaining), None)
+
+    def _deadline(self, remaining: float | None) -> float | None:
+        return None if remaining is None else self._clock() + remaining
+
+    def _enqueue(self, job: _Job) -> None:
+        self._admit(job.peer, job.plans, job.deadline, job)
+
+    def _admit(self, peer: str, plans: int, deadline: float | None, job: _Job | None) -> None:
+        """Queues `job` (None: only asks), or raises ResourceExhaustedError, counted as shed."""
         with self._cond:
-            if self._closed:
+            if self._closed and job is not None:
                 raise StoreUnavailable("the decision pump is closed")
-            plans = sum(job.plans for job in jobs)
-            if self._too_long(self._queued_plans + plans):
-                self._refused(plans)
-                raise _overloaded()
-            now = self._clock()
-            for job in jobs:
-                job.queued_at = now
-            self._queued_plans += plans
-            self._jobs.extend(jobs)
-            self._cond.notify_all()
+            refusal = self._refusal(peer, plans, deadline)
+            if refusal is None:
+                if job is not None:
+                    job.queued_at = self._clock()
+                    self._queued_plans += job.plans
+                    self._jobs.push(job)
+                    self._cond.notify_all()
+                return
+            self._shed += plans
+        self._told_shed(plans)
+        raise refusal
 
-    def _too_long(self, plans: int) -> bool:
-        """Would `plans` plans ahead of and with a request make it wait too long?"""
-        return self._max_queue_seconds is not None and plans > self._min_queue and \
-            plans * self._plan_seconds > self._max_queue_seconds
+    def _refusal(self, peer: str, plans: int, deadline: float | None) -> ResourceExhaustedError | None:
+        """Why `plans` plans of `peer` would be refused now (None: admitted): with the
+        plans of the running batch and those before them in the queue's round robin,
+        they would wait longer than the bound, or past their deadline."""
+        if self._max_queue_seconds is None:
+            return None
+        wait = (self._running_plans + self._jobs.position(peer, plans)) * self._plan_seconds
+        if deadline is not None and self._clock() + wait > deadline:
+            return ResourceExhaustedError("overloaded: the request cannot be decided before its deadline; "
+                                          "retry with a longer deadline or after a short wait")
+        if self._queued_plans + plans > self._min_queue and wait > self._max_queue_seconds:
+            return _overloaded()
+        return None
 
-    def _refused(self, count: int) -> None:
-        self._shed += count
+    def _told_shed(self, count: int) -> None:
+        """Called without the pump's lock: `on_shed` may write the audit trail."""
         metrics.SHED.inc(count)
         if self.on_shed is not None:
             self.on_shed(count)
@@ -244,8 +267,8 @@ class DecisionPump:
                 now = self._clock()
                 for job in jobs:
                     job.queued_at = now
+                    self._jobs.push(job)
                 self._queued_plans += sum(job.plans for job in jobs)
-                self._jobs.extend(jobs)
                 self._cond.notify_all()
                 return
             self._inline_running += 1
@@ -275,19 +298,16 @@ class DecisionPump:
                 self._cond.wait_for(lambda: self._jobs or self._closed)
                 if not self._jobs:
                     return  # closed and drained
-                batch = [self._jobs.popleft()]
-                plans = batch[0].plans  # then as many jobs as fit in one transaction with it
-                while self._jobs and plans + self._jobs[0].plans <= self._max_batch:
-                    plans += self._jobs[0].plans
-                    batch.append(self._jobs.popleft())
-                self._busy = True
+                batch, plans = self._jobs.take(self._max_batch)  # as many as fit in one transaction
+                self._busy, self._running_plans = True, plans
             began = self._clock()
-            batch, gone = self._abandoned(batch, plans)
-            batch, late = self._late(batch, began)
+            batch, gone, late = self._unwanted(batch, plans, began)
+            if gone or late:
+                self._told_shed(sum(job.plans for job in gone + late))
             answers = self._safe_answers(batch) if batch else []
             ended = self._clock()
             with self._cond:  # idle before any caller has its answer (and sends the next call)
-                self._busy = False
+                self._busy, self._running_plans = False, 0
                 self._batches += 1
                 self._answered += len(batch) + len(late)
                 self._gone += len(gone)
@@ -301,36 +321,18 @@ class DecisionPump:
             if self.after_batch is not None:
                 self.after_batch()
 
-    def _abandoned(self, batch: list[_Job], plans: int) -> tuple[list[_Job], list[_Job]]:
-        """Under load (the queue bounded and over `min_queue` plans): the jobs whose caller
-        still waits, and those whose caller has gone since they were queued (its future
-        cancelled: the client's deadline passed or it went away), on which no work is
-        spent, counted as shed. Not under load: all of them, decided as any other (a call
-        abandoned then is still recorded, `client_gone`, and replayed on a retry). Read
-        from the pump's thread, `done()` may be a moment stale: a job cancelled meanwhile
-        is decided as before."""
+    def _unwanted(self, batch: list[_Job], plans: int, now: float) -> tuple[list[_Job], list[_Job], list[_Job]]:
+        """Under load (the queue bounded and the batch over `min_queue` plans): the jobs to
+        decide, and those gone or late (`admission.unwanted`), undecided and counted as
+        shed. Not under load: all are decided (a call abandoned then is still recorded,
+        `client_gone`, and replayed on a retry)."""
         if self._max_queue_seconds is None or plans <= self._min_queue:
-            return batch, []
-        waiting: list[_Job] = []
-        gone: list[_Job] = []
-        for job in batch:  # one read of each future: a job lands in exactly one list
-            (gone if job.future.done() else waiting).append(job)
-        if gone:
+            return batch, [], []
+        waiting, gone, late = unwanted(batch, now, 2 * self._max_queue_seconds)
+        if gone or late:
             with self._cond:
-                self._refused(sum(job.plans for job in gone))
-        return waiting, gone
-
-    def _late(self, batch: list[_Job], now: float) -> tuple[list[_Job], list[_Job]]:
-        """The jobs to decide, and those that waited over twice the bound: refused."""
-        if self._max_queue_seconds is None or sum(job.plans for job in batch) <= self._min_queue:
-            return batch, []
-        limit = 2 * self._max_queue_seconds
-        late = [job for job in batch if now - job.queued_at > limit]
-        if late:
-            with self._cond:
-                self._refused(sum(job.plans for job in late))
-            batch = [job for job in batch if now - job.queued_at <= limit]
-        return batch, late
+                self._shed += sum(job.plans for job in gone + late)
+        return waiting, gone, late
 
     def _safe_answers(self, batch: list[_Job]) -> list[Any]:
         try:

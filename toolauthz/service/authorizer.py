@@ -48,6 +48,16 @@ def deadline_of(context) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
+def admitted(pump: DecisionPump, context, plans: int = 1) -> str:
+    """The request's peer (its connection), whose turn it takes in the decision pump's
+    queue; first, before any work is spent on the request (its conversion, the caller's
+    check), ResourceExhaustedError if the pump would refuse it now: its wait would be too
+    long for the queue's bound or for its own deadline."""
+    peer = context.peer()
+    pump.check_admission(peer=peer, plans=plans, remaining=context.time_remaining())
+    return peer
+
+
 def _observed(rpc: str, context) -> AbstractContextManager[Observation]:
     """The request's observation, labelled with the transport its client declared."""
     return observed(rpc, grpc_transport(context.invocation_metadata()), lambda: context.invocation_metadata())
@@ -76,13 +86,15 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def Authorize(self, request: pb.AuthorizeRequest, context) -> pb.AuthorizeResponse:
+        peer = admitted(self._pump, context)
         with _observed("Authorize", context) as seen:
             ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
             access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
             wanted, caller, deadline = still_wanted(context, gone), access.caller.id, deadline_of(context)
             try:
                 result = await self._pump.answer(seen.plan(
-                    lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller, deadline=deadline)))
+                    lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller, deadline=deadline)),
+                    peer=peer, remaining=context.time_remaining())
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
@@ -92,6 +104,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def AuthorizeBatch(self, request: pb.AuthorizeBatchRequest, context) -> pb.AuthorizeBatchResponse:
+        peer = admitted(self._pump, context)  # its members are counted as it is queued
         with _observed("AuthorizeBatch", context) as seen:
             ctx, limits, gone = trusted_context(request.context), self._batch_limits, threading.Event()
             access = await self._gate.admit_async(context, "AuthorizeBatch", _about(ctx, ""))
@@ -101,7 +114,8 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             try:
                 settled = settle_batch(await self._pump.answer_group(seen.plan(
                     lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller,
-                                       deadline=deadline)), len(calls)))
+                                       deadline=deadline)), len(calls),
+                    peer=peer, remaining=context.time_remaining()))
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: decisions still to be made get no token
                 raise
@@ -118,11 +132,13 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def Verify(self, request: pb.VerifyRequest, context) -> pb.VerifyResponse:
+        peer = admitted(self._pump, context)
         with _observed("Verify", context) as seen:
             token, ctx, call = request.token, trusted_context(request.context), proposed_call(request.call)
             caller = (await self._gate.admit_async(context, "Verify", _about(ctx, call.call_id))).caller.id
             result = await self._pump.answer(seen.plan(
-                lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller)))
+                lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller)),
+                peer=peer, remaining=context.time_remaining())
             seen.verified(self._tools(), ctx, call, result)
         return pb.VerifyResponse(valid=result.valid, code=result.code, decision_id=result.decision_id)
 
@@ -136,6 +152,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
 
     @status_mapped
     async def ReportOutcome(self, request: pb.ReportOutcomeRequest, context) -> pb.ReportOutcomeResponse:
+        peer = admitted(self._pump, context)
         ctx, call_id, error_code, digest = (trusted_context(request.context), request.call_id, request.error_code,
                                             request.output_digest)
         caller = (await self._gate.admit_async(context, "ReportOutcome", _about(ctx, call_id))).caller.id
@@ -144,18 +161,21 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             raise RequestError("status must be COMPLETED, FAILED, CANCELLED or OUTCOME_UNKNOWN")
         with _observed("ReportOutcome", context) as seen:
             result = await self._pump.answer(seen.plan(
-                lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller)))
+                lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller)),
+                peer=peer, remaining=context.time_remaining())
             seen.annotate(decision_id=result.decision_id, result=status)
         return pb.ReportOutcomeResponse(decision_id=result.decision_id, unverified=result.unverified)
 
     @status_mapped
     async def ReportRefusal(self, request: pb.ReportRefusalRequest, context) -> pb.ReportRefusalResponse:
+        peer = admitted(self._pump, context)
         ctx, call_id = trusted_context(request.context), request.call_id
         caller = (await self._gate.admit_async(context, "ReportRefusal", _about(ctx, call_id))).caller.id
         tool, code, detail = request.tool, request.code, request.detail
         with _observed("ReportRefusal", context) as seen:
             decision_id = await self._pump.answer(seen.plan(
-                lambda: self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)))
+                lambda: self._authorizer.plan_report_refusal(ctx, call_id, tool, code, detail, caller=caller)),
+                peer=peer, remaining=context.time_remaining())
             seen.annotate(decision_id=decision_id, tool=metrics.tool_label(tool, self._tools()), result="refused")
         return pb.ReportRefusalResponse(decision_id=decision_id)
 

@@ -17,6 +17,10 @@ any tenant's trail, one permanent record per RPC. The rule:
   unauthenticated) is recorded in the system stream, `SYSTEM_STREAM`, a tenant value no
   tenant can take (a tenant name starts with a letter or digit). Never in the tenant the
   request names.
+* Calls the decision pump sheds under overload (`shed_recorder`) are refused before any
+  work, the caller's check included: they are counted with no caller, in the system
+  stream, and written as one record per minute once it has ended (`counted`: the pump's
+  thread and the event loop never wait for an audit commit).
 * At most `MAX_TALLIES` (caller, RPC, reason) tallies are open; past that, a new caller's
   refusals are counted in one tally per RPC and reason with no caller (`""`, detail
   `"overflow": true`), in the system stream, so a flood of distinct caller ids costs
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolauthz.audit.records import SYSTEM_TENANT, AuditEvent
@@ -92,12 +97,26 @@ class RefusalTally:
             tally = tallies.get(key)
             if tally is None:
                 tallies[key] = _Tally(stream, kind, last=now)
-                events.append(self._event(key, stream, kind, count=1, time=now))
+                events.append(self._event(key, stream, kind, count=1, time=now, overflow=tallies is self._overflow))
             else:
                 tally.unwritten += 1
                 tally.last = now
         for event in events:
             self._audit.write(event)
+
+    def counted(self, caller: Caller, rpc: str, reason: str, *, stream: str, kind: str, count: int) -> None:
+        """Count `count` refusals and write nothing now: one record of them all is written
+        once their minute has ended (by the flusher, a later refusal or the close). For a
+        thread that must not wait for a commit: the decision pump's, or the event loop."""
+        now = self._clock.now()
+        with self._lock:
+            key = (math.floor(now / self._window), caller.id[:_MAX_SHOWN], rpc, reason)
+            tallies = self._tallies
+            if key not in tallies and len(tallies) >= self._max:
+                key, tallies, stream = (key[0], "", rpc, reason), self._overflow, SYSTEM_STREAM
+            tally = tallies.setdefault(key, _Tally(stream, kind))
+            tally.unwritten += count
+            tally.last = now
 
     def flush(self, *, everything: bool = False) -> int:
         """Write the counts of minutes that have ended (`everything`: of every minute, as
@@ -139,13 +158,30 @@ class RefusalTally:
             for key in ended:
                 tally = tallies.pop(key)
                 if tally.unwritten:
-                    events.append(self._event(key, tally.stream, tally.kind, count=tally.unwritten, time=tally.last))
+                    events.append(self._event(key, tally.stream, tally.kind, count=tally.unwritten, time=tally.last,
+                                              overflow=tallies is self._overflow))
         return events
 
-    def _event(self, key: _Key, stream: str, kind: str, *, count: int, time: float) -> AuditEvent:
+    def _event(self, key: _Key, stream: str, kind: str, *, count: int, time: float, overflow: bool) -> AuditEvent:
         minute, caller, rpc, reason = key
         detail: dict[str, object] = {"rpc": rpc, "count": count, "minute": minute * self._window}
-        if not caller:
+        if overflow:
             detail["overflow"] = True
         return AuditEvent(kind=kind, time=time, tenant=stream, result="refused", error_codes=(reason,),
                           detail=detail, caller=caller)
+
+
+OVERLOADED = "overloaded"  # the reason of a shed call's record
+DECISION_RPCS = "decisions"  # shed calls are recorded for every RPC the decision pump serves together
+_SHED = Caller("", False)  # shed before its caller was resolved: no caller to name
+
+
+def shed_recorder(tally: RefusalTally) -> Callable[[int], None]:
+    """The decision pump's `on_shed`: calls refused undecided under overload (server/pump.py)
+    are counted in the system stream, one record per minute once it has ended, with reason
+    `overloaded`, no caller and detail rpc `decisions`."""
+
+    def shed(count: int) -> None:
+        tally.counted(_SHED, DECISION_RPCS, OVERLOADED, stream=SYSTEM_STREAM, kind="authorize", count=count)
+
+    return shed

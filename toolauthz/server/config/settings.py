@@ -66,8 +66,9 @@ class Settings(StrictModel):
     max_concurrent_rpcs: int = Field(256, ge=1)
     """Calls the server handles at once, over every service; one more is RESOURCE_EXHAUSTED."""
     max_queue_seconds: float = Field(0.5, ge=0, le=60)
-    """A call that would wait longer than this for its decision is refused at once (RESOURCE_EXHAUSTED, no
-    token): the queue is bounded by time (server/pump.py). 0: no bound."""
+    """A call that would wait longer than this for its decision, or past its own deadline, is refused at once
+    (RESOURCE_EXHAUSTED, no token, safe to retry): the queue is bounded by time and takes the connections' calls
+    in turn (server/pump.py). 0: no bound, and no refusal by deadline either."""
     max_streams_per_connection: int = Field(0, ge=0, le=65536)
     """Calls one client connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS), enforced by gRPC's
     transport before the interpreter sees a call: a client waits to send more, and what it sent over the

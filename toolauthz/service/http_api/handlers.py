@@ -38,6 +38,12 @@ __all__ = ["HttpHandlers"]
 Body = dict[str, object]
 
 
+def _peer(request: Request) -> str:
+    """The connection whose turn a request takes in the decision pump's queue."""
+    client = request.client
+    return f"http:{client.host}:{client.port}" if client is not None else "http"
+
+
 class HttpHandlers:
     """The routes' handlers; `gate` resolves the caller the connection's listener proved."""
 
@@ -60,7 +66,7 @@ class HttpHandlers:
                 return not gone.is_set()
 
             result = await self._pump.answer(seen.plan(
-                lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)))
+                lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)), peer=_peer(request))
         tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
         seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         return JSONResponse(authorize_json(result))
@@ -74,7 +80,8 @@ class HttpHandlers:
                 return not gone.is_set()
 
             answers = settle_batch(await self._pump.answer_group(seen.plan(
-                lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)), len(calls)))
+                lambda: plan_batch(self._authorizer, ctx, calls, limits, wanted, caller=caller)), len(calls),
+                peer=_peer(request)))
         shown: list[dict[str, object]] = []
         for item, answer in zip(calls, answers, strict=True):
             if isinstance(answer, Failure):
@@ -90,7 +97,7 @@ class HttpHandlers:
                             proposed_call(body.get("call")))
         caller = (await self._gate.admit_async(request, "Verify", about(ctx, call.call_id))).caller.id
         result = await self._pump.answer(seen.plan(
-            lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller)))
+            lambda: self._authorizer.plan_verify(token, ctx, call, caller=caller)), peer=_peer(request))
         seen.verified(self._tools(), ctx, call, result)
         return JSONResponse({"valid": result.valid, "code": result.code, "decision_id": result.decision_id})
 
@@ -102,7 +109,8 @@ class HttpHandlers:
             raise RequestError(f"status must be {', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]}")
         caller = (await self._gate.admit_async(request, "ReportOutcome", about(ctx, call_id))).caller.id
         result = await self._pump.answer(seen.plan(
-            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller)))
+            lambda: self._authorizer.plan_report_outcome(ctx, call_id, status, error_code, digest, caller=caller)),
+            peer=_peer(request))
         seen.annotate(decision_id=result.decision_id, result=status)
         return JSONResponse({"decision_id": result.decision_id, "unverified": result.unverified})
 
