@@ -57,7 +57,7 @@ from typing import Any
 from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
 from toolauthz.store.group_commit import MAX_BATCH
-from toolauthz.telemetry import metrics
+from toolauthz.telemetry import metrics, timeline
 
 log = logging.getLogger("toolauthz.pump")
 
@@ -67,12 +67,13 @@ MIN_QUEUE = 64  # plans that may always queue: they share the next batch
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at", "timeline")
 
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
                  group: bool = False, plans: int = 1):
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
         self.queued_at = 0.0
+        self.timeline = timeline.current()  # the bench's per-call timeline (None: off)
 
 
 class _Stage:
@@ -138,6 +139,7 @@ class DecisionPump:
         if stage is None:
             stage = self._stages[loop] = _Stage()
         stage.awaiting += 1
+        timeline.mark(job.timeline, "queued")
         try:
             if self._inline_after is None or self._busy or self._jobs:
                 stage.alone = 0
@@ -250,6 +252,7 @@ class DecisionPump:
                 return
             self._inline_running += 1
         began = self._clock()
+        timeline.mark(jobs[0].timeline, "inline")
         try:
             answers = self._safe_answers(jobs)
         finally:
@@ -265,6 +268,7 @@ class DecisionPump:
                 self._answered += 1
                 if self._closed:  # close() may be waiting for it; else no one is: the pump's
                     self._cond.notify_all()  # thread woken here would only take the GIL and sleep again
+        timeline.mark(jobs[0].timeline, "answered")
         _settle([(jobs[0].future, answers[0])])
         if self.after_batch is not None:
             self.after_batch()
@@ -282,6 +286,7 @@ class DecisionPump:
                     batch.append(self._jobs.popleft())
                 self._busy = True
             began = self._clock()
+            timeline.mark_all((job.timeline for job in batch), "taken")
             batch, gone = self._abandoned(batch, plans)
             batch, late = self._late(batch, began)
             answers = self._safe_answers(batch) if batch else []
@@ -334,7 +339,8 @@ class DecisionPump:
 
     def _safe_answers(self, batch: list[_Job]) -> list[Any]:
         try:
-            return self._answers(batch)
+            with timeline.in_batch(job.timeline for job in batch):
+                return self._answers(batch)
         except BaseException as exc:  # never leave a caller waiting
             log.error("decision batch failed", exc_info=exc)
             return [StoreUnavailable("the decision could not be made") for _ in batch]
@@ -358,6 +364,7 @@ class DecisionPump:
                 if isinstance(member, Plan):
                     plans.append(member)
                     planned.append((i, place))
+        timeline.batch_mark("planned")
         for (i, m), answer in zip(planned, self._authorizer.run_many(plans), strict=True):
             if m is None:
                 answers[i] = answer
@@ -368,6 +375,7 @@ class DecisionPump:
     @staticmethod
     def _deliver(batch: list[_Job], answers: list[Any]) -> None:
         """One wake-up of each event loop for the whole batch."""
+        timeline.mark_all((job.timeline for job in batch), "answered")
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
         for job, answer in zip(batch, answers, strict=True):
             by_loop.setdefault(job.loop, []).append((job.future, answer))

@@ -1,0 +1,81 @@
+"""`python -m bench.targets` (issue 42's three outside measures) runs end to end and
+reports each figure beside its target; the round trips are counted through the delay
+proxy on PostgreSQL. Only shape is checked here, never timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from bench import timelines
+from toolauthz.telemetry import timeline
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bench reads /proc")
+
+
+@pytest.fixture(scope="module")
+def quick_run(postgres_database):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bench.targets", "--quick", "--timeline", "--json",
+                           "--store", postgres_database], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout), done.stderr
+
+
+def test_round_trips_are_counted_through_the_proxy_per_lone_call(quick_run):
+    results, _text = quick_run
+    rt = results["runs"][0]["round_trips"]
+    assert rt["calls"] == 8 and rt["errors"] == 0
+    # Every decision commits through the proxy: at least one round trip each, counted.
+    assert len(rt["per_call"]) == 8 and min(rt["per_call"]) >= 1
+    assert rt["median"] == sorted(rt["per_call"])[3] and rt["target"] == 1.5
+    assert rt["pass"] == (rt["median"] <= 1.5)
+
+
+def test_the_tail_is_measured_on_both_stores_and_goodput_on_the_default(quick_run):
+    results, _text = quick_run
+    run = results["runs"][0]
+    assert [row["store"] for row in run["tails"]] == ["sqlite", "postgresql"]
+    for row in run["tails"]:
+        assert row["capacity_per_s"] > 0 and row["offered_per_s"] == pytest.approx(row["capacity_per_s"] / 2)
+        assert row["samples"] > 0 and isinstance(row["errors"], dict)  # a loaded machine may shed: no verdict
+        assert row["p99_over_p50"] == pytest.approx(row["p99_ms"] / row["p50_ms"])
+        assert row["pass"] == (row["p99_over_p50"] <= 5)
+        # --timeline: the slowest calls' time, cut into segments at the server's marks
+        summary = row["timeline"]
+        assert summary["calls"] > 0 and summary["slow_calls"] >= 1
+        assert set(summary["slow"]) == {name for name, _a, _b in timelines.SEGMENTS}
+    goodput = run["goodput"]
+    assert goodput["factor"] == 2.5 and goodput["goodput_ratio"] == pytest.approx(
+        goodput["goodput_per_s"] / goodput["capacity_per_s"])
+    assert goodput["pass"] == (goodput["goodput_ratio"] >= 0.9) and "p99_ms" in goodput
+
+
+def test_each_figure_is_printed_beside_its_target(quick_run):
+    _results, text = quick_run
+    assert "round trips per lone decision (PostgreSQL, 10 ms each way" in text
+    assert text.count("p99 at half the maximum (") == 2 and text.count("target <= 5x: ") == 2
+    assert "target <= 1.5 at the median: " in text and "target >= 0.9: " in text
+    assert text.count("timeline of the slowest") == 2
+
+
+def test_timelines_record_nothing_until_a_bench_turns_them_on():
+    assert timeline.begin("c1") is None and timeline.drain() == []
+    timeline.enable()
+    try:
+        steps = timeline.begin("c2")
+        timeline.mark(steps, "queued")
+        with timeline.in_batch([steps]):
+            timeline.batch_mark("store")
+        timeline.batch_mark("stored")  # outside the batch: no call's
+        [recorded] = timeline.drain()
+        assert recorded["key"] == "c2" and [step for step, _ns in recorded["marks"]] == ["received", "queued", "store"]
+        assert timeline.drain() == []
+    finally:
+        timeline.disable()
