@@ -27,6 +27,9 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 DEFAULT_MAX_SECONDS = 900.0
+# Set by `bench.targets --switch-interval`: the sidecars' interpreter switch interval
+# (sys.setswitchinterval), for experiments; unset, CPython's default as in `serve`.
+SWITCH_INTERVAL_VARIABLE = "TOOLAUTHZ_BENCH_SWITCH_INTERVAL"
 
 
 def _watchdog(stop: threading.Event, max_seconds: float, parent: int) -> None:
@@ -164,6 +167,8 @@ def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int
         else:
             server, port = create_server(car, f"{HOST}:0")
         keep_bundles_frozen(car)
+        if os.environ.get(SWITCH_INTERVAL_VARIABLE):  # an experiment's: serve keeps CPython's 5 ms
+            sys.setswitchinterval(float(os.environ[SWITCH_INTERVAL_VARIABLE]))
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -202,12 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="seconds, for a smoke test (figures meaningless)")
     parser.add_argument("--timeline", action="store_true",
                         help="record per-call timelines at half load and print where the slowest 1%% waited")
+    parser.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                        help="the sidecars' interpreter switch interval (default: CPython's 0.005, as serve "
+                             "runs): an experiment on the GIL hand-offs between gRPC, the loop and the pump")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help="write the results as JSON to PATH (no PATH or -: to stdout, instead of the text)")
     args = parser.parse_args(argv)
     if args.store != "sqlite" and not args.store.startswith(("postgresql://", "postgres://")):
         parser.error("--store: `sqlite` or a postgresql:// URL")
     plan = QUICK if args.quick else Plan()
+    if args.switch_interval is not None:  # read by the bench's sidecar processes (bench/servers.py)
+        os.environ[servers.SWITCH_INTERVAL_VARIABLE] = str(args.switch_interval)
     to_stdout = args.json == "-"
     real_stdout = sys.stdout
     if to_stdout:

@@ -85,6 +85,9 @@ def summarize(timelines: list[dict], by_call: dict[str, tuple[int, int]], share:
     def segments(group: list[dict]) -> dict[str, float]:
         return {name: sum(p[b] - p[a] for p in group) / len(group) / 1e6 for name, a, b in SEGMENTS}
 
+    def p99s() -> dict[str, float]:  # each segment's own tail, over every call
+        return {name: stats.percentile(sorted(p[b] - p[a] for p in calls), 99) / 1e6 for name, a, b in SEGMENTS}
+
     arrived: Counter[str] = Counter()
     waited_ms = []
     for p in slow:
@@ -97,7 +100,7 @@ def summarize(timelines: list[dict], by_call: dict[str, tuple[int, int]], share:
     sizes = sorted(size_of(p) for p in calls)
     return {"calls": len(calls), "slow_calls": len(slow),
             "slow_latency_ms": (slow[0]["done"] - slow[0]["due"]) / 1e6,
-            "slow": segments(slow), "median": segments(middle),
+            "slow": segments(slow), "median": segments(middle), "segment_p99": p99s(),
             "slow_inline": sum("inline" in p for p in slow), "all_inline": sum("inline" in p for p in calls),
             "slow_batch_size": sum(size_of(p) for p in slow) / len(slow),
             "batch_size_p50": stats.percentile(sizes, 50), "batch_size_max": sizes[-1],
@@ -111,11 +114,12 @@ def lines(summary: dict) -> list[str]:
         return ["    timeline: no decision timelines recorded"]
     slow, middle = summary["slow"], summary["median"]
     out = [f"    timeline of the slowest {summary['slow_calls']} of {summary['calls']} calls (>= "
-           f"{summary['slow_latency_ms']:.1f} ms), mean ms per call, beside the median calls':"]
+           f"{summary['slow_latency_ms']:.1f} ms), mean ms per call; the median calls' (40th-60th percentile); "
+           "each segment's own p99 over all calls:"]
     total_slow, total_mid = sum(slow.values()), sum(middle.values())
     for name, _a, _b in SEGMENTS:
         out.append(f"      {name:<44} {slow[name]:8.2f} ({slow[name] / total_slow:4.0%})   median calls "
-                   f"{middle[name]:6.2f}")
+                   f"{middle[name]:6.2f}   p99 {summary['segment_p99'][name]:6.2f}")
     out.append(f"      {'total':<44} {total_slow:8.2f}          median calls {total_mid:6.2f}")
     arrived = ", ".join(f"{n} during {what}" for what, n in sorted(summary["slow_arrived_during"].items()))
     out.append(f"      slow calls: {summary['slow_inline']} decided inline ({summary['all_inline']} of all); "

@@ -70,12 +70,13 @@ def test_timelines_record_nothing_until_a_bench_turns_them_on():
     timeline.enable()
     try:
         steps = timeline.begin("c2")
-        timeline.mark(steps, "queued")
+        assert timeline.reached("queued") is steps  # the coroutine's own call
         with timeline.in_batch([steps]):
             timeline.batch_mark("store")
         timeline.batch_mark("stored")  # outside the batch: no call's
         [recorded] = timeline.drain()
-        assert recorded["key"] == "c2" and [step for step, _ns in recorded["marks"]] == ["received", "queued", "store"]
+        assert recorded["key"] == "c2"
+        assert [step for step, _ns in recorded["marks"]] == ["received", "queued", "taken", "store", "answered"]
         assert timeline.drain() == []
     finally:
         timeline.disable()

@@ -72,8 +72,7 @@ class _Job:
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
                  group: bool = False, plans: int = 1):
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
-        self.queued_at = 0.0
-        self.timeline = timeline.current()  # the bench's per-call timeline (None: off)
+        self.queued_at, self.timeline = 0.0, timeline.reached("queued")  # the bench's timeline (None: off)
 
 
 class _Stage:
@@ -139,7 +138,6 @@ class DecisionPump:
         if stage is None:
             stage = self._stages[loop] = _Stage()
         stage.awaiting += 1
-        timeline.mark(job.timeline, "queued")
         try:
             if self._inline_after is None or self._busy or self._jobs:
                 stage.alone = 0
@@ -252,9 +250,8 @@ class DecisionPump:
                 return
             self._inline_running += 1
         began = self._clock()
-        timeline.mark(jobs[0].timeline, "inline")
         try:
-            answers = self._safe_answers(jobs)
+            answers = self._safe_answers(jobs, "inline")
         finally:
             ended = self._clock()
             if ended - began > self._slow_inline:
@@ -268,7 +265,6 @@ class DecisionPump:
                 self._answered += 1
                 if self._closed:  # close() may be waiting for it; else no one is: the pump's
                     self._cond.notify_all()  # thread woken here would only take the GIL and sleep again
-        timeline.mark(jobs[0].timeline, "answered")
         _settle([(jobs[0].future, answers[0])])
         if self.after_batch is not None:
             self.after_batch()
@@ -286,7 +282,6 @@ class DecisionPump:
                     batch.append(self._jobs.popleft())
                 self._busy = True
             began = self._clock()
-            timeline.mark_all((job.timeline for job in batch), "taken")
             batch, gone = self._abandoned(batch, plans)
             batch, late = self._late(batch, began)
             answers = self._safe_answers(batch) if batch else []
@@ -337,9 +332,9 @@ class DecisionPump:
             batch = [job for job in batch if now - job.queued_at <= limit]
         return batch, late
 
-    def _safe_answers(self, batch: list[_Job]) -> list[Any]:
+    def _safe_answers(self, batch: list[_Job], taken: str = "taken") -> list[Any]:
         try:
-            with timeline.in_batch(job.timeline for job in batch):
+            with timeline.in_batch((job.timeline for job in batch), taken):
                 return self._answers(batch)
         except BaseException as exc:  # never leave a caller waiting
             log.error("decision batch failed", exc_info=exc)
@@ -375,7 +370,6 @@ class DecisionPump:
     @staticmethod
     def _deliver(batch: list[_Job], answers: list[Any]) -> None:
         """One wake-up of each event loop for the whole batch."""
-        timeline.mark_all((job.timeline for job in batch), "answered")
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
         for job, answer in zip(batch, answers, strict=True):
             by_loop.setdefault(job.loop, []).append((job.future, answer))

@@ -96,11 +96,15 @@ def begin(key: str, started_ns: int | None = None) -> CallTimeline | None:
     return timeline
 
 
-def current() -> CallTimeline | None:
-    """The timeline of the call whose coroutine runs now (None when off or not begun)."""
+def reached(step: str) -> CallTimeline | None:
+    """Marks `step` on the timeline of the call whose coroutine runs now, and returns
+    that timeline (None when off or not begun)."""
     if _State.recorded is None:
         return None
-    return _current.get()
+    timeline = _current.get()
+    if timeline is not None:
+        timeline.mark(step)
+    return timeline
 
 
 def mark(timeline: CallTimeline | None, step: str) -> None:
@@ -118,22 +122,25 @@ def mark_all(timelines: Iterable[CallTimeline | None], step: str) -> None:
             timeline.marks.append((step, now))
 
 
-def in_batch(timelines: Iterable[CallTimeline | None]) -> AbstractContextManager[None]:
-    """While a batch runs on this thread: `batch_mark` marks each of its calls. Off, a
-    shared no-op context (the generator of timelines is never run)."""
+def in_batch(timelines: Iterable[CallTimeline | None], taken: str = "taken") -> AbstractContextManager[None]:
+    """While a batch runs on this thread: `batch_mark` marks each of its calls; marks
+    `taken` (or `inline`) on entry and `answered` when the batch's answers are made. Off,
+    a shared no-op context (the generator of timelines is never run)."""
     if _State.recorded is None:
         return _NOTHING
-    return _in_batch([t for t in timelines if t is not None])
+    return _in_batch([t for t in timelines if t is not None], taken)
 
 
 _NOTHING = nullcontext()
 
 
 @contextmanager
-def _in_batch(timelines: list[CallTimeline]) -> Iterator[None]:
+def _in_batch(timelines: list[CallTimeline], taken: str) -> Iterator[None]:
     _batch.timelines = timelines
+    mark_all(timelines, taken)
     try:
         yield
+        mark_all(timelines, "answered")
     finally:
         _batch.timelines = ()
 
