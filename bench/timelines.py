@@ -35,10 +35,13 @@ SEGMENTS = (
 def _points(marks: list, due: int, done: int) -> dict[str, int]:
     points: dict[str, int] = {"due": due, "done": done}
     for step, ns in marks:
-        if step in ("store",) and step in points:
+        if step == "store" and step in points:
             continue  # a decision retried in a second round: its first write's start counts
         points[step] = ns
-    points["start"] = points.get("inline", points.get("taken", 0))
+    for step in ("inline", "taken"):  # the decision's start, on the loop or in a batch
+        if step in points:
+            points["start"] = points[step]
+            break
     return points
 
 
@@ -54,8 +57,8 @@ def summarize(timelines: list[dict], by_call: dict[str, tuple[int, int]], share:
             continue  # a warm-up call, or one the client saw fail
         due, done = by_call[t["key"]]
         points = _points(t["marks"], due, done)
-        if not all(step in points for _name, a, b in SEGMENTS for step in (a, b)) or not points["start"]:
-            continue  # answered without a decision (refused at the door): not a decision's timeline
+        if not all(step in points for _name, a, b in SEGMENTS for step in (a, b)):
+            continue  # answered without a decision (refused, shed): not a decision's timeline
         calls.append(points)
         if "inline" in points:
             inline.append((points["inline"], points["answered"]))

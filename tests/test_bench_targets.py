@@ -80,3 +80,32 @@ def test_timelines_record_nothing_until_a_bench_turns_them_on():
         assert timeline.drain() == []
     finally:
         timeline.disable()
+
+
+def _marks(start: int, batch_taken: int, batch_answered: int, inline: bool = False) -> list:
+    """A call received at `start` ms, its batch's marks at the given ms (in ns)."""
+    ms = 1_000_000
+    return [("received", start * ms), ("queued", start * ms + 1), ("inline" if inline else "taken", batch_taken * ms),
+            ("planned", batch_taken * ms + 2), ("store", batch_taken * ms + 3), ("stored", batch_answered * ms - 2),
+            ("answered", batch_answered * ms), ("resumed", batch_answered * ms + 1),
+            ("returned", batch_answered * ms + 2)]
+
+
+def test_the_summary_cuts_each_call_at_its_marks_and_finds_the_batch_it_waited_behind():
+    ms = 1_000_000
+    timelines_ = [{"key": "a", "marks": _marks(0, 0, 10)},  # alone in a batch from 0 to 10 ms
+                  {"key": "b", "marks": _marks(2, 10, 20)},  # arrived during a's batch, then a batch with c
+                  {"key": "c", "marks": _marks(3, 10, 20)},
+                  {"key": "warm-up", "marks": _marks(0, 0, 1)}]  # no client record: left out
+    by_call = {"a": (0, 11 * ms), "b": (2 * ms, 21 * ms), "c": (3 * ms, 22 * ms)}
+    summary = timelines.summarize(timelines_, by_call, share=0.34)
+    assert summary["calls"] == 3 and summary["slow_calls"] == 1
+    slow = summary["slow"]  # c: the slowest by the client's latency, 19 ms
+    assert sum(slow.values()) == pytest.approx(19)
+    assert slow["queued, waiting for a batch"] == pytest.approx(7, abs=1e-5)
+    assert slow["store write + commit (fsync)"] == pytest.approx(10, abs=1e-5)
+    assert summary["slow_batch_size"] == 2 and summary["batch_size_max"] == 2
+    # c was due at 3 ms, during a's batch of one (running 0-10 ms): 7 ms of it left
+    assert summary["slow_arrived_during"] == {"a decision of 1 call": 1}
+    assert summary["slow_running_left_ms"] == pytest.approx(7)
+    assert len(timelines.lines(summary)) == len(timelines.SEGMENTS) + 3
