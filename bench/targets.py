@@ -130,15 +130,21 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
         server = servers.start_sidecar(settings, timelines=timeline)
         try:
             closed = load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
-                                      duration=plan.closed_seconds, tools=tools, prefix=f"max{tag}", max_calls=10**6)
+                                      duration=plan.closed_seconds, tools=tools, prefix=f"max{tag}", max_calls=10**6,
+                                      cpu=server.cpu_seconds)
             capacity = closed.timed_ok / closed.seconds
             if timeline:
                 server.timelines()  # forget the closed loop's
             half = load.open_loop(server.address, rate=capacity / 2, duration=plan.open_seconds, procs=plan.procs,
-                                  tools=tools, prefix=f"half{tag}", by_call=timeline)
+                                  tools=tools, prefix=f"half{tag}", by_call=timeline, cpu=server.cpu_seconds)
             row = {"store": "sqlite" if store == "sqlite" else "postgresql", "capacity_per_s": capacity,
                    "offered_per_s": capacity / 2, "completed_per_s": half.timed_ok / plan.open_seconds,
-                   "errors": dict(half.errors), **stats.latency_summary(half.latencies_ns)}
+                   "errors": dict(half.errors), **stats.latency_summary(half.latencies_ns),
+                   # How busy the server process was (CPU seconds per second, all its threads): a
+                   # Python process decides on about one core, so this near 1 at "half" the maximum
+                   # means the load generator's share of the machine took the other half.
+                   "server_cores": half.server_cpu_seconds / half.seconds,
+                   "server_cores_at_max": closed.server_cpu_seconds / closed.seconds}
             row["p99_over_p50"] = row["p99_ms"] / row["p50_ms"]
             row["target"], row["pass"] = TARGET_TAIL, row["p99_over_p50"] <= TARGET_TAIL
             if timeline:
@@ -181,7 +187,8 @@ def print_tail(row: dict) -> None:
     print(f"p99 at half the maximum ({row['store']}): max {row['capacity_per_s']:.0f}/s at {CONCURRENCY} in flight, "
           f"{row['offered_per_s']:.0f}/s offered: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, "
           f"p99/p50 {row['p99_over_p50']:.1f}x (target <= {row['target']:.0f}x: {verdict(row['pass'])}); "
-          f"{sum(row['errors'].values())} failed", flush=True)
+          f"{sum(row['errors'].values())} failed; server process at {row['server_cores']:.2f} cores "
+          f"({row['server_cores_at_max']:.2f} at the maximum)", flush=True)
     if "timeline" in row:
         for line in timelines.lines(row["timeline"]):
             print(line, flush=True)

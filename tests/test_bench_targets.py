@@ -46,6 +46,7 @@ def test_the_tail_is_measured_on_both_stores_and_goodput_on_the_default(quick_ru
         assert row["capacity_per_s"] > 0 and row["offered_per_s"] == pytest.approx(row["capacity_per_s"] / 2)
         assert row["samples"] > 0 and isinstance(row["errors"], dict)  # a loaded machine may shed: no verdict
         assert row["p99_over_p50"] == pytest.approx(row["p99_ms"] / row["p50_ms"])
+        assert row["server_cores"] > 0 and row["server_cores_at_max"] > 0
         assert row["pass"] == (row["p99_over_p50"] <= 5)
         # --timeline: the slowest calls' time, cut into segments at the server's marks
         summary = row["timeline"]
