@@ -47,6 +47,7 @@ class RunResult:
     send_end: float = 0.0
     decision_ids: dict = field(default_factory=dict)  # rpc -> decision ids of successful responses
     server_cpu_seconds: float = float("nan")  # server CPU used during the timed phase
+    by_call: dict = field(default_factory=dict)  # open loop, `by_call`: call id -> (due, answered) perf_counter_ns
 
     @property
     def seconds(self) -> float:
@@ -253,7 +254,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     lat = array.array("q")
     last_done = [0.0]
 
-    def on_done(due_ns: int, future) -> None:
+    def on_done(due_ns: int, future, n: int) -> None:
         nonlocal done_count
         now = time.perf_counter_ns()
         with lock:
@@ -262,6 +263,8 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
                 result.ok["authorize"] += 1
                 ids.append(response.decision_id)
                 lat.append(now - due_ns)
+                if spec.get("by_call"):  # the call id `_request_maker` gave call n
+                    result.by_call[f"c{spec['prefix']}-{n}"] = (due_ns, now)
                 if not good:
                     result.errors["authorize:not_allowed"] += 1
             except grpc.RpcError as exc:
@@ -282,7 +285,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
         if delay > 0:
             time.sleep(delay)
         future = calls[i % len(calls)].future(payload, timeout=CALL_TIMEOUT)
-        future.add_done_callback(lambda f, due=due: on_done(due, f))
+        future.add_done_callback(lambda f, due=due, n=i: on_done(due, f, n))
     result.sent = count
     result.send_end = time.perf_counter()
     finished.wait(2 * CALL_TIMEOUT)
@@ -312,6 +315,7 @@ def _merge(parts: list[RunResult]) -> RunResult:
         merged.timed_ok += p.timed_ok
         merged.sent += p.sent
         merged.send_end = max(merged.send_end, p.send_end)
+        merged.by_call.update(p.by_call)
         for rpc, got in p.decision_ids.items():
             merged.decision_ids.setdefault(rpc, []).extend(got)
     return merged
@@ -382,9 +386,10 @@ def closed_loop(address: str, *, rpc: str, concurrency: int, procs: int, duratio
 
 
 def open_loop(address: str, *, rate: float, duration: float, procs: int, tools: int, prefix: str,
-              warmup: int = 5, cpu=None) -> RunResult:
+              warmup: int = 5, cpu=None, by_call: bool = False) -> RunResult:
+    """`by_call`: also each successful call's due and answer times, by call id."""
     specs = [{"address": address, "rate": rate / procs, "duration": duration, "warmup": warmup,
-              "tools": tools, "prefix": f"{prefix}p{i}"} for i in range(procs)]
+              "tools": tools, "prefix": f"{prefix}p{i}", "by_call": by_call} for i in range(procs)]
     return _run(open_loop_main, specs, timeout=duration + 300, cpu=cpu)
 
 

@@ -27,6 +27,9 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 DEFAULT_MAX_SECONDS = 900.0
+# Set by `bench.targets --switch-interval`: the sidecars' interpreter switch interval
+# (sys.setswitchinterval), for experiments; unset, CPython's default as in `serve`.
+SWITCH_INTERVAL_VARIABLE = "TOOLAUTHZ_BENCH_SWITCH_INTERVAL"
 
 
 def _watchdog(stop: threading.Event, max_seconds: float, parent: int) -> None:
@@ -42,10 +45,14 @@ def _watchdog(stop: threading.Event, max_seconds: float, parent: int) -> None:
 
 
 def _serve_until_stopped(conn, stop: threading.Event) -> None:
-    """Waits for "stop" on the pipe (or the watchdog)."""
+    """Waits for "stop" on the pipe (or the watchdog); answers "timelines" meanwhile
+    with the per-call timelines recorded since the last ask (toolauthz/telemetry/timeline.py)."""
     def listen() -> None:
         try:
-            conn.recv()
+            while conn.recv() == "timelines":
+                from toolauthz.telemetry import timeline
+
+                conn.send(timeline.drain())
         except (EOFError, OSError):
             pass
         stop.set()
@@ -123,9 +130,15 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
 
 # -- the real sidecar, one process -------------------------------------------------------
 
-def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, parent: int) -> None:
+def sidecar_server_main(conn, settings: dict[str, Any], max_seconds: float, parent: int,
+                        timelines: bool = False) -> None:
     """Process target: build_sidecar + create_server on 127.0.0.1:0, with the bundle kept
-    out of the garbage collector's way as `toolauthz serve` does."""
+    out of the garbage collector's way as `toolauthz serve` does. `timelines`: record
+    each Authorize call's timeline (`RunningServer.timelines`)."""
+    if timelines:
+        from toolauthz.telemetry import timeline
+
+        timeline.enable()
     _run_sidecar(conn, settings, max_seconds, parent, shared_port=None)
 
 
@@ -154,6 +167,8 @@ def _run_sidecar(conn, settings: dict[str, Any], max_seconds: float, parent: int
         else:
             server, port = create_server(car, f"{HOST}:0")
         keep_bundles_frozen(car)
+        if os.environ.get(SWITCH_INTERVAL_VARIABLE):  # an experiment's: serve keeps CPython's 5 ms
+            sys.setswitchinterval(float(os.environ[SWITCH_INTERVAL_VARIABLE]))
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return
@@ -182,6 +197,15 @@ class RunningServer:
         """CPU time (user + system, every thread) used so far by the server process and
         its children (the workers); NaN where /proc is not available."""
         return process_tree_cpu(self.pid)
+
+    def timelines(self) -> list[dict]:
+        """The per-call timelines a sidecar started with `timelines=True` recorded since
+        the last call (and forgot): [{"key": call id, "marks": [(step, ns), ...]}]."""
+        self._conn.send("timelines")
+        if not self._conn.poll(60):
+            raise TimeoutError("the sidecar did not send its timelines")
+        timelines: list[dict] = self._conn.recv()
+        return timelines
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._popen is not None:
@@ -239,8 +263,9 @@ def start_noop_group(processes: int, *, max_seconds: float = DEFAULT_MAX_SECONDS
 
 
 def start_sidecar(settings: dict[str, Any], *, max_seconds: float = DEFAULT_MAX_SECONDS,
-                  start_timeout: float = 300) -> RunningServer:
-    return _start_process("sidecar", sidecar_server_main, (settings, max_seconds, os.getpid()), start_timeout)
+                  start_timeout: float = 300, timelines: bool = False) -> RunningServer:
+    return _start_process("sidecar", sidecar_server_main, (settings, max_seconds, os.getpid(), timelines),
+                          start_timeout)
 
 
 # `python -m toolauthz.server.workers`, plus a watchdog: SIGTERM (a clean stop) when the benchmark

@@ -11,7 +11,7 @@ from typing import Any
 from toolauthz.authorizer.plans import Plan
 from toolauthz.errors import StoreUnavailable
 from toolauthz.store.ledger import CallLedger, LedgerOp, Reservation, ReserveCall, Standing
-from toolauthz.telemetry import metrics, tracing
+from toolauthz.telemetry import metrics, timeline, tracing
 
 # Tries at recording a decision whose run's counts or meters moved meanwhile (`write_all`).
 MAX_ROUNDS = 16
@@ -52,8 +52,10 @@ def write_all(ledger: CallLedger, plans: Sequence[Plan]) -> list[Any]:
     for _ in range(MAX_ROUNDS):
         placed, ops = _round_ops(plans, pending, standing, results)
         try:
+            timeline.batch_mark("store")
             with _store_spans(plans), metrics.timed(metrics.AUDIT_WRITE_SECONDS):
                 out = list(ledger.apply(ops)) if ops else []
+            timeline.batch_mark("stored")
         except StoreUnavailable as exc:
             metrics.AUDIT_WRITE_FAILURES.inc()
             out = [StoreUnavailable.caused_by(exc) for _ in ops]

@@ -54,7 +54,7 @@ from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
 from toolauthz.server.admission import FairQueue, unwanted
 from toolauthz.store.group_commit import MAX_BATCH
-from toolauthz.telemetry import metrics
+from toolauthz.telemetry import metrics, timeline
 
 log = logging.getLogger("toolauthz.pump")
 
@@ -64,12 +64,12 @@ MIN_QUEUE = 64  # plans that may always queue: they share the next batch
 
 
 class _Job:
-    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at", "peer", "deadline")
+    __slots__ = ("make_plan", "future", "loop", "group", "plans", "queued_at", "peer", "deadline", "timeline")
 
     def __init__(self, make_plan: Callable[[], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop,
                  group: bool = False, plans: int = 1, peer: str = "", deadline: float | None = None):
         self.make_plan, self.future, self.loop, self.group, self.plans = make_plan, future, loop, group, plans
-        self.queued_at = 0.0
+        self.queued_at, self.timeline = 0.0, timeline.reached("queued")  # the bench's timeline (None: off)
         self.peer, self.deadline = peer, deadline  # the deadline on the pump's clock
 
 
@@ -274,7 +274,7 @@ class DecisionPump:
             self._inline_running += 1
         began = self._clock()
         try:
-            answers = self._safe_answers(jobs)
+            answers = self._safe_answers(jobs, "inline")
         finally:
             ended = self._clock()
             if ended - began > self._slow_inline:
@@ -334,9 +334,10 @@ class DecisionPump:
                 self._shed += sum(job.plans for job in gone + late)
         return waiting, gone, late
 
-    def _safe_answers(self, batch: list[_Job]) -> list[Any]:
+    def _safe_answers(self, batch: list[_Job], taken: str = "taken") -> list[Any]:
         try:
-            return self._answers(batch)
+            with timeline.in_batch((job.timeline for job in batch), taken):
+                return self._answers(batch)
         except BaseException as exc:  # never leave a caller waiting
             log.error("decision batch failed", exc_info=exc)
             return [StoreUnavailable("the decision could not be made") for _ in batch]
@@ -360,6 +361,7 @@ class DecisionPump:
                 if isinstance(member, Plan):
                     plans.append(member)
                     planned.append((i, place))
+        timeline.batch_mark("planned")
         for (i, m), answer in zip(planned, self._authorizer.run_many(plans), strict=True):
             if m is None:
                 answers[i] = answer

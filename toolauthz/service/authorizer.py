@@ -22,7 +22,7 @@ from toolauthz.service.common import batch_call, proposed_call, status_mapped, t
 from toolauthz.service.failures import Failure
 from toolauthz.service.observe import Observation, grpc_transport, observed
 from toolauthz.service.status import SidecarStatus, WorkerStatus
-from toolauthz.telemetry import metrics
+from toolauthz.telemetry import metrics, timeline
 from toolauthz.tokens.keyring import KeyRing
 from toolauthz.visibility import visible_tools
 
@@ -89,6 +89,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
         peer = admitted(self._pump, context)
         with _observed("Authorize", context) as seen:
             ctx, call, gone = trusted_context(request.context), proposed_call(request.call), threading.Event()
+            steps = timeline.begin(call.call_id, round(seen.started * 1e9))  # None unless a bench asked for timelines
             access = await self._gate.admit_async(context, "Authorize", _about(ctx, call.call_id))
             wanted, caller, deadline = still_wanted(context, gone), access.caller.id, deadline_of(context)
             try:
@@ -98,9 +99,12 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             except asyncio.CancelledError:
                 gone.set()  # the client cancelled: if the decision is still to be made, no token
                 raise
+            timeline.mark(steps, "resumed")
             tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
             seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
-        return _authorize_response(result)
+        response = _authorize_response(result)
+        timeline.mark(steps, "returned")
+        return response
 
     @status_mapped
     async def AuthorizeBatch(self, request: pb.AuthorizeBatchRequest, context) -> pb.AuthorizeBatchResponse:
