@@ -21,9 +21,10 @@ def test_unknown_runs_and_meters_are_foreseen_new_and_what_a_transaction_left_is
     assert sight.standing([_entry()]) == [Standing(0, 0, (0,))]
     sight.learn({("acme", "run", "t", 10.0): (3, 2)}, {("acme", "spent", "alice", 10.0, 3600): 1400},
                 {"5": (7, "h7")})
-    # Keyed without the time it was read at: a later call of the run foresees the same.
+    # Keyed without the time it was read at: a later call of the run foresees the same;
+    # one of another tool, the run's calls and none of its tool.
     assert sight.standing([_entry(at=99.0), _entry(tool="other")]) == [Standing(3, 2, (1400,)),
-                                                                       Standing(0, 0, (1400,))]
+                                                                       Standing(3, 0, (1400,))]
     assert sight.heads(["5", "6"]) == {"5": (7, "h7")}
 
 
@@ -33,6 +34,7 @@ def test_what_is_remembered_is_bounded_least_recently_used_first_out(monkeypatch
     for n in range(5):
         sight.learn_counts([_entry(request_id=f"r{n}")], [(n + 1, n + 1)])
     assert [sight.counts(_entry(request_id=f"r{n}")) for n in range(5)] == [(0, 0), (0, 0), (3, 3), (4, 4), (5, 5)]
+    assert sight.counts(_entry(request_id="r4", tool="other")) == (5, 0)
 
 
 def test_a_replica_that_keeps_missing_goes_the_long_way_and_probes_again():

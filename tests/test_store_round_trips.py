@@ -52,8 +52,10 @@ def test_a_lone_authorize_waits_for_one_round_trip(settings, clock, delayed):
             for n in range(3):  # warm: the pool's connections, the chains' heads seen once
                 stub.Authorize(make_request(call_id=f"warm-{n}", request_id=f"warm-{n}"))
             answers, waves = [], []
-            for n in range(12):  # an agent's run, then a new run: each call a new decision
-                request = make_request(call_id=f"call-{n}", request_id=f"run-{n // 4}")
+            for n in range(12):  # an agent's runs of two tools: each call a new decision
+                request = (make_request(call_id=f"call-{n}", request_id=f"run-{n // 4}") if n % 2 else
+                           make_request("lookup_order", {"order_id": "ord_1"}, call_id=f"call-{n}",
+                                        request_id=f"run-{n // 4}"))
                 waves.append(_waves_of(proxy, lambda r=request: answers.append(stub.Authorize(r, timeout=30))))
     finally:
         server.stop(None)

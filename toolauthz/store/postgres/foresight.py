@@ -29,7 +29,8 @@ from typing import Any
 
 from toolauthz.store.ledger import CallEntry, Standing
 
-RunKey = tuple[str, str, str]  # tenant, request_id, tool
+RunKey = tuple[str, str]  # tenant, request_id
+ToolKey = tuple[str, str, str]  # tenant, request_id, tool
 MeterKey = tuple[str, str, str, int]  # tenant, meter, key, window
 # The most runs and meter keys remembered (each a few hundred bytes).
 MAX_REMEMBERED = 20_000
@@ -57,7 +58,8 @@ class Foresight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: _Bounded = _Bounded()
+        self._runs: _Bounded = _Bounded()  # a run's calls that hold a share of its budget
+        self._tools: _Bounded = _Bounded()  # and those of one tool
         self._meters: _Bounded = _Bounded()
         self._heads: dict[str, tuple[int, str]] = {}
         self._recent: deque[bool] = deque(maxlen=RECENT)
@@ -67,17 +69,19 @@ class Foresight:
 
     def standing(self, entries: Sequence[CallEntry]) -> list[Standing]:
         with self._lock:
-            out = []
-            for e in entries:
-                calls, tool_calls = self._runs.get(run_key(e), (0, 0))
-                out.append(Standing(calls, tool_calls, tuple(self._meters.get(meter_key(e.tenant, c), 0)
-                                                             for c in e.charges)))
-            return out
+            return [Standing(*self._counts(e), tuple(self._meters.get(meter_key(e.tenant, c), 0) for c in e.charges))
+                    for e in entries]
 
     def counts(self, entry: CallEntry) -> tuple[int, int]:
         with self._lock:
-            counts: tuple[int, int] = self._runs.get(run_key(entry), (0, 0))
-            return counts
+            return self._counts(entry)
+
+    def _counts(self, entry: CallEntry) -> tuple[int, int]:
+        return int(self._runs.get(run_key(entry), 0)), int(self._tools.get(tool_key(entry), 0))
+
+    def _remember_counts(self, tenant: str, request_id: str, tool: str, counts: tuple[int, int]) -> None:
+        self._runs.remember((tenant, request_id), int(counts[0]))
+        self._tools.remember((tenant, request_id, tool), int(counts[1]))
 
     def meter(self, key: MeterKey) -> int:
         with self._lock:
@@ -97,7 +101,7 @@ class Foresight:
         time each was read at, and the heads it left)."""
         with self._lock:
             for (tenant, request_id, tool, _at), value in counts.items():
-                self._runs.remember((tenant, request_id, tool), value)
+                self._remember_counts(tenant, request_id, tool, value)
             for (tenant, meter, key, _at, window), amount in usage.items():
                 self._meters.remember((tenant, meter, key, window), amount)
             self._heads.update(heads)
@@ -105,7 +109,7 @@ class Foresight:
     def learn_counts(self, entries: Sequence[CallEntry], rows: Sequence[tuple[Any, ...]]) -> None:
         with self._lock:
             for entry, (calls, tool_calls) in zip(entries, rows, strict=True):
-                self._runs.remember(run_key(entry), (int(calls), int(tool_calls)))
+                self._remember_counts(entry.tenant, entry.request_id, entry.tool, (calls, tool_calls))
 
     def learn_meters(self, keys: Sequence[MeterKey], rows: Sequence[tuple[Any, ...]]) -> None:
         with self._lock:
@@ -138,6 +142,10 @@ class Foresight:
 
 
 def run_key(entry: CallEntry) -> RunKey:
+    return entry.tenant, entry.request_id
+
+
+def tool_key(entry: CallEntry) -> ToolKey:
     return entry.tenant, entry.request_id, entry.tool
 
 
