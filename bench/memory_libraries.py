@@ -2,7 +2,8 @@
 worker of `serve` imports, what each costs, and what building and starting the sidecar adds.
 
 A probe process starts a worker the way `toolauthz.server.worker_group.worker_main` does
-(the same modules, `build_sidecar`, the shared listeners) on the benchmark's config and
+(a fresh interpreter that imports the target's module and receives the settings the
+parent validated, pickled; `build_sidecar`; the shared listeners) on the benchmark's config and
 reports the top-level modules it ended up with, in the order they were first imported, and
 its RSS at each stage. Then, for every third-party library among them:
 
@@ -20,15 +21,16 @@ the probe's RSS when ready (up to the noise of a page or two per step)."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 
 from bench.servers import ROOT
 
 # The worker's startup, as `worker_main` runs it (spawned: a fresh interpreter that unpickles
-# its target from toolauthz.server.worker_group), measured after each stage.
+# its target from toolauthz.server.worker_group, and the settings), measured after each stage.
 PROBE = """
-import json, sys, tempfile, pathlib
+import json, pickle, sys, tempfile, pathlib
 def rss():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
@@ -36,10 +38,9 @@ stages = {"interpreter": rss()}
 import toolauthz.server.worker_group
 from toolauthz.server.build import build_sidecar
 from toolauthz.server.serving import start_listeners
-from toolauthz.server.config import load_settings
 from toolauthz.server.listeners import planned_listeners
 stages["imports"] = rss()
-settings = load_settings(sys.argv[1])
+settings = pickle.loads(bytes.fromhex(sys.argv[1]))
 toolauthz.server.worker_group.configure_decision_log(settings.decision_log)
 toolauthz.server.worker_group.configure_tracing(settings.tracing)
 sidecar = build_sidecar(settings)
@@ -83,7 +84,10 @@ def _python(code: str, *args: str) -> dict:
 
 def probe(config: str) -> dict:
     """The probe's report: {"modules": names in import order, "stages": RSS MiB}."""
-    return _python(PROBE, config)
+    from toolauthz.server.config import load_settings
+
+    settings = load_settings(config).model_copy(update={"generate_missing_keys": True})
+    return _python(PROBE, pickle.dumps(settings).hex())
 
 
 def libraries_of(modules: list[str]) -> dict[str, list[str]]:
