@@ -43,7 +43,7 @@ def memory_of(pid: int) -> dict[str, float]:
     # libraries it touched (shared with the other workers, so its PSS counts a part).
     return {"rss_mib": mib(status["VmRSS"]), "peak_rss_mib": mib(status["VmHWM"]), "pss_mib": mib(rollup["Pss"]),
             "anon_mib": mib(status["RssAnon"]), "file_mib": mib(status["RssFile"]),
-            "threads": int(status["Threads"])}
+            "threads": int(status["Threads"]), "fds": len(list(pathlib.Path(f"/proc/{pid}/fd").iterdir()))}
 
 
 def write_config(root: pathlib.Path, policies: int) -> pathlib.Path:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, figures in enumerate(out[label]):
             print(f"worker {index} {label:10s} RSS {figures['rss_mib']:6.1f} MiB  peak {figures['peak_rss_mib']:6.1f}"
                   f"  PSS {figures['pss_mib']:6.1f}  (anon {figures['anon_mib']:5.1f},"
-                  f" libraries {figures['file_mib']:5.1f}), {figures['threads']} threads")
+                  f" libraries {figures['file_mib']:5.1f}), {figures['threads']} threads, {figures['fds']} fds")
     worst = max(f["peak_rss_mib"] for f in out["after_load"])
     print(f"{out['calls']} calls; peak RSS of a worker {worst:.1f} MiB: "
           f"{'PASS' if worst < TARGET_RSS_MIB else 'FAIL'} (target < {TARGET_RSS_MIB} MiB)")
