@@ -53,7 +53,7 @@ def test_a_sidecar_serving_the_console_loads_the_web_side(tmp_path):
 # that uses it (the store's URL, tracing:, notifications:, decision_log.http, mcp, ...).
 OPTIONAL = (*WEB_AND_JOSE, "psycopg", "psycopg_pool", "toolauthz.store.postgres", "opentelemetry",
             "standardwebhooks", "toolauthz.notify", "toolauthz.display.slack", "toolauthz.mcp_proxy", "mcp",
-            "httpx", "toolauthz.server.remote_reload", "toolauthz.cli", "toolauthz.integrations", "openai",
+            "httpx", "toolauthz.server.remote_reload", "toolauthz.cli.main", "toolauthz.integrations", "openai",
             "langgraph", "playwright")
 
 # A worker's start as toolauthz/server/worker_group.py's `worker_main` makes it: a fresh
