@@ -3,9 +3,10 @@ worker of `serve` imports, what each costs, and what building and starting the s
 
 A probe process starts a worker the way `toolauthz.server.worker_group.worker_main` does
 (a fresh interpreter that imports the target's module and receives the settings the
-parent validated, pickled; `build_sidecar`; the shared listeners) on the benchmark's config and
-reports the top-level modules it ended up with, in the order they were first imported, and
-its RSS at each stage. Then, for every third-party library among them:
+parent validated, pickled; `build_sidecar`; the shared listeners) on the benchmark's
+config and reports the modules it ended up with, in the order they were first imported,
+and its RSS at each stage. Then, for every third-party library among them (the modules
+of it the worker imported):
 
 * `marginal`: the RSS it adds when a fresh interpreter imports the worker's libraries in
   the worker's order (what it costs beside the ones before it; the standard-library
@@ -15,8 +16,9 @@ its RSS at each stage. Then, for every third-party library among them:
 * `alone`: the RSS it adds to a fresh interpreter by itself (the standard library and the
   other libraries it pulls in included).
 
-The marginal figures, the interpreter, toolauthz's own modules and the build add up to
-the probe's RSS when ready (up to the noise of a page or two per step)."""
+The marginal figures, the interpreter, toolauthz's own modules, the build and the
+listeners add up to the probe's RSS when listening, within about 2 MiB (import order
+moves a few pages between steps)."""
 
 from __future__ import annotations
 
