@@ -4,6 +4,7 @@ configuration reference and schema, and the HTTP probes of a served sidecar."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import importlib.metadata
 import json
@@ -415,6 +416,19 @@ def test_a_hung_store_read_is_not_ready_and_is_never_joined_by_a_second():
         assert reads == [1]  # the second probe waited on the first read
     finally:
         release.set()
+
+
+def test_store_reads_run_one_after_another_on_one_thread_of_their_own():
+    """Not a thread per read: each thread would open a store connection of its own."""
+    readers: list[threading.Thread] = []
+
+    def read() -> bool:
+        readers.append(threading.current_thread())
+        return True
+
+    probe = BoundedRead(read, limit=RUN_TIMEOUT)
+    assert probe() and probe() and asyncio.run(probe.wait())
+    assert len(readers) == 3 and len(set(readers)) == 1 and readers[0] is not threading.current_thread()
 
 
 def test_the_mcp_gateway_reports_the_version(bundle_dir):

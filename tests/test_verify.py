@@ -207,7 +207,7 @@ def test_a_decision_and_its_record_commit_as_one_durable_transaction(sidecar, mo
     assert authorizer.authorize(*call("warm")).decision.value == "ALLOW"  # opens this thread's connections
     events = []
     lock = sidecar.store.unit._write_lock
-    for conn in sidecar.store.unit._connections:
+    for _, conn in sidecar.store.unit._connections:
         conn.set_trace_callback(lambda sql: events.append(sql) if sql in ("BEGIN IMMEDIATE", "COMMIT") else None)
     real_fsync = os.fdatasync
 

@@ -41,7 +41,6 @@ from toolauthz.server.listeners import (
     port_of,
     transport_of,
 )
-from toolauthz.server.notifications import notifier_of
 from toolauthz.server.probes import BoundedRead
 from toolauthz.server.pump import DecisionPump
 from toolauthz.server.reload import BundleReloader, load_bundle_snapshot
@@ -143,7 +142,11 @@ def build_sidecar(settings: Settings, *, clock: Clock | None = None, callers: Ca
     metrics.serving_version(bundle.version)
     gate = Gate(role_policy(settings), writer, clock, callers)
     gate.refusals.start()  # a minute's counts are written once it ends, refused again or not
-    notifier = notifier_of(settings.notifications, store, bundles, clock)
+    notifier = None
+    if settings.notifications is not None:  # the sinks' modules are loaded only by a sidecar that sends
+        from toolauthz.server.notifications import notifier_of
+
+        notifier = notifier_of(settings.notifications, store, bundles, clock)
     pump = DecisionPump(authorizer, max_queue_seconds=settings.max_queue_seconds or None)
     pump.on_shed = shed_recorder(gate.refusals)
     return Sidecar(settings, bundles, store, ledger, audit_log, writer, checkpointer, keyring, audit_key, authorizer,

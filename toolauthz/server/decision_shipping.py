@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolauthz.errors import ToolAuthzError
-from toolauthz.notify.sinks import check_url
 from toolauthz.server.config.observing import DecisionLogHttpSettings, DecisionLogSettings
 from toolauthz.telemetry import decision_log, metrics
 
@@ -55,6 +54,9 @@ class Endpoint:
 
     @classmethod
     def from_settings(cls, settings: DecisionLogHttpSettings) -> Endpoint:
+        # Here, not at the top: a sidecar that ships no decisions loads no sink modules.
+        from toolauthz.notify.sinks import check_url
+
         try:
             url = check_url(settings.url)
         except ValueError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,12 +34,17 @@ class BoundedRead:
     """Whether `read` answers True within `limit` seconds. At most one read runs at a
     time, on a thread of its own: a probe never waits past `limit` on a hung store, and a
     hung read is never joined by a second one. `__call__` waits on the calling thread (the
-    HTTP probes), `wait` on the event loop (the gRPC health service's store check)."""
+    HTTP probes), `wait` on the event loop (the gRPC health service's store check).
+
+    The reads run one after another on the same thread, started with the first: a thread
+    per read (the health service reads every second) would open a store connection per
+    read, each thread its own."""
 
     def __init__(self, read: Callable[[], bool], limit: float):
         self._read, self._limit = read, limit
         self._lock = threading.Lock()
         self._running: concurrent.futures.Future[bool] | None = None
+        self._requests: queue.SimpleQueue[concurrent.futures.Future[bool]] | None = None
 
     def __call__(self) -> bool:
         try:
@@ -61,17 +67,23 @@ class BoundedRead:
             return self._running
 
     def _start(self) -> concurrent.futures.Future[bool]:
-        # A daemon thread, not an executor's: a read hung at exit must not hold the exit.
+        """A read handed to the reader thread (called under the lock, when no read runs:
+        the thread is waiting for it)."""
         future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        if self._requests is None:
+            self._requests = queue.SimpleQueue()
+            # A daemon thread, not an executor's: a read hung at exit must not hold the exit.
+            threading.Thread(target=self._serve, args=(self._requests,), name="readiness-read", daemon=True).start()
+        self._requests.put(future)
+        return future
 
-        def run() -> None:
+    def _serve(self, requests: queue.SimpleQueue[concurrent.futures.Future[bool]]) -> None:
+        while True:
+            future = requests.get()
             try:
                 future.set_result(self._read())
             except BaseException as exc:  # noqa: BLE001 - handed to the prober, who answers not ready
                 future.set_exception(exc)
-
-        threading.Thread(target=run, name="readiness-read", daemon=True).start()
-        return future
 
 
 class Readiness:

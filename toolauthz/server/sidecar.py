@@ -15,7 +15,6 @@ from toolauthz.approvals import ApprovalDesk
 from toolauthz.authorizer import Authorizer
 from toolauthz.bundle import BundleHolder
 from toolauthz.errors import StoreUnavailable
-from toolauthz.notify import Notifier
 from toolauthz.server.config import Settings
 from toolauthz.server.pump import DecisionPump
 from toolauthz.server.reload import BundleReloader
@@ -32,6 +31,7 @@ from toolauthz.tokens.keyring import KeyRing
 from toolauthz.tokens.keys import SigningKey
 
 if TYPE_CHECKING:  # loaded only by a sidecar with a bundle server (it brings the HTTP client)
+    from toolauthz.notify import Notifier  # likewise, only with `notifications:`
     from toolauthz.server.remote_reload import RemoteBundleReloader
 
 log = logging.getLogger("toolauthz.server")

@@ -10,28 +10,35 @@ step names its parent explicitly.
 
 Attributes: the decision id, the tool (a catalogued name or `unknown`), the result and
 the verify code. Never an argument value, a principal, a tenant or a call id.
+
+OpenTelemetry's API is imported once a provider is given: a sidecar that does not trace
+never loads it (`python -m bench.memory --by-library`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+if TYPE_CHECKING:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
 
 TRACEPARENT = "traceparent"
-_propagator = TraceContextTextMapPropagator()
 
 
 class _State:
     tracer: trace.Tracer | None = None
+    propagator: Any = None  # the W3C propagator, made with the tracer
 
 
 def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     """Trace with `provider` from now on (None: stop tracing)."""
+    if provider is not None and _State.propagator is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _State.propagator = TraceContextTextMapPropagator()
     _State.tracer = provider.get_tracer("toolauthz") if provider is not None else None
 
 
@@ -58,14 +65,20 @@ def rpc_span(name: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None]
     if tracer is None:
         yield None
         return
-    parent = _propagator.extract(_carrier(metadata()))
-    with tracer.start_as_current_span(f"toolauthz.{name}", context=parent, kind=trace.SpanKind.SERVER) as span:
+    from opentelemetry.trace import SpanKind  # loaded by use_tracer_provider already
+
+    parent = _State.propagator.extract(_carrier(metadata()))
+    with tracer.start_as_current_span(f"toolauthz.{name}", context=parent, kind=SpanKind.SERVER) as span:
         yield span
 
 
 def current() -> otel_context.Context | None:
     """The context a step started later (on another thread) should be a child of."""
-    return otel_context.get_current() if _State.tracer is not None else None
+    if _State.tracer is None:
+        return None
+    from opentelemetry import context as otel_context  # loaded by use_tracer_provider already
+
+    return otel_context.get_current()
 
 
 def step(name: str, parent: otel_context.Context | None,
@@ -84,6 +97,8 @@ def attached(parent: otel_context.Context | None) -> Iterator[None]:
     if parent is None:
         yield
         return
+    from opentelemetry import context as otel_context  # a parent exists only while tracing
+
     token = otel_context.attach(parent)
     try:
         yield

@@ -1,12 +1,14 @@
 """The SQLite backend: one file holds the call ledger, the approvals and the audit trail.
 
-Connections: one per thread, created on first use and all closed by `close()` (meant
-for a bounded thread pool). With WAL, readers see a snapshot and never wait for the
-writer. Writers take the process's WriteLock (threads and processes sharing the file),
-then BEGIN IMMEDIATE, so the chains' heads and the run counts read in a transaction are
-those its commit leaves behind (one writer: `Transaction.lock` has nothing to add); the
-log is synced after the lock is released. The audit chains are those of every store
-(`store/chains.py`), verified alike.
+Connections: one per thread, created on first use and all closed by `close()`. The
+connection of a thread that has ended is closed when the next one is opened: a thread
+started per task (the health checks' store read, every second) would otherwise leave an
+open connection, its file descriptor and its page cache behind each time. With WAL,
+readers see a snapshot and never wait for the writer. Writers take the process's
+WriteLock (threads and processes sharing the file), then BEGIN IMMEDIATE, so the chains'
+heads and the run counts read in a transaction are those its commit leaves behind (one
+writer: `Transaction.lock` has nothing to add); the log is synced after the lock is
+released. The audit chains are those of every store (`store/chains.py`), verified alike.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class SqliteUnit:
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections: list[sqlite3.Connection] = []
+        self._connections: list[tuple[threading.Thread, sqlite3.Connection]] = []  # owner, connection
         self._closed = False
         self._write_lock = WriteLock.for_database(self.path)
         try:
@@ -114,7 +116,11 @@ class SqliteUnit:
                 if self._closed:
                     conn.close()
                     raise StoreUnavailable(f"{self.label} is closed")
-                self._connections.append(conn)
+                ended = [c for owner, c in self._connections if not owner.is_alive()]
+                self._connections = [(owner, c) for owner, c in self._connections if owner.is_alive()]
+                self._connections.append((threading.current_thread(), conn))
+            for orphan in ended:  # no thread can use it any more: its thread has ended
+                orphan.close()
             self._local.conn = conn
         return conn
 
@@ -153,7 +159,7 @@ class SqliteUnit:
                 return
             self._closed = True
             connections, self._connections = self._connections, []
-        for conn in connections:
+        for _, conn in connections:
             conn.close()
         self._write_lock.release_user()
 
