@@ -146,6 +146,9 @@ class _Context:
     def time_remaining(self):
         return None
 
+    def peer(self):
+        return "bench"  # one connection: the decision queue's turns are all its own
+
     def invocation_metadata(self):
         return ()
 
@@ -160,7 +163,10 @@ class _InlinePump:
     def __init__(self, authorizer):
         self._authorizer = authorizer
 
-    async def answer(self, make_plan):
+    def check_admission(self, **_request):
+        """Nothing queues here: every request is admitted."""
+
+    async def answer(self, make_plan, **_request):
         return decide_inline(self._authorizer, make_plan)
 
 
