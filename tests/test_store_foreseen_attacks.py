@@ -21,13 +21,16 @@ import psycopg
 import pytest
 from conftest import make_request, order_entity, verify_request
 from test_fleet_processes import Replica
-from test_store_faults import rows_of
+from test_store_faults import rows_of, until
 
+from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
 from toolauthz.proto.toolauthz.v1 import approvals_pb2_grpc as apb_grpc
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from toolauthz.server.build import build_sidecar, create_server
+from toolauthz.store.open import open_store
 from toolauthz.store.postgres import migrate
+from toolauthz.store.postgres.transaction import lock_id
 from toolauthz.telemetry import metrics
 
 WAIT = 60
@@ -100,7 +103,8 @@ def warm(cars: list[Car]) -> None:
     the chains' heads, and its next decisions are foreseen (one round trip)."""
     for car in cars:
         for n in range(24):
-            assert car.stub.Authorize(small(f"warm-{car.name}-{n}", f"warm-{car.name}-{n}"), timeout=WAIT).token
+            request = small(f"warm-{car.name}-{n}", f"warm-{car.name}-{n}", {"order_id": "ord_1", "amount_cents": 1})
+            assert car.stub.Authorize(request, timeout=WAIT).token
 
 
 def foreseen() -> Counter[str]:
@@ -249,3 +253,225 @@ def test_the_trail_verifies_after_foreseen_appends_from_replicas_and_a_process(s
         assert all(records[decision_id] >= 1 for k, decision_id in answered if k == kind), kind
     assert sum(k == "authorize" for k, _ in answered) == 48
     verify_trail(postgres_url, settings)
+
+
+# -- stale foresight: rows changed behind a replica's back --
+
+
+def until_denied(stub, prefix: str, run: str, most: int = 12) -> list[pb.AuthorizeResponse]:
+    """New calls in `run` until one is refused (at most `most`)."""
+    answers = []
+    for n in range(most):
+        answers.append(stub.Authorize(small(f"{prefix}{n}", run), timeout=WAIT))
+        if answers[-1].decision != pb.ALLOW:
+            break
+    return answers
+
+
+def decide(car: Car, approval_id: str, verdict: int) -> apb.Approval:
+    return car.approvals.DecideApproval(apb.DecideApprovalRequest(
+        approval_id=approval_id, approver=BOB, verdict=verdict, reason="checked"), timeout=WAIT)
+
+
+def test_approvals_made_foreseen_then_decided_on_another_replica(settings, clock, postgres_url):
+    """Two APPROVAL_REQUIRED decisions through the foreseen path (their approval rows
+    created in the one round trip), one approved and one rejected on another replica:
+    the approved one's token verifies, and the first replica, which foresaw both pending
+    approvals in the run, decides the run's next calls on its real count (one)."""
+    with fleet(settings, clock, postgres_url, 2) as (a, b):
+        warm([a])
+        before = foreseen()
+        requests = [small(f"ap{n}", "ap-run", LARGE) for n in range(2)]
+        asked = [a.stub.Authorize(request, timeout=WAIT) for request in requests]
+        assert foreseen() - before == {"hit": 2}  # made in one round trip each, no miss
+        assert [r.decision for r in asked] == [pb.APPROVAL_REQUIRED] * 2 and all(not r.token for r in asked)
+        for answer in asked:
+            assert a.sidecar.approvals.get(answer.approval_id).status == "pending"
+        assert decide(b, asked[0].approval_id, apb.APPROVE).status == apb.APPROVED
+        assert decide(b, asked[1].approval_id, apb.REJECT).status == apb.REJECTED
+        token = b.approvals.GetApproval(apb.GetApprovalRequest(approval_id=asked[0].approval_id,
+                                                               context=requests[0].context), timeout=WAIT).token
+        assert a.stub.Verify(verify_request(requests[0], token), timeout=WAIT).valid
+        answers = until_denied(a.stub, "ap-small", "ap-run")
+    assert [r.decision for r in answers] == [pb.ALLOW] * (RUN_LIMIT - 1) + [pb.DENY]
+    assert answers[-1].errors[0].code == "limit_exceeded"
+    verify_trail(postgres_url, settings)
+
+
+def test_a_rejected_approval_on_another_replica_gives_its_meter_share_back(settings, clock, bundle_dir,
+                                                                             postgres_url):
+    """Two pending refunds fill alice's meter on one replica; another replica rejects one:
+    the first one's foresight of the meter is stale (too high) and its next decisions
+    are made on the meter as it is."""
+    lower_budget(bundle_dir)
+    with fleet(settings, clock, postgres_url, 2) as (a, b):
+        warm([a])
+        asked = [a.stub.Authorize(small(f"mp{n}", f"mp-run-{n}", LARGE), timeout=WAIT) for n in range(2)]
+        assert [r.decision for r in asked] == [pb.APPROVAL_REQUIRED] * 2
+        assert a.stub.Authorize(small("mp-before", "mp-before"), timeout=WAIT).decision == pb.DENY  # 21,000
+        assert decide(b, asked[1].approval_id, apb.REJECT).status == apb.REJECTED
+        answers = [a.stub.Authorize(small(f"mp-after{n}", f"mp-after-{n}"), timeout=WAIT) for n in range(3)]
+    # 8,000 pending and 24 spent warming: two refunds of 5,000 fit in 20,000, a third does not.
+    assert [r.decision for r in answers] == [pb.ALLOW, pb.ALLOW, pb.DENY]
+    assert "refund-daily-budget" in answers[-1].reasons
+    verify_trail(postgres_url, settings)
+
+
+def test_a_prune_behind_a_replicas_back_is_decided_on_the_ledger(settings, clock, postgres_url):
+    """A run's five refunds ran (outcomes reported), an operator prunes them: the ledger
+    counts none, the replica foresaw five. Its next calls are decided on the ledger, a
+    pruned call id is a new call again, and the run allows exactly its budget anew."""
+    with fleet(settings, clock, postgres_url, 2) as (a, b):
+        warm([a])
+        first = until_denied(a.stub, "pr", "pr-run")
+        assert [r.decision for r in first] == [pb.ALLOW] * RUN_LIMIT + [pb.DENY]
+        for n in range(RUN_LIMIT):
+            b.stub.ReportOutcome(pb.ReportOutcomeRequest(context=small(f"pr{n}", "pr-run").context,
+                                                         call_id=f"pr{n}", status=pb.COMPLETED), timeout=WAIT)
+        with open_store(postgres_url) as store:
+            assert store.prune(clock.now() + 1) >= RUN_LIMIT + 1
+        clock.advance(60)  # a pruned id used again charges beside its old charge, keyed by its time
+        again = until_denied(a.stub, "pr", "pr-run")
+    assert [r.decision for r in again] == [pb.ALLOW] * RUN_LIMIT + [pb.DENY]
+    assert not any(r.replayed for r in again)
+    assert {r.decision_id for r in again}.isdisjoint(r.decision_id for r in first)
+    assert len(allowed_rows(postgres_url, "pr")) == RUN_LIMIT
+    verify_trail(postgres_url, settings)
+
+
+# -- the database failing in the middle of a foreseen pipeline --
+
+
+def backends_of(url: str, where: str) -> list[int]:
+    return [pid for (pid,) in sql(url, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'rtreview%%' "
+                                       f"AND query NOT LIKE 'LISTEN%%' AND {where}")]
+
+
+def kill(url: str, pids: list[int]) -> None:
+    """Terminates each backend and waits until it is gone (its goodbye then on the socket)."""
+    for pid in pids:
+        sql(url, "SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+
+@contextlib.contextmanager
+def run_locked(url: str, run: str) -> Iterator[psycopg.Connection]:
+    """The run's row key held from outside: a decision in it waits, in flight, on its lock."""
+    with psycopg.connect(url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (lock_id(f"run\x00acme\x00{run}"),))
+        try:
+            yield holder
+        finally:
+            holder.execute("SELECT pg_advisory_unlock_all()")
+
+
+def in_flight(url: str, call: Callable[[], object]) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(call()))
+    thread.start()
+    until(lambda: len(backends_of(url, "wait_event_type = 'Lock'")) == 1, "a decision waiting on the run's lock")
+    return thread, out
+
+
+def test_a_backend_killed_mid_pipeline_leaves_no_token_and_nothing_written(settings, clock, postgres_url):
+    with fleet(settings, clock, postgres_url, 1) as (car,):
+        warm([car])
+        with run_locked(postgres_url, "kill-run"):
+            thread, out = in_flight(postgres_url, lambda: answer_of(car.stub, small("k0", "kill-run")))
+            kill(postgres_url, backends_of(postgres_url, "wait_event_type = 'Lock'"))
+            thread.join(WAIT)
+        assert out == [grpc.StatusCode.UNAVAILABLE]
+        assert rows_of(postgres_url, "k0") == (0, 0)
+        answers = until_denied(car.stub, "k", "kill-run")  # k0 again, then the run's next calls
+    assert [r.decision for r in answers] == [pb.ALLOW] * RUN_LIMIT + [pb.DENY]
+    assert not answers[0].replayed and all(r.token for r in answers[:RUN_LIMIT])
+    assert rows_of(postgres_url, "k0") == (1, 1)
+    verify_trail(postgres_url, settings)
+
+
+def test_a_statement_timeout_mid_pipeline_leaves_no_token_and_nothing_written(settings, clock, postgres_url):
+    """The store's bound on a statement (store_hang_seconds) cuts a decision stuck on a
+    lock: UNAVAILABLE, nothing written, and the replica serves the next calls."""
+    with fleet(settings, clock, postgres_url, 1, store_hang_seconds=2.0) as (car,):
+        warm([car])
+        with run_locked(postgres_url, "slow-run"):
+            thread, out = in_flight(postgres_url, lambda: answer_of(car.stub, small("s0", "slow-run")))
+            thread.join(WAIT)
+        assert out == [grpc.StatusCode.UNAVAILABLE]
+        assert rows_of(postgres_url, "s0") == (0, 0)
+        answers = until_denied(car.stub, "s", "slow-run")
+    assert [r.decision for r in answers] == [pb.ALLOW] * RUN_LIMIT + [pb.DENY]
+    assert not answers[0].replayed
+    verify_trail(postgres_url, settings)
+
+
+def test_pooled_connections_killed_while_idle_are_replaced_before_a_call_uses_them(settings, clock, postgres_url):
+    """A pooled connection is lent without a round trip: one whose backend was terminated
+    while idle must be noticed from its socket, not fail the next call."""
+    with fleet(settings, clock, postgres_url, 1, store_pool_size=2) as (car,):
+        warm([car])
+        answers = []
+        for n in range(5):
+            idle = backends_of(postgres_url, "state = 'idle'")
+            assert idle
+            kill(postgres_url, idle)
+            answers.append(answer_of(car.stub, small(f"i{n}", f"idle-run-{n}")))
+    assert all(isinstance(a, pb.AuthorizeResponse) and a.token for a in answers), answers
+
+
+def test_backends_killed_while_replicas_decide_never_yield_a_token_without_its_record(settings, clock, postgres_url):
+    """Three replicas, eight agents on two shared runs; every fourth answer, every busy
+    backend of the fleet is terminated (and, every other time, every idle one). No
+    token is answered without its committed row and audit record, no run goes over its
+    budget; once the killing stops, a retry of each failed call answers it (a replay
+    where its decision had committed) and each run holds exactly its budget."""
+    with fleet(settings, clock, postgres_url, 3) as cars:
+        warm(cars)
+        kills, answered, stop = threading.Semaphore(0), Counter[str](), threading.Event()
+        lock = threading.Lock()
+
+        def killer() -> None:
+            for n in range(1_000_000):
+                kills.acquire()
+                if stop.is_set():
+                    return
+                kill(postgres_url, backends_of(postgres_url, "state <> 'idle'" if n % 2 else "true"))
+
+        def agent(n: int) -> list:
+            out = []
+            for k in range(6):
+                request = small(f"x{n}-{k}", f"x-run-{n % 2}")
+                out.append((request, answer_of(cars[(n + k) % 3].stub, request)))
+                with lock:
+                    answered["all"] += 1
+                    if answered["all"] % 4 == 0:
+                        kills.release()
+            return out
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            results = [r for rs in at_once([lambda n=n: agent(n) for n in range(8)]) for r in rs]
+        finally:
+            stop.set()
+            kills.release()
+            thread.join(WAIT)
+        tokens = {r.call.call_id: a.decision_id for r, a in results if isinstance(a, pb.AuthorizeResponse) and a.token}
+        rows = allowed_rows(postgres_url, "x")
+        assert all(rows.get(call) == decision for call, decision in tokens.items())  # no token without its row
+        records = audited(postgres_url, "authorize")
+        assert all(records[decision] >= 1 for decision in tokens.values())  # nor without its record
+        assert all(n <= RUN_LIMIT for n in Counter(run_of(call) for call in rows).values())
+        failed = [r for r, a in results if not isinstance(a, pb.AuthorizeResponse)]
+        assert all(a == grpc.StatusCode.UNAVAILABLE for r, a in results if r in failed)
+        committed = dict(sql(postgres_url, "SELECT call_id, decision_id FROM calls WHERE call_id LIKE %s", ("x%",)))
+        retried = [(r, cars[0].stub.Authorize(r, timeout=WAIT)) for r in failed]
+    for request, answer in retried:  # whole or not at all: a committed decision is replayed
+        assert answer.replayed == (request.call.call_id in committed)
+        assert answer.decision_id == committed.get(request.call.call_id, answer.decision_id)
+    assert Counter(run_of(call) for call in allowed_rows(postgres_url, "x")) == {0: RUN_LIMIT, 1: RUN_LIMIT}
+    verify_trail(postgres_url, settings)
+
+
+def run_of(call_id: str) -> int:
+    """The run of the chaos test's call `x{agent}-{k}`."""
+    return int(call_id.split("-")[0][1:]) % 2
