@@ -488,3 +488,19 @@ def test_backends_killed_while_replicas_decide_never_yield_a_token_without_its_r
 def run_of(call_id: str) -> int:
     """The run of the chaos test's call `x{agent}-{k}`."""
     return int(call_id.split("-")[0][1:]) % 2
+
+
+def test_a_replica_with_many_files_open_still_lends_its_pooled_connections(settings, clock, postgres_url):
+    """A busy sidecar has more than a thousand descriptors open (clients' sockets, files):
+    its database connections get descriptors above 1023, which `select.select` refuses.
+    The check that lends a pooled connection must still peek at them."""
+    import os
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with fleet(settings, clock, postgres_url, 1, store_hang_seconds=10.0) as (car,):
+            answers = [answer_of(car.stub, small(f"fd{n}", "fd-run")) for n in range(2)]
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert all(isinstance(a, pb.AuthorizeResponse) and a.token for a in answers), answers
