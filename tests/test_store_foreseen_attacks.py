@@ -8,6 +8,7 @@ without its committed record, and the audit trail verifies."""
 from __future__ import annotations
 
 import contextlib
+import json
 import pathlib
 import subprocess
 import sys
@@ -214,6 +215,31 @@ def test_one_call_id_on_every_replica_at_once_is_decided_once(settings, clock, p
             approvals = sql(postgres_url, "SELECT count(*) FROM approvals WHERE approval_id = %s",
                             (answers[0].approval_id,))
             assert approvals == [(1 if args is LARGE else 0,)]
+    verify_trail(postgres_url, settings)
+
+
+def test_batches_on_replicas_at_once_share_one_run_budget(settings, clock, postgres_url):
+    """AuthorizeBatch: each batch's decisions are made one after another on the run's
+    foreseen count plus those ahead of them in the batch; six batches of five calls in one
+    run, from three replicas at once, allow exactly five calls between them."""
+    context = pb.TrustedContext(tenant="acme", principal=pb.Principal(type="User", id="alice"),
+                                request_id="batch-run")
+    entities = json.dumps([order_entity("ord_1", "alice", refundable=10_000)]).encode()
+
+    def batch(n: int) -> pb.AuthorizeBatchRequest:
+        return pb.AuthorizeBatchRequest(context=context, calls=[
+            pb.BatchCall(call=pb.ToolCall(call_id=f"bt{n}-{k}", name="issue_refund",
+                                          input_json=json.dumps(SMALL).encode()), entities_json=entities)
+            for k in range(5)])
+
+    with fleet(settings, clock, postgres_url, 3) as cars:
+        warm(cars)
+        answered = at_once([lambda n=n: cars[n % 3].stub.AuthorizeBatch(batch(n), timeout=WAIT) for n in range(6)])
+    answers = [(f"bt{n}-{k}", item.response) for n, got in enumerate(answered) for k, item in enumerate(got.answers)]
+    assert all(item.decision in (pb.ALLOW, pb.DENY) for _, item in answers)
+    allowed = {call: item.decision_id for call, item in answers if item.decision == pb.ALLOW}
+    assert len(allowed) == RUN_LIMIT and all(item.token for _, item in answers if item.decision == pb.ALLOW)
+    assert allowed_rows(postgres_url, "bt") == allowed
     verify_trail(postgres_url, settings)
 
 
