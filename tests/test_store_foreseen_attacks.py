@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -356,10 +357,12 @@ def test_a_rejected_approval_on_another_replica_gives_its_meter_share_back(setti
     verify_trail(postgres_url, settings)
 
 
-def test_a_prune_behind_a_replicas_back_is_decided_on_the_ledger(settings, clock, postgres_url):
+@pytest.mark.parametrize("by", ["Store.prune", "toolauthz store prune"])
+def test_a_prune_behind_a_replicas_back_is_decided_on_the_ledger(settings, clock, postgres_url, by):
     """A run's five refunds ran (outcomes reported), an operator prunes them: the ledger
     counts none, the replica foresaw five. Its next calls are decided on the ledger, a
     pruned call id is a new call again, and the run allows exactly its budget anew."""
+    clock.set(time.time() - 3 * 3600)  # the console script prunes only calls ended an hour ago or more
     with fleet(settings, clock, postgres_url, 1) as (a,):
         warm([a])
         first = until_denied(a.stub, "pr", "pr-run")
@@ -367,8 +370,14 @@ def test_a_prune_behind_a_replicas_back_is_decided_on_the_ledger(settings, clock
         for n in range(RUN_LIMIT):
             a.stub.ReportOutcome(pb.ReportOutcomeRequest(context=small(f"pr{n}", "pr-run").context,
                                                          call_id=f"pr{n}", status=pb.COMPLETED), timeout=WAIT)
-        with open_store(postgres_url) as store:
-            assert store.prune(clock.now() + 1) >= RUN_LIMIT + 1
+        if by == "Store.prune":
+            with open_store(postgres_url) as store:
+                assert store.prune(clock.now() + 1) == RUN_LIMIT + 1
+        else:
+            toolauthz = pathlib.Path(sys.executable).with_name("toolauthz")
+            done = subprocess.run([str(toolauthz), "store", "prune", "--store", postgres_url, "--before", "2h"],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and f" {RUN_LIMIT + 1} ended calls" in done.stdout, done.stdout + done.stderr
         clock.advance(60)  # a pruned id used again charges beside its old charge, keyed by its time
         again = until_denied(a.stub, "pr", "pr-run")
     assert [r.decision for r in again] == [pb.ALLOW] * RUN_LIMIT + [pb.DENY]
