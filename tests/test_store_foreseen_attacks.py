@@ -482,7 +482,10 @@ def test_backends_killed_while_replicas_decide_never_yield_a_token_without_its_r
                 kills.acquire()
                 if stop.is_set():
                     return
-                kill(postgres_url, backends_of(postgres_url, "state <> 'idle'" if n % 2 else "true"))
+                victims = backends_of(postgres_url, "state <> 'idle'" if n % 2 else "true")
+                kill(postgres_url, victims)
+                with lock:
+                    answered["killed"] += len(victims)
 
         def agent(n: int) -> list:
             out = []
@@ -503,6 +506,7 @@ def test_backends_killed_while_replicas_decide_never_yield_a_token_without_its_r
             stop.set()
             kills.release()
             thread.join(WAIT)
+        assert answered["killed"] > 0  # the fleet's connections were cut while it decided
         tokens = {r.call.call_id: a.decision_id for r, a in results if isinstance(a, pb.AuthorizeResponse) and a.token}
         rows = allowed_rows(postgres_url, "x")
         assert all(rows.get(call) == decision for call, decision in tokens.items())  # no token without its row
