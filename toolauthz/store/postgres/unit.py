@@ -118,8 +118,11 @@ class PgUnit:
         gone without a word (a partition) is for the keepalives and the watchdog."""
         if conn.closed or conn.broken:
             raise psycopg.OperationalError("the connection is closed")
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        if readable:
+        # poll, not select: a busy process's descriptors run past select's 1023, and a
+        # check that raises for every connection would lend none.
+        peek = select.poll()
+        peek.register(conn.fileno(), select.POLLIN)
+        if peek.poll(0):  # data, the end of the stream, or an error (POLLHUP, POLLERR)
             conn.close()  # closed, the pool opens another rather than lending this one again
             raise psycopg.OperationalError("the server closed or is closing this idle connection")
 
