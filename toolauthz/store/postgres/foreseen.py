@@ -37,7 +37,7 @@ from toolauthz.store.postgres.read_ahead import (
     usage_keys,
     usage_meter,
 )
-from toolauthz.store.postgres.transaction import PgTransaction
+from toolauthz.store.postgres.transaction import LOCKED_HEADS, PgTransaction
 
 _CALLS_IN = "(tenant, call_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
 _EXPECT_NEW = f"SELECT toolauthz_expect(NOT EXISTS (SELECT 1 FROM calls WHERE {_CALLS_IN}), 'a call id')"
@@ -48,7 +48,6 @@ _EXPECT_COUNTS = (
 _EXPECT_METERS = (
     f"SELECT toolauthz_expect(coalesce(bool_and({METER_VALUE} = e.amount), true), 'a usage meter') "
     f"FROM unnest({METER_ENTRIES}, %s::bigint[]) AS e(tenant, meter, meter_key, since, at, amount)")
-_LOCK_HEADS = "SELECT chain, seq, hash FROM audit_head WHERE chain = ANY(%s) ORDER BY chain FOR UPDATE"
 _EXPECT_HEADS = (
     "SELECT toolauthz_expect(count(*) = %s, 'an audit chain''s head') FROM audit_head h "
     "JOIN unnest(%s::text[], %s::bigint[], %s::text[]) AS e(chain, seq, hash) "
@@ -66,6 +65,7 @@ class ForeseenTransaction(PgTransaction):
         super().__init__(conn, chains, pipeline, statement_ms)
         self._foresight = foresight
         self._server_seq = False  # the records' cursors are drawn by the INSERT
+        self._every_head: psycopg.Cursor[Any] | None = None  # every chain's head, read unlocked first
         self._checks: list[tuple[str, psycopg.Cursor[Any]]] = []  # (what, its check), in pipeline order
         # What each read found, taught to the foresight after a failed check.
         self._lessons: list[Callable[[], None]] = []
@@ -77,7 +77,7 @@ class ForeseenTransaction(PgTransaction):
         # The reads first, then the checks: whichever check fails, the next try knows
         # every row this one predicted (`missed`). The heads are read unlocked here; the
         # end of the transaction locks and checks those it appends to.
-        heads = self._conn.execute(HEADS_SELECT)
+        heads = self._every_head = self._conn.execute(HEADS_SELECT)
         self._lessons.append(lambda: self._foresight.learn_heads(heads.fetchall()))
         calls = [key for key in dict.fromkeys(calls) if key not in self._known.calls]
         runs = [entry for entry in runs if count_key(entry) not in self._known.counts]
@@ -106,12 +106,12 @@ class ForeseenTransaction(PgTransaction):
 
     def _lock_heads(self, chains: list[str], count: int) -> tuple[dict[str, tuple[int, str]], list[int]]:
         predicted = self._foresight.heads(chains)
-        if len(predicted) < len(chains):  # a head never seen: read under its lock (a round trip),
-            every = self._conn.execute(HEADS_SELECT)  # and every other, to be foreseen from now on
-            heads, seqs = super()._lock_heads(chains, count)
-            self._foresight.learn_heads(every.fetchall())
+        if len(predicted) < len(chains):  # a head never seen: read under its lock (a round trip);
+            heads, seqs = super()._lock_heads(chains, count)  # every other, read ahead, foreseen from now on
+            if self._every_head is not None:
+                self._foresight.learn_heads(self._every_head.fetchall())
             return heads, seqs
-        locked = self._conn.execute(_LOCK_HEADS, (chains,))
+        locked = self._conn.execute(LOCKED_HEADS, (chains,))
         self._lessons.append(lambda: self._foresight.learn_heads(locked.fetchall()))
         self._expect("heads", _EXPECT_HEADS, (len(chains), chains, [predicted[c][0] for c in chains],
                                               [predicted[c][1] for c in chains]))

@@ -68,10 +68,11 @@ _RUN_COUNTS = (
     "WHERE tenant = %s AND request_id = %s AND (decision = 'ALLOW' OR EXISTS (SELECT 1 FROM approvals a "
     "WHERE a.approval_id = c.approval_id AND (a.status = 'approved' OR (a.status = 'pending' "
     "AND a.expires_at >= %s))))")
-# The chains' heads, locked in name order, then a cursor per record drawn under them (the
-# second branch of UNION ALL runs after the first has returned every row).
-_LOCK_HEADS = ("WITH locked AS (SELECT chain, seq, hash FROM audit_head WHERE chain = ANY(%s) ORDER BY chain "
-               "FOR UPDATE) SELECT chain, seq, hash FROM locked UNION ALL "
+# The chains' heads, locked in name order (every appender takes them so: no cycle).
+LOCKED_HEADS = "SELECT chain, seq, hash FROM audit_head WHERE chain = ANY(%s) ORDER BY chain FOR UPDATE"
+# Those, then a cursor per record drawn under them (the second branch of UNION ALL runs
+# after the first has returned every row).
+_LOCK_HEADS = (f"WITH locked AS ({LOCKED_HEADS}) SELECT chain, seq, hash FROM locked UNION ALL "
                "SELECT NULL, nextval('audit_record_seq'), NULL FROM generate_series(1, %s)")
 _SET_HEAD = "UPDATE audit_head SET seq = %s, hash = %s WHERE chain = %s"
 # Row keys as advisory lock keys, taken in the order given (sorted by the caller).
