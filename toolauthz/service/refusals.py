@@ -90,10 +90,7 @@ class RefusalTally:
         minute = math.floor(now / self._window)
         with self._lock:
             events = self._take_ended(minute)
-            key = (minute, caller.id[:_MAX_SHOWN], rpc, reason)
-            tallies = self._tallies
-            if key not in tallies and len(tallies) >= self._max:
-                key, tallies, stream = (minute, "", rpc, reason), self._overflow, SYSTEM_STREAM
+            key, tallies, stream = self._place(minute, caller, rpc, reason, stream)
             tally = tallies.get(key)
             if tally is None:
                 tallies[key] = _Tally(stream, kind, last=now)
@@ -110,13 +107,20 @@ class RefusalTally:
         thread that must not wait for a commit: the decision pump's, or the event loop."""
         now = self._clock.now()
         with self._lock:
-            key = (math.floor(now / self._window), caller.id[:_MAX_SHOWN], rpc, reason)
-            tallies = self._tallies
-            if key not in tallies and len(tallies) >= self._max:
-                key, tallies, stream = (key[0], "", rpc, reason), self._overflow, SYSTEM_STREAM
+            key, tallies, stream = self._place(math.floor(now / self._window), caller, rpc, reason, stream)
             tally = tallies.setdefault(key, _Tally(stream, kind))
             tally.unwritten += count
             tally.last = now
+
+    def _place(self, minute: int, caller: Caller, rpc: str, reason: str,
+               stream: str) -> tuple[_Key, dict[_Key, _Tally], str]:
+        """The tally a refusal counts in (its key, its map, its stream): the caller's own,
+        or once MAX_TALLIES are open and it has none, the overflow's, in the system stream.
+        Called under the lock."""
+        key = (minute, caller.id[:_MAX_SHOWN], rpc, reason)
+        if key not in self._tallies and len(self._tallies) >= self._max:
+            return (minute, "", rpc, reason), self._overflow, SYSTEM_STREAM
+        return key, self._tallies, stream
 
     def flush(self, *, everything: bool = False) -> int:
         """Write the counts of minutes that have ended (`everything`: of every minute, as
