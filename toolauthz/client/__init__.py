@@ -23,11 +23,13 @@ from toolauthz.client.retry import NO_RETRY, RetryPolicy
 from toolauthz.client.schemas import input_limits, load_output_schemas, load_side_effects
 from toolauthz.client.streaming import AnthropicToolStream, ChatCompletionsToolStream, ResponsesToolStream
 from toolauthz.client.sync import AuthzClient, OutcomeReport
+from toolauthz.client.throttle import Throttled, ThrottlePolicy
 from toolauthz.client.tools import Tool, ToolError, ToolInvocation, ToolOutcomeUnknown, ToolSet
 from toolauthz.client.transport import ClientTls
 
 __all__ = [
-    "AuthzClient", "AsyncAuthzClient", "ClientTls", "OutcomeReport", "RetryPolicy", "NO_RETRY",
+    "AuthzClient", "AsyncAuthzClient", "ClientTls", "OutcomeReport", "RetryPolicy", "NO_RETRY", "ThrottlePolicy",
+    "Throttled",
     "Guard", "AsyncGuard", "GuardEvent", "GuardStateError", "UnknownCallError",
     "Principal", "TrustedContext", "ProposedCall", "EntitiesProvider",
     "CallResult", "COMPLETED", "FAILED", "CANCELLED", "OUTCOME_UNKNOWN", "APPROVAL_PENDING", "REJECTED",

@@ -17,6 +17,7 @@ import grpc.aio
 
 from toolauthz.client import _convert as cv
 from toolauthz.client.retry import RETRYABLE, RetryPolicy, attempts_for
+from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
 from toolauthz.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_aio_channel
@@ -44,12 +45,13 @@ class AsyncAuthzClient:
     def __init__(self, target: str | grpc.aio.Channel, *, approvals_target: str | grpc.aio.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
                  options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None,
-                 transport_label: str | None = None):
+                 transport_label: str | None = None, throttle: ThrottlePolicy | None = DEFAULT_THROTTLE):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self._declared = transport_metadata(transport_label)
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
+        self.throttle = None if throttle is None else AdaptiveThrottle(throttle)
         self._tls = tls
         self._owned: list[grpc.aio.Channel] = []
         channel = self._channel(target, options)
@@ -77,6 +79,19 @@ class AsyncAuthzClient:
         await self.close()
 
     async def _unary(self, name: str, method, request, timeout: float | None):
+        throttle = self.throttle if name in THROTTLED else None
+        if throttle is None:
+            return await self._attempts(name, method, request, timeout)
+        throttle.admit()
+        try:
+            answer = await self._attempts(name, method, request, timeout)
+        except grpc.RpcError as exc:
+            throttle.answered(exc.code())
+            raise
+        throttle.answered(None)
+        return answer
+
+    async def _attempts(self, name: str, method, request, timeout: float | None):
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempts = attempts_for(self.retry, name)
         attempt, metadata = 1, call_metadata(self._declared)

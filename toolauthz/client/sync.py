@@ -18,6 +18,7 @@ import grpc
 
 from toolauthz.client import _convert as cv
 from toolauthz.client.retry import RETRYABLE, RetryPolicy, attempts_for
+from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_channel
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -61,12 +62,13 @@ class AuthzClient:
     def __init__(self, target: str | grpc.Channel, *, approvals_target: str | grpc.Channel | None = None,
                  timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None,
                  options: list[tuple[str, object]] | None = None, tls: ClientTls | None = None,
-                 transport_label: str | None = None):
+                 transport_label: str | None = None, throttle: ThrottlePolicy | None = DEFAULT_THROTTLE):
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self._declared = transport_metadata(transport_label)
         self.timeout = float(timeout)
         self.retry = retry or RetryPolicy()
+        self.throttle = None if throttle is None else AdaptiveThrottle(throttle)
         self._tls = tls
         self._owned: list[grpc.Channel] = []
         channel = self._channel(target, options)
@@ -99,7 +101,21 @@ class AuthzClient:
         return time.monotonic() + (self.timeout if timeout is None else timeout)
 
     def _unary(self, name: str, method, request, timeout: float | None):
-        """Returns (response, attempt number that produced it)."""
+        """Returns (response, attempt number that produced it); a call that starts a
+        decision passes the client's throttle first (`toolauthz.client.throttle`)."""
+        throttle = self.throttle if name in THROTTLED else None
+        if throttle is None:
+            return self._attempts(name, method, request, timeout)
+        throttle.admit()
+        try:
+            answer = self._attempts(name, method, request, timeout)
+        except grpc.RpcError as exc:
+            throttle.answered(exc.code())
+            raise
+        throttle.answered(None)
+        return answer
+
+    def _attempts(self, name: str, method, request, timeout: float | None):
         deadline = self._deadline(timeout)
         attempts = attempts_for(self.retry, name)
         attempt, metadata = 1, call_metadata(self._declared)
