@@ -235,6 +235,9 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     # Several connections, so that SO_REUSEPORT spreads them over the workers.
     channels = [_channel(spec["address"]) for _ in range(spec.get("channels", 8))]
     calls = [ch.unary_unary(AUTHORIZE) for ch in channels]
+    # `throttle`: each connection's calls pass its own throttle, as each of as many
+    # AuthzClients' would (toolauthz.client.throttle, the SDKs' default).
+    throttles = [_throttle() for _ in channels] if spec.get("throttle") else None
     make = _request_maker(spec)
     result = RunResult()
     ids: list[str] = []
@@ -257,6 +260,9 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     def on_done(due_ns: int, future, n: int) -> None:
         nonlocal done_count
         now = time.perf_counter_ns()
+        if throttles is not None:
+            error = future.exception()
+            throttles[n % len(throttles)].answered(None if error is None else error.code())
         with lock:
             try:
                 good, response = _check_authorize(future.result(), pb)
@@ -268,7 +274,8 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
                 if not good:
                     result.errors["authorize:not_allowed"] += 1
             except grpc.RpcError as exc:
-                result.errors[f"authorize:{exc.code().name}"] += 1
+                refused_here = type(exc).__name__ == "Throttled"
+                result.errors[f"authorize:{'THROTTLED' if refused_here else exc.code().name}"] += 1
             except Exception as exc:  # noqa: BLE001 - counted, never lost
                 result.errors[f"authorize:{type(exc).__name__}"] += 1
             done_count += 1
@@ -284,6 +291,9 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
+        if throttles is not None and not _admitted(throttles[i % len(throttles)]):
+            _throttled(on_done, due, i)
+            continue
         future = calls[i % len(calls)].future(payload, timeout=CALL_TIMEOUT)
         future.add_done_callback(lambda f, due=due, n=i: on_done(due, f, n))
     result.sent = count
@@ -297,6 +307,41 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     for ch in channels:
         ch.close()
     out_q.put(result)
+
+
+def _throttle():
+    from toolauthz.client.throttle import AdaptiveThrottle
+
+    return AdaptiveThrottle()
+
+
+def _admitted(throttle) -> bool:
+    from toolauthz.client.throttle import Throttled
+
+    try:
+        throttle.admit()
+        return True
+    except Throttled:
+        return False
+
+
+class _Refused:
+    """A call the client's throttle refused, as a finished future."""
+
+    def __init__(self) -> None:
+        from toolauthz.client.throttle import Throttled
+
+        self.error = Throttled(0, 0)
+
+    def exception(self):
+        return self.error
+
+    def result(self):
+        raise self.error
+
+
+def _throttled(on_done, due: int, n: int) -> None:
+    on_done(due, _Refused(), n)
 
 
 def _ready_and_wait(sync) -> None:
@@ -386,10 +431,13 @@ def closed_loop(address: str, *, rpc: str, concurrency: int, procs: int, duratio
 
 
 def open_loop(address: str, *, rate: float, duration: float, procs: int, tools: int, prefix: str,
-              warmup: int = 5, cpu=None, by_call: bool = False) -> RunResult:
-    """`by_call`: also each successful call's due and answer times, by call id."""
+              warmup: int = 5, cpu=None, by_call: bool = False, throttle: bool = False) -> RunResult:
+    """`by_call`: also each successful call's due and answer times, by call id. `throttle`:
+    the clients throttle themselves as the SDKs do by default (a refused call is counted
+    as `authorize:THROTTLED`, never sent)."""
     specs = [{"address": address, "rate": rate / procs, "duration": duration, "warmup": warmup,
-              "tools": tools, "prefix": f"{prefix}p{i}", "by_call": by_call} for i in range(procs)]
+              "tools": tools, "prefix": f"{prefix}p{i}", "by_call": by_call, "throttle": throttle}
+             for i in range(procs)]
     return _run(open_loop_main, specs, timeout=duration + 300, cpu=cpu)
 
 

@@ -88,6 +88,9 @@ class AsyncAuthzClient:
         except grpc.RpcError as exc:
             throttle.answered(exc.code())
             raise
+        except asyncio.CancelledError:  # the caller gave up: not an overload
+            throttle.answered(grpc.StatusCode.CANCELLED)
+            raise
         throttle.answered(None)
         return answer
 

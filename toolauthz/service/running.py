@@ -19,6 +19,8 @@ from typing import TypeVar
 
 import grpc
 
+from toolauthz.service.call_limit import CallLimit
+
 T = TypeVar("T")
 
 
@@ -77,8 +79,9 @@ class AioServer:
         self.console_port: int | None = None  # the browser console's (toolauthz/console/), when served
 
         async def create() -> grpc.aio.Server:
+            # The cap is ours, not grpc.aio's: see toolauthz/service/call_limit.py.
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
-                                     maximum_concurrent_rpcs=max_concurrent_rpcs)
+                                     interceptors=[CallLimit(max_concurrent_rpcs)])
             build(server)
             return server
 

@@ -64,7 +64,8 @@ class Settings(StrictModel):
     reload_poll_seconds: float = Field(1.0, ge=0)
     """Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only."""
     max_concurrent_rpcs: int = Field(256, ge=1)
-    """Calls the server handles at once, over every service; one more is RESOURCE_EXHAUSTED."""
+    """Calls the server handles at once, over every service; one more is RESOURCE_EXHAUSTED once its request was
+    read, before its handler runs (a health Check never is)."""
     max_queue_seconds: float = Field(0.5, ge=0, le=60)
     """A call that would wait longer than this for its decision, or past its own deadline, is refused at once
     (RESOURCE_EXHAUSTED, no token, safe to retry): the queue is bounded by time and takes the connections' calls
