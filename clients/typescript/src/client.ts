@@ -5,6 +5,8 @@
  * Every call has a deadline (`timeoutMs`, default the client's) that bounds the whole
  * call, retries and backoff included; retries follow ./retry.ts (only UNAVAILABLE;
  * Verify never). Failures reject with `RpcError`, whose `code` is the gRPC status name.
+ * Authorize and AuthorizeBatch first pass the client's adaptive throttle (./throttle.ts),
+ * once per call, retries not counted again.
  */
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -16,28 +18,16 @@ import { type EntitiesProvider, ProposedCall, TrustedContext } from "./context.j
 import * as apb from "./gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "./gen/toolauthz/v1/authorizer_pb.js";
 import { attemptsFor, RETRYABLE, RetryPolicy } from "./retry.js";
+import { RpcError } from "./rpc-error.js";
+import { AdaptiveThrottle, THROTTLED_METHODS, ThrottlePolicy } from "./throttle.js";
 import { channelOptions, checkTarget, type ClientTls, credentials } from "./transport.js";
+
+export { RpcError } from "./rpc-error.js";
 
 export const DEFAULT_TIMEOUT_MS = 5000;
 export const DEFAULT_WATCH_TIMEOUT_MS = 60000;
 const MIN_ATTEMPT_MS = 1; // below this much time left, another attempt is pointless
 const TRANSPORT_LABELS = ["mcp"];
-
-/** A failed RPC: `code` is the gRPC status name (UNAVAILABLE, INVALID_ARGUMENT, ...). */
-export class RpcError extends Error {
-  constructor(readonly code: string, readonly details: string) {
-    super(`${code}: ${details}`);
-    this.name = "RpcError";
-  }
-
-  static of(error: unknown): RpcError {
-    if (error instanceof RpcError) return error;
-    const status = (error as Partial<grpc.ServiceError>)?.code;
-    const name = typeof status === "number" ? grpc.status[status] : undefined;
-    const details = (error as Partial<grpc.ServiceError>)?.details;
-    return new RpcError(name ?? "UNKNOWN", typeof details === "string" ? details : "the call failed");
-  }
-}
 
 export interface CallOptions {
   timeoutMs?: number;
@@ -53,6 +43,12 @@ export interface AuthzClientOptions {
   /** `mcp`: this client fronts the MCP gateway (a metrics label only). */
   transportLabel?: string;
   channelOptions?: grpc.ChannelOptions;
+  /**
+   * Client-side adaptive throttling of Authorize and AuthorizeBatch (./throttle.ts):
+   * a policy for this client's own throttle (default `new ThrottlePolicy()`), `null` for
+   * none, or an `AdaptiveThrottle` built with test clocks (then shared by whoever holds it).
+   */
+  throttle?: ThrottlePolicy | AdaptiveThrottle | null;
 }
 
 export interface OutcomeReport {
@@ -79,6 +75,8 @@ type Call = ProposedCall | pb.ToolCall;
 export class AuthzClient {
   readonly timeoutMs: number;
   readonly retry: RetryPolicy;
+  /** The throttle of this client's Authorize and AuthorizeBatch calls; null: none. */
+  readonly throttle: AdaptiveThrottle | null;
   private readonly authz: grpc.Client;
   private readonly approvals: grpc.Client;
   private readonly metadata: () => grpc.Metadata;
@@ -87,6 +85,9 @@ export class AuthzClient {
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     if (!(this.timeoutMs > 0)) throw new RangeError("timeoutMs must be positive");
     this.retry = options.retry ?? new RetryPolicy();
+    const throttle = options.throttle === undefined ? new ThrottlePolicy() : options.throttle;
+    this.throttle = throttle === null || throttle instanceof AdaptiveThrottle ? throttle
+      : new AdaptiveThrottle(throttle);
     const label = options.transportLabel;
     if (label !== undefined && !TRANSPORT_LABELS.includes(label)) {
       throw new TypeError(`transportLabel must be one of ${TRANSPORT_LABELS.join(", ")}, or absent`);
@@ -259,8 +260,25 @@ export class AuthzClient {
     }
   }
 
+  /** A call that starts a decision passes the throttle first, and tells it the final outcome. */
   private async raw(name: string, methodPath: string, request: Uint8Array, options: CallOptions,
                     onAttempt?: () => void, client: grpc.Client = this.authz): Promise<Uint8Array> {
+    const throttle = THROTTLED_METHODS.has(name) ? this.throttle : null;
+    if (throttle === null) return this.attempts(name, methodPath, request, options, onAttempt, client);
+    throttle.admit(); // throws ThrottledError when refused here: no attempt, nothing to count
+    let answer: Uint8Array;
+    try {
+      answer = await this.attempts(name, methodPath, request, options, onAttempt, client);
+    } catch (error) {
+      throttle.answered(RpcError.of(error).code);
+      throw error;
+    }
+    throttle.answered(null);
+    return answer;
+  }
+
+  private async attempts(name: string, methodPath: string, request: Uint8Array, options: CallOptions,
+                         onAttempt: (() => void) | undefined, client: grpc.Client): Promise<Uint8Array> {
     const deadline = Date.now() + (options.timeoutMs ?? this.timeoutMs);
     const attempts = attemptsFor(this.retry, name);
     for (let attempt = 1; ; attempt++) {
