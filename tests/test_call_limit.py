@@ -80,6 +80,13 @@ def _until(predicate, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+def _hold_every_place(held: Held, channel, method: str = "Co") -> list:
+    """LIMIT held calls, running once this returns."""
+    running = [channel.unary_unary(f"/t.S/{method}").future(b"x", timeout=10) for _ in range(LIMIT)]
+    _until(lambda: held.entered == LIMIT, "every held call started")
+    return running
+
+
 def _over(channel, method: str, stream: bool = False) -> grpc.RpcError:
     call = (channel.unary_stream if stream else channel.unary_unary)(f"/t.S/{method}")
     with pytest.raises(grpc.RpcError) as refused:
@@ -93,8 +100,7 @@ def _over(channel, method: str, stream: bool = False) -> grpc.RpcError:
 def test_a_call_over_the_cap_is_refused_resource_exhausted_then_admitted_again(server, method):
     held, channel = server
     before = metrics.CALLS_OVER_LIMIT._value.get()
-    running = [channel.unary_unary(f"/t.S/{method}").future(b"x", timeout=10) for _ in range(LIMIT)]
-    _until(lambda: held.entered == LIMIT, "both calls started")
+    running = _hold_every_place(held, channel, method)
     refusals = [_over(channel, method) for _ in range(20)]
     assert {(r.code(), r.details()) for r in refusals} == {
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls in progress on this sidecar; retry after a short wait")}
@@ -123,8 +129,7 @@ def test_a_failing_handler_gives_its_place_back(server):
             channel.unary_unary("/t.S/Fail")(b"x", timeout=5)
         assert failed.value.code() == grpc.StatusCode.UNKNOWN
     # all LIMIT places are free again: as many held calls start, one more is refused
-    running = [channel.unary_unary("/t.S/Co").future(b"x", timeout=10) for _ in range(LIMIT)]
-    _until(lambda: held.entered == LIMIT, "both calls started")
+    running = _hold_every_place(held, channel)
     assert _over(channel, "Co").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     held.release.set()
     assert all(f.result() == b"done" for f in running)
@@ -132,8 +137,7 @@ def test_a_failing_handler_gives_its_place_back(server):
 
 def test_a_health_check_is_never_refused(server):
     held, channel = server
-    running = [channel.unary_unary("/t.S/Co").future(b"x", timeout=10) for _ in range(LIMIT)]
-    _until(lambda: held.entered == LIMIT, "both calls started")
+    running = _hold_every_place(held, channel)
     check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert check.status == health_pb2.HealthCheckResponse.SERVING
     assert _over(channel, "Co").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -143,8 +147,7 @@ def test_a_health_check_is_never_refused(server):
 
 def test_a_burst_over_the_cap_is_answered_resource_exhausted_never_cancelled(server):
     held, channel = server
-    running = [channel.unary_unary("/t.S/Co").future(b"x", timeout=10) for _ in range(LIMIT)]
-    _until(lambda: held.entered == LIMIT, "both calls started")
+    running = _hold_every_place(held, channel)
     burst = [channel.unary_unary("/t.S/Co").future(b"x" * 1000, timeout=10) for _ in range(300)]
     codes = {f.exception().code() for f in burst}
     assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}

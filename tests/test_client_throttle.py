@@ -10,8 +10,16 @@ from concurrent import futures
 import grpc
 import pytest
 
-from toolauthz.client import AsyncAuthzClient, AuthzClient, NO_RETRY, Principal, ProposedCall, Throttled, \
-    ThrottlePolicy, TrustedContext
+from toolauthz.client import (
+    NO_RETRY,
+    AsyncAuthzClient,
+    AuthzClient,
+    Principal,
+    ProposedCall,
+    Throttled,
+    ThrottlePolicy,
+    TrustedContext,
+)
 from toolauthz.client.throttle import AdaptiveThrottle
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
@@ -39,7 +47,7 @@ class Draw:
         return self.value
 
 
-def throttle(policy=ThrottlePolicy()) -> tuple[AdaptiveThrottle, Clock, Draw]:
+def throttle(policy: ThrottlePolicy | None = None) -> tuple[AdaptiveThrottle, Clock, Draw]:
     clock, draw = Clock(), Draw()
     return AdaptiveThrottle(policy, clock=clock, rand=draw), clock, draw
 

@@ -17,8 +17,8 @@ import grpc.aio
 
 from toolauthz.client import _convert as cv
 from toolauthz.client.retry import RETRYABLE, RetryPolicy, attempts_for
-from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
 from toolauthz.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
+from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_aio_channel
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
