@@ -91,6 +91,9 @@ class AsyncAuthzClient:
         except asyncio.CancelledError:  # the caller gave up: not an overload
             throttle.answered(grpc.StatusCode.CANCELLED)
             raise
+        except Exception:  # no answer from the sidecar (e.g. a closed channel): not an overload
+            throttle.answered(grpc.StatusCode.UNKNOWN)
+            raise
         throttle.answered(None)
         return answer
 

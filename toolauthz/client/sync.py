@@ -112,6 +112,9 @@ class AuthzClient:
         except grpc.RpcError as exc:
             throttle.answered(exc.code())
             raise
+        except Exception:  # no answer from the sidecar (e.g. a closed channel): not an overload
+            throttle.answered(grpc.StatusCode.UNKNOWN)
+            raise
         throttle.answered(None)
         return answer
 

@@ -15,6 +15,7 @@ have the orchestrator restart a sidecar that is only busy.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 
@@ -48,7 +49,8 @@ class CallLimit(grpc.aio.ServerInterceptor):
         for kind, make in _KINDS:
             behavior = getattr(handler, kind)
             if behavior is not None:
-                return make(self._counted(behavior), request_deserializer=handler.request_deserializer,
+                return make(self._counted(behavior, streams=kind.endswith("_stream")),
+                            request_deserializer=handler.request_deserializer,
                             response_serializer=handler.response_serializer)
         return handler
 
@@ -63,9 +65,17 @@ class CallLimit(grpc.aio.ServerInterceptor):
         with self._lock:
             self.active -= 1
 
-    def _counted(self, behavior):
+    def _counted(self, behavior, *, streams: bool):
         """`behavior` of the same kind (coroutine, async generator, generator or plain
-        function: grpc.aio runs each its own way), counted while it runs."""
+        function: grpc.aio runs each its own way), counted while it runs.
+
+        A plain function answering a stream (a generator function, or one returning an
+        iterator) is wrapped as a generator: grpc.aio calls such a function on the event
+        loop and only iterates it on the thread pool, and a refusal there (the sync
+        context's abort waits for the loop) would block the loop for good. A plain stream
+        also gives its place back when its call's task ends: a stream the client abandons
+        leaves grpc.aio's thread blocked on handing over the next message, its generator
+        never closed. (This runs in the call's own task, from `intercept_service`.)"""
         enter, leave = self._enter, self._leave
         if inspect.isasyncgenfunction(behavior):
             async def stream(request, context):
@@ -87,15 +97,19 @@ class CallLimit(grpc.aio.ServerInterceptor):
                 finally:
                     leave()
             return call
-        if inspect.isgeneratorfunction(behavior):
+        if streams or inspect.isgeneratorfunction(behavior):
+            ended = _TaskEnd(asyncio.get_running_loop(), asyncio.current_task())
+
             def plain_stream(request, context):
                 if not enter():
                     _refuse_now(context)
                     return
+                once = _Once(leave)
+                ended.then(once)
                 try:
                     yield from behavior(request, context)
                 finally:
-                    leave()
+                    once()
             return plain_stream
 
         def plain(request, context):
@@ -106,6 +120,35 @@ class CallLimit(grpc.aio.ServerInterceptor):
             finally:
                 leave()
         return plain
+
+
+class _Once:
+    """`leave`, at most once, whoever calls first (the thread or the loop)."""
+
+    def __init__(self, leave) -> None:
+        self._leave, self._lock, self._done = leave, threading.Lock(), False
+
+    def __call__(self, *_) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._leave()
+
+
+class _TaskEnd:
+    """The end of a call's task, for a callback registered from another thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task | None) -> None:
+        self._loop, self._task = loop, task
+
+    def then(self, callback) -> None:
+        if self._task is None:
+            return
+        try:  # a task already done runs the callback soon
+            self._loop.call_soon_threadsafe(self._task.add_done_callback, callback)
+        except RuntimeError:  # the loop is closed: the generator's end gives the place back
+            pass
 
 
 async def _refuse(context) -> None:
