@@ -260,7 +260,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     def on_done(due_ns: int, future, n: int) -> None:
         nonlocal done_count
         now = time.perf_counter_ns()
-        if throttles is not None:
+        if throttles is not None and not isinstance(future, _Refused):  # the sidecar's answer
             error = future.exception()
             throttles[n % len(throttles)].answered(None if error is None else error.code())
         with lock:
@@ -291,8 +291,9 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
-        if throttles is not None and not _admitted(throttles[i % len(throttles)]):
-            _throttled(on_done, due, i)
+        refused = None if throttles is None else _refusal(throttles[i % len(throttles)])
+        if refused is not None:
+            on_done(due, refused, i)
             continue
         future = calls[i % len(calls)].future(payload, timeout=CALL_TIMEOUT)
         future.add_done_callback(lambda f, due=due, n=i: on_done(due, f, n))
@@ -315,33 +316,28 @@ def _throttle():
     return AdaptiveThrottle()
 
 
-def _admitted(throttle) -> bool:
+def _refusal(throttle):
+    """None if the throttle lets the call through, else its refusal as a finished future."""
     from toolauthz.client.throttle import Throttled
 
     try:
         throttle.admit()
-        return True
-    except Throttled:
-        return False
+        return None
+    except Throttled as refused:
+        return _Refused(refused)
 
 
 class _Refused:
     """A call the client's throttle refused, as a finished future."""
 
-    def __init__(self) -> None:
-        from toolauthz.client.throttle import Throttled
-
-        self.error = Throttled(0, 0)
+    def __init__(self, error) -> None:
+        self.error = error
 
     def exception(self):
         return self.error
 
     def result(self):
         raise self.error
-
-
-def _throttled(on_done, due: int, n: int) -> None:
-    on_done(due, _Refused(), n)
 
 
 def _ready_and_wait(sync) -> None:

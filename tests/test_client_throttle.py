@@ -5,6 +5,7 @@ every Authorize, how many calls still reach it."""
 from __future__ import annotations
 
 import asyncio
+import random
 from concurrent import futures
 
 import grpc
@@ -59,77 +60,138 @@ def counted(t: AdaptiveThrottle, requests: int, accepts: int) -> None:
         t.answered(None if i < accepts else RE)
 
 
+STEP_UP = 0.05 * (1 - (1 - 1 / 1.1))  # a refusal, with the default policy
+STEP_DOWN = 0.05 * (1 - 1 / 1.1)  # any other answer
+
+
 def test_nothing_is_refused_below_min_requests():
     t, _, draw = throttle(ThrottlePolicy(min_requests=20))
     draw.value = 0.0
     counted(t, 19, 0)  # none refused: fewer than 20 in the window when each was admitted
     assert t.rejection_probability() == 0.0
     t.admit()  # the 20th passes too: the probability is taken before it is counted
-    assert t.rejection_probability() == pytest.approx(20 / 21)
+    assert t.rejection_probability() == pytest.approx(19 * STEP_UP)
     with pytest.raises(Throttled):
         t.admit()
 
 
-def test_the_probability_is_the_sre_formula():
-    t, _, _ = throttle(ThrottlePolicy(multiplier=1.1, min_requests=0))
-    counted(t, 30, 10)
-    assert t.rejection_probability() == pytest.approx((30 - 1.1 * 10) / 31)
-    t2, _, _ = throttle(ThrottlePolicy(multiplier=2.0, min_requests=0))
-    counted(t2, 30, 20)  # 2 x 20 accepts cover 30 requests
-    assert t2.rejection_probability() == 0.0
+def test_each_refusal_raises_the_probability_and_each_accept_lowers_it():
+    t, _, _ = throttle(ThrottlePolicy(min_requests=0))
+    counted(t, 10, 0)
+    assert t.rejection_probability() == pytest.approx(10 * STEP_UP)
+    counted(t, 3, 3)
+    assert t.rejection_probability() == pytest.approx(10 * STEP_UP - 3 * STEP_DOWN)
+    counted(t, 1000, 1000)
+    assert t.rejection_probability() == 0.0  # never below 0
+    counted(t, 1000, 0)
+    assert t.rejection_probability() == pytest.approx(0.999)  # never 1: some calls still see the sidecar
+
+
+def test_the_balance_lets_the_sidecar_refuse_one_in_eleven():
+    """At the balance a refusal's rise and ten accepts' fall cancel: the sidecar refuses
+    1 - 1/1.1 of what is sent, so 1.1 times what it accepts reaches it."""
+    t, _, _ = throttle(ThrottlePolicy(min_requests=0))
+    counted(t, 10, 0)
+    before = t.rejection_probability()
+    counted(t, 11, 10)  # 10 accepted, 1 refused
+    assert t.rejection_probability() == pytest.approx(before)
 
 
 def test_a_refused_call_fails_closed_as_resource_exhausted_and_counts_as_a_request():
     t, _, draw = throttle(ThrottlePolicy(min_requests=0))
     counted(t, 30, 10)
-    p = t.rejection_probability()
-    draw.value = p + 1e-9  # just above: let through
-    t.admit()
-    t.answered(RE)
     draw.value = 0.0
     with pytest.raises(Throttled) as refused:
         t.admit()
     assert isinstance(refused.value, grpc.RpcError) and refused.value.code() == RE
-    assert refused.value.details().startswith("throttled by the client: the sidecar accepted 10 of the last 31 calls")
-    assert t.rejection_probability() == pytest.approx((32 - 11) / 33)  # the refused call counts
+    assert refused.value.details() == ("throttled by the client: the sidecar refused 20 of the 30 calls it answered "
+                                       "in the last 10 s (adaptive throttling); retry later")
+    assert sum(t._requests) == 31
 
 
-def test_the_window_forgets():
-    t, clock, _ = throttle(ThrottlePolicy(window=10.0, min_requests=0))
+def test_the_probability_halves_every_half_life():
+    t, clock, _ = throttle(ThrottlePolicy(min_requests=0, half_life=5.0))
+    counted(t, 10, 0)
+    p = t.rejection_probability()
+    clock.now += 5.0
+    assert t.rejection_probability() == pytest.approx(p / 2)
+    clock.now += 10.0
+    assert t.rejection_probability() == pytest.approx(p / 8)
+    clock.now -= 100.0  # a clock that steps back changes nothing
+    assert t.rejection_probability() == pytest.approx(p / 8)
+
+
+def test_the_window_forgets_the_requests_counted_against_min_requests():
+    t, clock, _ = throttle(ThrottlePolicy(window=10.0, min_requests=20, half_life=3600))
     counted(t, 50, 0)
     assert t.rejection_probability() > 0.9
     clock.now += 5.0  # half the window: the counts are still there
     assert t.rejection_probability() > 0.9
-    clock.now += 5.01  # all of it: nothing left
+    clock.now += 5.01  # all of it: fewer than 20 requests, nothing is refused here
     assert t.rejection_probability() == 0.0
-    counted(t, 50, 0)
-    clock.now += 1000.0  # a long jump empties every bucket too
-    assert t.rejection_probability() == 0.0
-
-
-def test_buckets_expire_one_by_one():
-    t, clock, _ = throttle(ThrottlePolicy(window=10.0, min_requests=0, multiplier=1.0))
-    counted(t, 10, 0)  # old refusals
-    clock.now += 6.0
-    counted(t, 10, 10)  # newer accepts
-    assert t.rejection_probability() == pytest.approx((20 - 10) / 21)
-    clock.now += 4.5  # the refusals' bucket left the window, the accepts' did not
+    counted(t, 20, 20)
+    assert t.rejection_probability() > 0.0  # the probability itself was kept (only decay lowers it)
+    clock.now += 1000.0
     assert t.rejection_probability() == 0.0
 
 
 @pytest.mark.parametrize("code, accept", [
     (None, True), (grpc.StatusCode.INVALID_ARGUMENT, True), (grpc.StatusCode.PERMISSION_DENIED, True),
-    (grpc.StatusCode.UNAVAILABLE, True), (RE, False), (grpc.StatusCode.DEADLINE_EXCEEDED, False)])
-def test_which_answers_are_accepts(code, accept):
-    t, _, _ = throttle(ThrottlePolicy(min_requests=0, multiplier=1.0))
-    for _ in range(10):
-        t.admit()
-        t.answered(code)
-    assert (t.rejection_probability() == 0.0) is accept
+    (grpc.StatusCode.UNAVAILABLE, True), (grpc.StatusCode.DEADLINE_EXCEEDED, True), (RE, False)])
+def test_only_the_sidecars_shedding_raises_the_probability(code, accept):
+    t, _, _ = throttle(ThrottlePolicy(min_requests=0))
+    counted(t, 10, 0)
+    before = t.rejection_probability()
+    t.admit()
+    t.answered(code)
+    assert (t.rejection_probability() < before) is accept
+
+
+def _simulate(t: AdaptiveThrottle, clock: Clock, seconds: float, rate: int, capacity: int | None) -> tuple[int, int]:
+    """`rate` calls a second for `seconds`, against a sidecar that accepts `capacity` a
+    second (None: all); (sent, accepted)."""
+    sent = accepted = 0
+    budget, second = capacity, int(clock.now)
+    for _ in range(int(seconds * rate)):
+        clock.now += 1 / rate
+        if int(clock.now) != second:
+            budget, second = capacity, int(clock.now)
+        try:
+            t.admit()
+        except Throttled:
+            continue
+        sent += 1
+        if budget is None or budget > 0:
+            budget = None if budget is None else budget - 1
+            accepted += 1
+            t.answered(None)
+        else:
+            t.answered(RE)
+    return sent, accepted
+
+
+def test_under_overload_about_1_1_times_what_is_accepted_is_sent_and_it_recovers_in_seconds():
+    clock = Clock()
+    t = AdaptiveThrottle(ThrottlePolicy(), clock=clock, rand=random.Random(3).random)
+    _simulate(t, clock, 10, rate=1000, capacity=400)  # 2.5 times the capacity
+    sent, accepted = _simulate(t, clock, 10, rate=1000, capacity=400)
+    assert 1.0 <= sent / accepted <= 1.25 and accepted >= 0.9 * 4000
+    _simulate(t, clock, 3, rate=1000, capacity=None)  # the overload ends
+    assert t.rejection_probability() < 0.01
+
+
+def test_after_the_sidecar_refused_everything_for_30_s_the_client_recovers_in_seconds():
+    clock = Clock()
+    t = AdaptiveThrottle(ThrottlePolicy(), clock=clock, rand=random.Random(5).random)
+    sent, _ = _simulate(t, clock, 30, rate=100, capacity=0)
+    assert sent < 0.2 * 3000  # most were refused here, not by the sidecar
+    _simulate(t, clock, 10, rate=100, capacity=None)
+    assert t.rejection_probability() < 0.01
 
 
 @pytest.mark.parametrize("bad", [dict(multiplier=0.9), dict(multiplier=float("nan")), dict(window=0),
-                                 dict(window=float("inf")), dict(min_requests=-1)])
+                                 dict(window=float("inf")), dict(min_requests=-1), dict(step=0), dict(step=1.5),
+                                 dict(half_life=0), dict(half_life=float("nan"))])
 def test_bad_policies_are_refused(bad):
     with pytest.raises(ValueError):
         ThrottlePolicy(**bad)
@@ -199,8 +261,8 @@ def test_a_refusing_sidecar_sees_a_fraction_of_the_calls(serve):
         verified = [client.verify("not-a-token", ALICE, _proposed(1)) for _ in range(30)]
     assert all(code is not None and code[1] == RE for code in codes)
     throttled = sum(1 for code in codes if code[0])
-    # 20 before throttling starts; then about 1.1 x accepts (none) + 1 in (requests + 1):
-    # the chance of a call through falls as 1/(n+1), so a few dozen at most.
+    # 20 before throttling starts; then each refusal raises the probability by 0.045 up to
+    # 0.999 (about 22 refusals), so a few dozen reach the sidecar at most.
     assert servicer.seen["Authorize"] == 300 - throttled
     assert servicer.seen["Authorize"] < 60
     assert throttled > 240

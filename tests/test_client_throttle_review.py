@@ -5,7 +5,6 @@ failing closed (`authorization_unavailable`, no tool run) on a call refused here
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 import threading
 from concurrent import futures
@@ -48,33 +47,8 @@ def test_many_threads_lose_no_count():
         th.start()
     for th in threads:
         th.join()
-    assert sum(t._requests) == sum(t._accepts) == 16_000
+    assert sum(t._requests) == sum(t._answered) == 16_000 and sum(t._refused) == 0
     assert t.rejection_probability() == 0.0
-
-
-def test_after_an_overload_ends_the_client_recovers_but_slowly():
-    """100 calls a second; the sidecar refuses all for 30 s, then accepts all. The client
-    refuses itself most calls for minutes (the multiplier 1.1 lets accepts grow about 2% a
-    second), but it does recover: nothing keeps it shut for good."""
-    now = [0.0]
-    t = AdaptiveThrottle(ThrottlePolicy(), clock=lambda: now[0], rand=random.Random(7).random)
-    sent_first_minute = recovered = None
-    sent = 0
-    for i in range(100 * 600):
-        now[0] = i / 100
-        try:
-            t.admit()
-        except Throttled:
-            pass
-        else:
-            t.answered(RE if now[0] < 30 else None)
-            sent += now[0] >= 30
-        if now[0] == 90:
-            sent_first_minute = sent
-        if now[0] >= 30 and recovered is None and t.rejection_probability() < 0.01:
-            recovered = now[0] - 30
-    assert recovered is not None and recovered < 400
-    assert sent_first_minute is not None and sent_first_minute < 6000 * 0.1  # (found: ~2%)
 
 
 class Slow(pb_grpc.ToolAuthorizerServicer):
@@ -112,7 +86,7 @@ def test_a_cancelled_async_call_counts_as_answered_not_as_an_overload():
     finally:
         servicer.release.set()
         server.stop(None)
-    assert (sum(t._requests), sum(t._accepts)) == (1, 1)
+    assert (sum(t._requests), sum(t._answered), sum(t._refused)) == (1, 1, 0)
 
 
 def _shut() -> AdaptiveThrottle:
