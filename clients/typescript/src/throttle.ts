@@ -1,6 +1,5 @@
 /**
- * Adaptive throttling of new decisions in the client (Site Reliability Engineering,
- * "Handling Overload": client-side throttling); the same rules and defaults as the
+ * Adaptive throttling of new decisions in the client; the same rules and defaults as the
  * Python SDK's toolauthz/client/throttle.py.
  *
  * Why in the client: a sidecar refuses an excess call (RESOURCE_EXHAUSTED) in its Python
@@ -9,17 +8,19 @@
  * refusing. A client that refuses part of its own calls while the sidecar is refusing them
  * keeps that work off the sidecar.
  *
- * How: over the last `windowSeconds`, `requests` (every call the application asked for,
- * those refused here included) and `accepts` (calls the sidecar answered with anything but
- * an overload). A new call is refused here with probability
- *
- *     p = max(0, (requests - multiplier * accepts) / (requests + 1))
- *
- * computed from the counts before the new call is counted, so that about `multiplier`
- * times what the sidecar accepts still reaches it: when it recovers, those calls see it,
- * accepts rise and p falls to 0. While the window holds fewer than `minRequests`, nothing
- * is refused here: a client that sends a few calls a second cannot overload anyone, and
- * one refusal must not shut it out.
+ * How: the client refuses a new call itself with a probability `p` that it steers so that
+ * the sidecar refuses about `target = 1 - 1/multiplier` of the calls the client still sends
+ * (1 in 11 at 1.1): about `multiplier` times what the sidecar accepts reaches it. Each
+ * refusal by the sidecar raises `p` by `step * (1 - target)`, each other answer lowers it
+ * by `step * target`, and `p` halves every `halfLifeSeconds` whatever happens, so a client
+ * that sends little is never shut out for long. When the sidecar recovers, its accepts and
+ * the decay bring `p` to 0 within seconds. (The adaptive throttling of Google's SRE book,
+ * `p = (requests - K * accepts) / (requests + 1)`, reaches the same balance, but there a
+ * call refused here counts as a request, so with K near 1 the calls let through grow only
+ * K-fold per window once the sidecar recovers: minutes of refusing calls it would accept.)
+ * While fewer than `minRequests` calls were asked of the client in the last
+ * `windowSeconds`, nothing is refused here: a client that sends a few calls a second
+ * cannot overload anyone.
  *
  * Only the calls that start a decision are throttled (Authorize, AuthorizeBatch): a Verify
  * or ReportOutcome completes a decision already made, and refusing it would waste that.
@@ -32,30 +33,38 @@ import { RpcError } from "./rpc-error.js";
 export const THROTTLED_METHODS: ReadonlySet<string> = new Set(["Authorize", "AuthorizeBatch"]);
 
 /**
- * The answers that say "the sidecar did not decide this in time": its shedding, or a call
- * that waited past its deadline. Every other answer, a DENY or INVALID_ARGUMENT included,
- * is an accept: the sidecar did the work. UNAVAILABLE is one too: a sidecar that is down
- * is not overloaded, and its callers should see UNAVAILABLE, not a throttle, when it is back.
+ * The sidecar's shedding. Every other answer, a DENY or INVALID_ARGUMENT included, is an
+ * accept: the sidecar did the work. So is UNAVAILABLE (a sidecar that is down is not
+ * overloaded, and its callers should see UNAVAILABLE, not a throttle) and DEADLINE_EXCEEDED
+ * (a sidecar that cannot decide in time sheds the call itself; a deadline that passed may
+ * be the caller's own, too short).
  */
-export const OVERLOAD_CODES: ReadonlySet<string> = new Set(["RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"]);
+export const OVERLOAD_CODES: ReadonlySet<string> = new Set(["RESOURCE_EXHAUSTED"]);
 
 const BUCKETS = 10;
+const MOST = 0.999; // never refuse every call: the calls let through see the sidecar recover
 
 export interface ThrottlePolicyInit {
   multiplier?: number; // calls let through per call the sidecar accepts, while it refuses (default 1.1)
-  windowSeconds?: number; // seconds of history (default 10)
+  windowSeconds?: number; // seconds over which calls are counted (minRequests) (default 10)
   minRequests?: number; // below this many requests in the window, nothing is refused here (default 20)
+  step?: number; // how far one answer moves the probability (default 0.05)
+  halfLifeSeconds?: number; // seconds in which the probability halves by itself (default 5)
 }
 
 export class ThrottlePolicy {
   readonly multiplier: number;
   readonly windowSeconds: number;
   readonly minRequests: number;
+  readonly step: number;
+  readonly halfLifeSeconds: number;
 
   constructor(init: ThrottlePolicyInit = {}) {
     this.multiplier = init.multiplier ?? 1.1;
     this.windowSeconds = init.windowSeconds ?? 10;
     this.minRequests = init.minRequests ?? 20;
+    this.step = init.step ?? 0.05;
+    this.halfLifeSeconds = init.halfLifeSeconds ?? 5;
     if (!(Number.isFinite(this.multiplier) && this.multiplier >= 1)) {
       throw new RangeError("multiplier must be a finite number >= 1");
     }
@@ -66,16 +75,27 @@ export class ThrottlePolicy {
     if (!(Number.isInteger(this.minRequests) && this.minRequests >= 0)) {
       throw new RangeError("minRequests must be an integer >= 0");
     }
+    if (!(Number.isFinite(this.step) && this.step > 0 && this.step <= 1)) {
+      throw new RangeError("step must be above 0 and at most 1");
+    }
+    if (!(Number.isFinite(this.halfLifeSeconds) && this.halfLifeSeconds > 0 && this.halfLifeSeconds <= 3600)) {
+      throw new RangeError("halfLifeSeconds must be between 0 and 3600 seconds");
+    }
     Object.freeze(this);
+  }
+
+  /** The share of the calls it sends that the client lets the sidecar refuse. */
+  get target(): number {
+    return 1 - 1 / this.multiplier;
   }
 }
 
 /** A call this client refused itself while the sidecar was refusing calls. */
 export class ThrottledError extends RpcError {
-  /** The counts in the window when the call was refused (before counting it). */
-  constructor(readonly requests: number, readonly accepts: number) {
-    super("RESOURCE_EXHAUSTED", `throttled by the client: the sidecar accepted ${accepts} of the last ${requests} `
-      + "calls (adaptive throttling); retry later");
+  /** The sidecar's refusals and answers in the window when the call was refused. */
+  constructor(readonly refused: number, readonly answered: number, readonly windowSeconds: number) {
+    super("RESOURCE_EXHAUSTED", `throttled by the client: the sidecar refused ${refused} of the ${answered} calls `
+      + `it answered in the last ${formatG(windowSeconds)} s (adaptive throttling); retry later`);
     this.name = "ThrottledError";
   }
 }
@@ -89,17 +109,20 @@ export interface ThrottleSources {
 }
 
 /**
- * The request and accept counts of one client, in 10 buckets over the window. No lock:
- * Node runs each method to its end before any other code of this process runs.
+ * One client's refusal probability, and its calls counted in 10 buckets over the window.
+ * No lock: Node runs each method to its end before any other code of this process runs.
  */
 export class AdaptiveThrottle {
   readonly policy: ThrottlePolicy;
   private readonly clockMs: () => number;
   private readonly random: () => number;
   private readonly widthMs: number;
-  private readonly requests = new Array<number>(BUCKETS).fill(0);
-  private readonly accepts = new Array<number>(BUCKETS).fill(0);
+  private readonly requests = new Array<number>(BUCKETS).fill(0); // calls asked of the client, refused here or not
+  private readonly refused = new Array<number>(BUCKETS).fill(0); // ... that the sidecar refused
+  private readonly answers = new Array<number>(BUCKETS).fill(0); // ... that the sidecar answered
   private epoch: number; // the newest bucket's number (time / bucket width)
+  private p = 0; // the refusal probability, decayed to `at`
+  private at: number; // when p was last decayed (ms)
 
   constructor(policy: ThrottlePolicy = new ThrottlePolicy(), sources: ThrottleSources = {}) {
     if (!(policy instanceof ThrottlePolicy)) throw new TypeError("policy must be a ThrottlePolicy");
@@ -107,45 +130,62 @@ export class AdaptiveThrottle {
     this.clockMs = sources.clockMs ?? (() => performance.now());
     this.random = sources.random ?? Math.random;
     this.widthMs = (policy.windowSeconds * 1000) / BUCKETS;
-    this.epoch = Math.floor(this.clockMs() / this.widthMs);
+    const now = this.clockMs();
+    this.epoch = Math.floor(now / this.widthMs);
+    this.at = now;
   }
 
   /** The probability that the next call is refused here. */
   rejectionProbability(): number {
     this.advance();
-    return this.probability(sum(this.requests), sum(this.accepts));
+    return this.probability();
   }
 
   /** Counts a call the application asked for; throws `ThrottledError` if it is refused here. */
   admit(): void {
     const newest = this.advance();
-    const requests = sum(this.requests);
-    const accepts = sum(this.accepts);
+    const p = this.probability(); // taken before this call counts
     this.requests[newest]! += 1;
-    if (this.random() < this.probability(requests, accepts)) throw new ThrottledError(requests, accepts);
+    if (this.random() < p) throw new ThrottledError(sum(this.refused), sum(this.answers), this.policy.windowSeconds);
   }
 
   /** Counts the sidecar's answer to an admitted call: its gRPC status name, or null for a response. */
   answered(code: string | null): void {
-    if (code !== null && OVERLOAD_CODES.has(code)) return;
-    this.accepts[this.advance()]! += 1;
+    const { step, target } = this.policy;
+    const newest = this.advance();
+    this.answers[newest]! += 1;
+    if (code !== null && OVERLOAD_CODES.has(code)) {
+      this.refused[newest]! += 1;
+      this.p = Math.min(MOST, this.p + step * (1 - target));
+    } else {
+      this.p = Math.max(0, this.p - step * target);
+    }
   }
 
-  private probability(requests: number, accepts: number): number {
-    if (requests < this.policy.minRequests) return 0;
-    return Math.max(0, (requests - this.policy.multiplier * accepts) / (requests + 1));
+  private probability(): number {
+    return sum(this.requests) >= this.policy.minRequests ? this.p : 0;
   }
 
-  /** Empties the buckets that fell out of the window; returns the newest one's index. */
+  /**
+   * Lets the probability decay to now and empties the buckets that fell out of the
+   * window; returns the newest bucket's index.
+   */
   private advance(): number {
-    const now = Math.floor(this.clockMs() / this.widthMs);
+    const nowMs = this.clockMs();
+    if (nowMs > this.at) {
+      this.p *= 0.5 ** ((nowMs - this.at) / 1000 / this.policy.halfLifeSeconds);
+      this.at = nowMs;
+    }
+    const now = Math.floor(nowMs / this.widthMs);
     if (now - this.epoch >= BUCKETS) {
       this.requests.fill(0);
-      this.accepts.fill(0);
+      this.refused.fill(0);
+      this.answers.fill(0);
     } else {
       for (let epoch = this.epoch + 1; epoch <= now; epoch++) {
         this.requests[slot(epoch)] = 0;
-        this.accepts[slot(epoch)] = 0;
+        this.refused[slot(epoch)] = 0;
+        this.answers[slot(epoch)] = 0;
       }
     }
     this.epoch = Math.max(this.epoch, now); // a clock that steps back reuses the newest bucket
@@ -159,4 +199,20 @@ function slot(epoch: number): number {
 
 function sum(counts: readonly number[]): number {
   return counts.reduce((total, count) => total + count, 0);
+}
+
+/** A number as Python's `format(x, "g")` writes it: 6 significant digits, no trailing zeros (internal). */
+export function formatG(x: number): string {
+  if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
+  if (x === 0) return Object.is(x, -0) ? "-0" : "0";
+  const [mantissa, exponentText] = x.toExponential(5).split("e") as [string, string];
+  const exponent = Number(exponentText);
+  if (exponent >= -4 && exponent < 6) {
+    return trimZeros(x.toFixed(Math.max(0, 5 - exponent)));
+  }
+  return `${trimZeros(mantissa)}e${exponent < 0 ? "-" : "+"}${String(Math.abs(exponent)).padStart(2, "0")}`;
+}
+
+function trimZeros(fixed: string): string {
+  return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
 }

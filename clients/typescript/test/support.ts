@@ -18,3 +18,15 @@ export function repoRoot(): string {
 export function packageRoot(): string {
   return join(repoRoot(), "clients", "typescript");
 }
+
+/** A deterministic random source in [0, 1) (mulberry32), so each run draws the same numbers. */
+export function seeded(seed: number): () => number {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

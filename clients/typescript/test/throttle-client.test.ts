@@ -13,6 +13,7 @@ import { Principal, ProposedCall, TrustedContext } from "../src/context.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { RetryPolicy } from "../src/retry.js";
 import { AdaptiveThrottle, ThrottledError, ThrottlePolicy } from "../src/throttle.js";
+import { seeded } from "./support.js";
 
 const CONTEXT = new TrustedContext("acme", new Principal("User", "alice"), "run-1");
 const CALL = new ProposedCall("c1", "issue_refund", "{}");
@@ -57,16 +58,12 @@ function serve(how: typeof answer): void {
   received.clear();
 }
 
-/** A deterministic random source in [0, 1) (mulberry32), so each run refuses the same calls. */
-function seeded(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+/** p after `refusals` sidecar refusals from 0 with a stopped clock: each adds step * (1 - target), up to 0.999. */
+function raised(refusals: number): number {
+  const policy = new ThrottlePolicy();
+  let p = 0;
+  for (let i = 0; i < refusals; i++) p = Math.min(0.999, p + policy.step * (1 - policy.target));
+  return p;
 }
 
 /** A client whose throttle has a stopped clock (moved by hand) and a seeded random source. */
@@ -75,6 +72,10 @@ function throttledClient(random: () => number = seeded(42)) {
   const throttle = new AdaptiveThrottle(new ThrottlePolicy(), { clockMs: () => clock.ms, random });
   const client = new AuthzClient(target, { throttle, retry: new RetryPolicy({ initialBackoffMs: 1, maxBackoffMs: 2 }) });
   return { clock, client, throttle };
+}
+
+function near(actual: number, expected: number, tolerance: number): void {
+  assert.ok(Math.abs(actual - expected) <= tolerance, `${actual} is not within ${tolerance} of ${expected}`);
 }
 
 /** `count` Authorize calls one after another; their failures' codes, in order ("OK" for a response). */
@@ -99,13 +100,14 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve((name) => (name === "Verify" ? null : RE));
     const { client, throttle } = throttledClient();
     const { codes, local } = await authorizeMany(client, CALLS);
-    // The first 20 (minRequests) all reach it; after r requests with no accept, a call
-    // reaches it with probability 1 - r/(r+1) = 1/(r+1): about ln(200/21) ~ 2.3 more.
+    // The first 20 (minRequests) all reach it, and leave p at 20 * 0.0455 = 0.91; with the
+    // clock stopped (no decay) each further refusal adds 0.0455, so after 22 p is at its cap,
+    // 0.999: a handful more reach it, and then about 1 in 1000. Expected ~22.
     const reached = received.get("Authorize") ?? 0;
-    assert.ok(reached >= 20 && reached < 40, `the sidecar received ${reached} of ${CALLS}`);
+    assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.equal(local + reached, CALLS);
     assert.deepEqual(new Set(codes), new Set(["RESOURCE_EXHAUSTED"]));
-    assert.equal(throttle.rejectionProbability(), CALLS / (CALLS + 1));
+    assert.equal(throttle.rejectionProbability(), raised(reached)); // one step per refusal, none per local one
     client.close();
   });
 
@@ -116,8 +118,9 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     assert.equal(client.throttle.policy.multiplier, 1.1);
     const { codes } = await authorizeMany(client, CALLS);
     const reached = received.get("Authorize") ?? 0;
-    // Expected ~22 (above); 100 would take dozens of 1-in-(r+1) draws all coming up.
-    assert.ok(reached >= 20 && reached < 100, `the sidecar received ${reached} of ${CALLS}`);
+    // Expected ~25 (above, and p decays by a few percent in the fraction of a second this
+    // takes); 80 would take dozens of draws against p ~ 0.95 all coming up.
+    assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.ok(codes.every((code) => code === "RESOURCE_EXHAUSTED"));
     client.close();
   });
@@ -157,16 +160,21 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     client.close();
   });
 
-  test("once the refusals leave the window and the sidecar recovers, every call reaches it", async () => {
+  test("once the sidecar recovers, the decay and its accepts bring p to 0: every call reaches it", async () => {
     serve(() => RE);
-    const { clock, client, throttle } = throttledClient(() => 0);
+    const { clock, client, throttle } = throttledClient(seeded(7));
     await authorizeMany(client, 50);
-    assert.equal(received.get("Authorize"), 20);
+    const shut = throttle.rejectionProbability();
+    assert.ok(shut > 0.9, `p after 50 refused calls: ${shut}`);
     serve(() => null);
-    clock.ms = 10_000;
-    const { codes } = await authorizeMany(client, CALLS);
-    assert.equal(received.get("Authorize"), CALLS);
-    assert.ok(codes.every((code) => code === "OK"));
+    clock.ms = 10_000; // two half-lives: p ~ 0.25, and the window's counts are gone
+    near(throttle.rejectionProbability(), 0, 0); // below the floor again
+    const { codes, local } = await authorizeMany(client, CALLS);
+    // p from ~0.25 down by 0.0045 per accept (the clock stays at 10 s): 0 after ~55 accepts.
+    assert.ok(local < 30, `${local} calls refused here after the sidecar recovered`);
+    assert.equal(received.get("Authorize"), CALLS - local);
+    assert.ok(codes.slice(100).every((code) => code === "OK"), codes.slice(100).join());
+    assert.ok(codes.every((code) => code === "OK" || code === "RESOURCE_EXHAUSTED"));
     assert.equal(throttle.rejectionProbability(), 0);
     client.close();
   });
@@ -174,14 +182,18 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
 
 describe("retries and the throttle", () => {
   test("one admit per call and one answer, the final one: not one per attempt", async () => {
-    // Each call: UNAVAILABLE (retried once), then RESOURCE_EXHAUSTED. Counted per call, the
-    // window holds 30 requests and no accept; per attempt, 60 requests, or 30 UNAVAILABLE accepts.
+    // Each call: UNAVAILABLE (retried once), then RESOURCE_EXHAUSTED. Admitted per attempt,
+    // 15 calls would fill the window to 30 requests, past the floor of 20; answered per
+    // attempt, each UNAVAILABLE would lower p between the refusals.
     serve((_name, attempt) => (attempt % 2 === 1 ? grpc.status.UNAVAILABLE : RE));
     const { client, throttle } = throttledClient(() => 1); // 1 is never below p: nothing refused
-    const { codes } = await authorizeMany(client, 30);
-    assert.equal(received.get("Authorize"), 60);
-    assert.ok(codes.every((code) => code === "RESOURCE_EXHAUSTED"));
-    assert.equal(throttle.rejectionProbability(), 30 / 31);
+    const first = await authorizeMany(client, 15);
+    assert.equal(received.get("Authorize"), 30);
+    assert.equal(throttle.rejectionProbability(), 0); // 15 requests: below the floor
+    const rest = await authorizeMany(client, 5);
+    assert.equal(received.get("Authorize"), 40);
+    assert.ok([...first.codes, ...rest.codes].every((code) => code === "RESOURCE_EXHAUSTED"));
+    assert.equal(throttle.rejectionProbability(), raised(20)); // 20 requests, 20 refusals, nothing else
     client.close();
   });
 
@@ -193,6 +205,20 @@ describe("retries and the throttle", () => {
     assert.equal(received.get("Authorize"), 100); // every call, and its one retry
     assert.ok(codes.every((code) => code === "UNAVAILABLE"));
     assert.equal(throttle.rejectionProbability(), 0);
+    client.close();
+  });
+
+  test("DEADLINE_EXCEEDED is not an overload: it lowers p like an accept", async () => {
+    serve(() => RE);
+    const { client, throttle } = throttledClient(() => 1); // nothing refused here
+    await authorizeMany(client, 20);
+    assert.equal(throttle.rejectionProbability(), raised(20));
+    serve(() => grpc.status.DEADLINE_EXCEEDED);
+    const { codes } = await authorizeMany(client, 10);
+    assert.equal(received.get("Authorize"), 10); // not retried
+    assert.ok(codes.every((code) => code === "DEADLINE_EXCEEDED"));
+    const { step, target } = throttle.policy;
+    near(throttle.rejectionProbability(), raised(20) - 10 * step * target, 1e-12);
     client.close();
   });
 });
