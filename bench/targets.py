@@ -9,11 +9,12 @@ printed with its target beside the figure:
    half that rate; p50, p99 and p99/p50 (target: at most 5), on SQLite and, with
    `--store postgresql://...`, on PostgreSQL (direct, no proxy).
 3. Goodput at 2.5x: the open loop at 2.5 times the maximum against the default
-   configuration (bench/overload.py's run, on the SQLite server of 2.), goodput over
-   capacity and the accepted calls' p99, twice: with clients that throttle themselves as
-   the SDKs do by default (toolauthz.client.throttle; target: at least 0.9), then with raw
-   gRPC clients that send every call (no target: refusing in a Python gRPC process costs
-   what a no-op RPC costs, docs/performance.md).
+   configuration (bench/overload.py's run, on the SQLite server of 2.), goodput over the
+   mean of its maximum measured just before and just after, and the accepted calls' p99,
+   twice: with clients that throttle themselves as the SDKs do by default
+   (toolauthz.client.throttle; target: at least 0.9), then with raw gRPC clients that
+   send every call (no target: refusing in a Python gRPC process costs what a no-op RPC
+   costs, docs/performance.md).
 
 `--timeline` records each half-load call's timeline in the server and prints where the
 slowest 1% spent their time (bench/timelines.py). Latency is from each call's due time
@@ -129,6 +130,9 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     if store != "sqlite":
         settings["store"], drop = fresh_schema(store)
     tag = f"{time.monotonic_ns() % 10**9}"
+    # The previous measure's files (a SQLite sidecar's database and WAL) are still being
+    # written back by the kernel for up to 30 s; their I/O would land in this measure's fsyncs.
+    os.sync()
     try:
         server = servers.start_sidecar(settings, timelines=timeline)
         try:
@@ -153,7 +157,7 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
             if timeline:
                 row["timeline"] = timelines.summarize(server.timelines(), half.by_call)
             if goodput:  # bench/overload.py's open loop, at FACTOR x the capacity just measured
-                row["goodput"] = {clients: _goodput(server, capacity, plan, tools, throttle=clients == "sdk")
+                row["goodput"] = {clients: _goodput(server, plan, tools, throttle=clients == "sdk")
                                   for clients in ("sdk", "raw")}
         finally:
             server.stop()
@@ -163,11 +167,25 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     return row
 
 
-def _goodput(server, capacity: float, plan: Plan, tools: int, *, throttle: bool) -> dict:
-    over = overload._open(server.address, capacity * FACTOR, plan.open_seconds, tools, plan.procs,
+def _capacity(server, plan: Plan, tools: int) -> float:
+    closed = load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
+                              duration=plan.closed_seconds, tools=tools,
+                              prefix=f"cap{time.monotonic_ns() % 10**9}", max_calls=10**6)
+    return closed.timed_ok / closed.seconds
+
+
+def _goodput(server, plan: Plan, tools: int, *, throttle: bool) -> dict:
+    # The capacity just before and just after, and the goodput over their mean: a 2-core
+    # VM's speed drifts by tens of percent within minutes, and a capacity measured a run
+    # earlier would make that drift the figure.
+    before = _capacity(server, plan, tools)
+    over = overload._open(server.address, before * FACTOR, plan.open_seconds, tools, plan.procs,
                           server.cpu_seconds, throttle=throttle)
+    after = _capacity(server, plan, tools)
+    capacity = (before + after) / 2
     ratio = over["goodput_per_s"] / capacity
-    return {"factor": FACTOR, "capacity_per_s": capacity, **over, "goodput_ratio": ratio,
+    return {"factor": FACTOR, "capacity_per_s": capacity, "capacity_before_per_s": before,
+            "capacity_after_per_s": after, **over, "goodput_ratio": ratio,
             "target": TARGET_GOODPUT, "pass": ratio >= TARGET_GOODPUT}
 
 
@@ -207,7 +225,8 @@ def print_goodput(both: dict) -> None:
         who = ("the SDKs' clients (default: they throttle themselves)" if clients == "sdk"
                else "raw gRPC clients (no throttle; no target: see docs/performance.md)")
         verdict_text = f"target >= {g['target']}: {verdict(g['pass'])}" if clients == "sdk" else "informative"
-        print(f"goodput at {g['factor']}x (default configuration, sqlite), {who}: {g['offered_per_s']:.0f}/s offered, "
+        print(f"goodput at {g['factor']}x (default configuration, sqlite), {who}: {g['offered_per_s']:.0f}/s offered "
+              f"(maximum {g['capacity_before_per_s']:.0f}/s before, {g['capacity_after_per_s']:.0f}/s after), "
               f"{g['goodput_per_s']:.0f}/s decided = {g['goodput_ratio']:.2f} of capacity ({verdict_text}); "
               f"accepted p50 {g['p50_ms']:.1f} ms, p99 {g['p99_ms']:.1f} ms; shed {g['shed']}, throttled by the "
               f"clients {g['throttled_by_clients']}, refused by the transport {g['refused_by_transport']}, other "

@@ -58,6 +58,9 @@ def test_the_tail_is_measured_on_both_stores_and_goodput_on_the_default(quick_ru
             goodput["goodput_per_s"] / goodput["capacity_per_s"])
         assert goodput["pass"] == (goodput["goodput_ratio"] >= 0.9) and "p99_ms" in goodput
         assert goodput["sent"] > 0 and goodput["server_cores"] > 0
+        assert goodput["capacity_per_s"] == pytest.approx(
+            (goodput["capacity_before_per_s"] + goodput["capacity_after_per_s"]) / 2)
+        assert goodput["offered_per_s"] == pytest.approx(2.5 * goodput["capacity_before_per_s"])
     assert run["goodput"]["raw"]["throttled_by_clients"] == 0  # raw clients send every call
 
 
