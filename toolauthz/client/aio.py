@@ -79,23 +79,10 @@ class AsyncAuthzClient:
         await self.close()
 
     async def _unary(self, name: str, method, request, timeout: float | None):
-        throttle = self.throttle if name in THROTTLED else None
-        if throttle is None:
+        if self.throttle is None or name not in THROTTLED:
             return await self._attempts(name, method, request, timeout)
-        throttle.admit()
-        try:
-            answer = await self._attempts(name, method, request, timeout)
-        except grpc.RpcError as exc:
-            throttle.answered(exc.code())
-            raise
-        except asyncio.CancelledError:  # the caller gave up: not an overload
-            throttle.answered(grpc.StatusCode.CANCELLED)
-            raise
-        except Exception:  # no answer from the sidecar (e.g. a closed channel): not an overload
-            throttle.answered(grpc.StatusCode.UNKNOWN)
-            raise
-        throttle.answered(None)
-        return answer
+        with self.throttle.counted():  # a plain `with`: it only counts, around the await
+            return await self._attempts(name, method, request, timeout)
 
     async def _attempts(self, name: str, method, request, timeout: float | None):
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

@@ -103,20 +103,10 @@ class AuthzClient:
     def _unary(self, name: str, method, request, timeout: float | None):
         """Returns (response, attempt number that produced it); a call that starts a
         decision passes the client's throttle first (`toolauthz.client.throttle`)."""
-        throttle = self.throttle if name in THROTTLED else None
-        if throttle is None:
+        if self.throttle is None or name not in THROTTLED:
             return self._attempts(name, method, request, timeout)
-        throttle.admit()
-        try:
-            answer = self._attempts(name, method, request, timeout)
-        except grpc.RpcError as exc:
-            throttle.answered(exc.code())
-            raise
-        except Exception:  # no answer from the sidecar (e.g. a closed channel): not an overload
-            throttle.answered(grpc.StatusCode.UNKNOWN)
-            raise
-        throttle.answered(None)
-        return answer
+        with self.throttle.counted():
+            return self._attempts(name, method, request, timeout)
 
     def _attempts(self, name: str, method, request, timeout: float | None):
         deadline = self._deadline(timeout)

@@ -31,7 +31,8 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -150,6 +151,22 @@ class AdaptiveThrottle:
             refused, answered = sum(self._refused), sum(self._answered)
         if self._rand() < p:
             raise Throttled(refused, answered, self.policy.window)
+
+    @contextmanager
+    def counted(self) -> Iterator[None]:
+        """One call through the throttle: `admit()`, then its answer counted as the block
+        ends (a response, its status, or none: a call that ended without the sidecar's
+        answer, a closed channel or a cancelled caller, is no overload)."""
+        self.admit()
+        try:
+            yield
+        except grpc.RpcError as exc:
+            self.answered(exc.code())
+            raise
+        except BaseException:
+            self.answered(grpc.StatusCode.UNKNOWN)
+            raise
+        self.answered(None)
 
     def answered(self, code: grpc.StatusCode | None) -> None:
         """Counts the sidecar's answer to an admitted call (None: a response)."""
