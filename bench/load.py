@@ -260,7 +260,8 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     def on_done(due_ns: int, future, n: int) -> None:
         nonlocal done_count
         now = time.perf_counter_ns()
-        if throttles is not None and not isinstance(future, _Refused):  # the sidecar's answer
+        refused_here = isinstance(future, _Refused)  # by the client's throttle, never sent
+        if throttles is not None and not refused_here:  # the sidecar's answer
             error = future.exception()
             throttles[n % len(throttles)].answered(None if error is None else error.code())
         with lock:
@@ -274,7 +275,6 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
                 if not good:
                     result.errors["authorize:not_allowed"] += 1
             except grpc.RpcError as exc:
-                refused_here = type(exc).__name__ == "Throttled"
                 result.errors[f"authorize:{'THROTTLED' if refused_here else exc.code().name}"] += 1
             except Exception as exc:  # noqa: BLE001 - counted, never lost
                 result.errors[f"authorize:{type(exc).__name__}"] += 1

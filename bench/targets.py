@@ -136,9 +136,7 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     try:
         server = servers.start_sidecar(settings, timelines=timeline)
         try:
-            closed = load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
-                                      duration=plan.closed_seconds, tools=tools, prefix=f"max{tag}", max_calls=10**6,
-                                      cpu=server.cpu_seconds)
+            closed = _closed_loop(server, plan, tools)
             capacity = closed.timed_ok / closed.seconds
             if timeline:
                 server.timelines()  # forget the closed loop's
@@ -167,10 +165,15 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     return row
 
 
+def _closed_loop(server, plan: Plan, tools: int) -> load.RunResult:
+    """The closed loop that measures the maximum: CONCURRENCY Authorize calls in flight."""
+    return load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
+                            duration=plan.closed_seconds, tools=tools, prefix=f"max{time.monotonic_ns() % 10**9}",
+                            max_calls=10**6, cpu=server.cpu_seconds)
+
+
 def _capacity(server, plan: Plan, tools: int) -> float:
-    closed = load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
-                              duration=plan.closed_seconds, tools=tools,
-                              prefix=f"cap{time.monotonic_ns() % 10**9}", max_calls=10**6)
+    closed = _closed_loop(server, plan, tools)
     return closed.timed_ok / closed.seconds
 
 
