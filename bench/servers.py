@@ -99,6 +99,7 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
     running.py: grpc.aio, coroutine handlers, the same options)."""
     from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
     from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
+    from toolauthz.server.config import Settings
     from toolauthz.service.running import AioServer
 
     authorize_bytes, verify_bytes = canned_responses()
@@ -119,7 +120,8 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
                        options=[("grpc.max_receive_message_length", max_bytes),
                                 ("grpc.max_send_message_length", max_bytes),
                                 ("grpc.so_reuseport", 1 if options.get("reuse_port") else 0)],
-                       max_concurrent_rpcs=max_rpcs, thread_pool_size=min(32, max_rpcs), name="noop-loop")
+                       max_concurrent_rpcs=max_rpcs, thread_pool_size=min(32, max_rpcs), name="noop-loop",
+                       max_streaming_rpcs=Settings.model_fields["max_streaming_rpcs"].default)
     port = server.add_insecure_port(f"{HOST}:{options.get('port', 0)}")
     server.start()
     conn.send({"port": port, "pid": os.getpid()})

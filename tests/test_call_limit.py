@@ -1,20 +1,40 @@
-"""`max_concurrent_rpcs` (toolauthz/service/call_limit.py): a call over the cap is refused
-RESOURCE_EXHAUSTED after its request was read, for every kind of handler; the count
-follows each call to its end, errors included; a health Check is never refused."""
+"""`max_concurrent_rpcs` and `max_streaming_rpcs` (toolauthz/service/call_limit.py): a
+call over its cap is refused RESOURCE_EXHAUSTED after its request was read, for every kind
+of handler; the count follows each call to its end, errors and cancellations included; a
+health Check is never refused; open streams (health watches included) and unary calls
+count apart, so neither can starve the other."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as aio_health
 
 from toolauthz.service.running import AioServer
 from toolauthz.telemetry import metrics
 
 LIMIT = 2
+STREAMS = 3  # more than LIMIT: a stream counted with the unary calls would be refused early
+
+
+class Health(aio_health.HealthServicer):
+    """The real health service; `ended` is released as each Watch ends. The call limit
+    gives the place back in the same step of the loop, before any later call is read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = threading.Semaphore(0)
+
+    async def Watch(self, request, context):
+        try:
+            await super().Watch(request, context)
+        finally:
+            self.ended.release()
 
 
 class Held:
@@ -23,6 +43,7 @@ class Held:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.entered = 0
+        self.health = Health()
 
     async def coroutine(self, request, context):
         self.entered += 1
@@ -42,6 +63,12 @@ class Held:
             await asyncio.sleep(0.005)
         yield b"last"
 
+    async def quick(self, request, context):
+        return b"quick"
+
+    async def upload(self, requests, context):  # a client stream: open as long as its client sends
+        return b"".join([r async for r in requests])
+
     async def failing(self, request, context):
         raise RuntimeError("boom")
 
@@ -56,12 +83,13 @@ def server():
             "Plain": grpc.unary_unary_rpc_method_handler(held.plain),
             "Stream": grpc.unary_stream_rpc_method_handler(held.stream),
             "Fail": grpc.unary_unary_rpc_method_handler(held.failing),
+            "Quick": grpc.unary_unary_rpc_method_handler(held.quick),
+            "Upload": grpc.stream_unary_rpc_method_handler(held.upload),
         }),))
-        from grpc_health.v1.health import aio as aio_health
-        health = aio_health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, srv)
+        health_pb2_grpc.add_HealthServicer_to_server(held.health, srv)
 
-    srv = AioServer(build, options=[], max_concurrent_rpcs=LIMIT, thread_pool_size=4)
+    srv = AioServer(build, options=[], max_concurrent_rpcs=LIMIT, max_streaming_rpcs=STREAMS,
+                    thread_pool_size=4)
     port = srv.add_insecure_port("127.0.0.1:0")
     srv.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -111,15 +139,73 @@ def test_a_call_over_the_cap_is_refused_resource_exhausted_then_admitted_again(s
     assert channel.unary_unary(f"/t.S/{method}")(b"x", timeout=5) == b"done"  # the places were given back
 
 
-def test_a_stream_holds_its_place_until_it_ends(server):
+def _watch(channel):
+    """An open health Watch, once it has answered its first status."""
+    health: Any = health_pb2_grpc.HealthStub(channel)
+    watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    return watch
+
+
+def _fill_the_stream_places(channel) -> list:
+    """STREAMS open streams: health watches, and one of our own."""
+    ours = channel.unary_stream("/t.S/Stream")(b"x", timeout=10)
+    assert next(ours) == b"first"
+    return [ours, *(_watch(channel) for _ in range(STREAMS - 1))]
+
+
+def _refused_stream(channel) -> grpc.RpcError:
+    health: Any = health_pb2_grpc.HealthStub(channel)
+    with pytest.raises(grpc.RpcError) as refused:
+        next(health.Watch(health_pb2.HealthCheckRequest(), timeout=5))
+    return refused.value
+
+
+def test_open_streams_never_refuse_a_unary_call_and_over_their_own_cap_are_refused(server):
     held, channel = server
-    streams = [channel.unary_stream("/t.S/Stream")(b"x", timeout=10) for _ in range(LIMIT)]
-    assert [next(s) for s in streams] == [b"first"] * LIMIT
-    assert _over(channel, "Co").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert _over(channel, "Stream", stream=True).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    before = metrics.STREAMING_OVER_LIMIT._value.get(), metrics.CALLS_OVER_LIMIT._value.get()
+    streams = _fill_the_stream_places(channel)
+    assert len(streams) > LIMIT
+    assert [channel.unary_unary("/t.S/Quick")(b"x", timeout=5) for _ in range(2 * LIMIT)] == [b"quick"] * 2 * LIMIT
+    refused = [_refused_stream(channel), _over(channel, "Stream", stream=True)]
+    with pytest.raises(grpc.RpcError) as upload:  # a client stream is a stream too
+        channel.stream_unary("/t.S/Upload")(iter([b"a", b"b"]), timeout=5)
+    refused.append(upload.value)
+    assert {(r.code(), r.details()) for r in refused} == {
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many streams open on this sidecar; retry after a short wait")}
+    assert metrics.STREAMING_OVER_LIMIT._value.get() - before[0] == 3
+    assert metrics.CALLS_OVER_LIMIT._value.get() == before[1]
     held.release.set()
-    assert [list(s) for s in streams] == [[b"last"]] * LIMIT
+    assert list(streams[0]) == [b"last"]
+    for watch in streams[1:]:
+        watch.cancel()
+
+
+def test_unary_calls_at_their_cap_never_refuse_a_stream(server):
+    held, channel = server
+    running = _hold_every_place(held, channel)
+    assert _over(channel, "Quick").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    watch = _watch(channel)
+    assert channel.stream_unary("/t.S/Upload")(iter([b"a", b"b"]), timeout=5) == b"ab"
+    held.release.set()
+    assert [f.result() for f in running] == [b"done"] * LIMIT
+    watch.cancel()
+
+
+def test_a_stream_gives_its_place_back_when_it_ends_or_its_client_cancels(server):
+    held, channel = server
+    streams = _fill_the_stream_places(channel)
+    assert _refused_stream(channel).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    held.release.set()  # our stream ends: its place comes back
+    assert list(streams[0]) == [b"last"]
     assert list(channel.unary_stream("/t.S/Stream")(b"x", timeout=5)) == [b"first", b"last"]
+    for watch in streams[1:]:  # the clients cancel their watches: their places come back
+        watch.cancel()
+        assert held.health.ended.acquire(timeout=5)
+    again = [_watch(channel) for _ in range(STREAMS)]
+    assert _refused_stream(channel).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    for watch in again:
+        watch.cancel()
 
 
 def test_a_failing_handler_gives_its_place_back(server):

@@ -25,11 +25,11 @@ class Handlers:
         self.release = threading.Event()
         self.started = threading.Event()
 
-    async def hold(self, request, context):
+    async def hold_stream(self, request, context):
         self.started.set()
         while not self.release.is_set():
             await asyncio.sleep(0.005)
-        return b"done"
+        yield b"done"
 
     def iterator(self, request, context):  # a plain function returning an iterator, not a generator
         return iter([b"a", b"b"])
@@ -41,9 +41,6 @@ class Handlers:
         yield b"first"
         self.release.wait(10)  # then ends without a second message: grpc.aio's thread can finish
 
-    async def quick(self, request, context):
-        return b"quick"
-
 
 @pytest.fixture
 def server():
@@ -51,17 +48,16 @@ def server():
 
     def build(srv) -> None:
         srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", {
-            "Hold": grpc.unary_unary_rpc_method_handler(h.hold),
+            "HoldStream": grpc.unary_stream_rpc_method_handler(h.hold_stream),
             "Iterator": grpc.unary_stream_rpc_method_handler(h.iterator),
             "StreamIterator": grpc.stream_stream_rpc_method_handler(h.stream_iterator),
             "Generator": grpc.unary_stream_rpc_method_handler(h.generator),
-            "Quick": grpc.unary_unary_rpc_method_handler(h.quick),
         }),))
         from grpc_health.v1.health import aio as aio_health
         health_pb2_grpc.add_HealthServicer_to_server(aio_health.HealthServicer(), srv)
         reflection.enable_server_reflection(["t.S", reflection.SERVICE_NAME], srv)
 
-    srv = AioServer(build, options=[], max_concurrent_rpcs=1, thread_pool_size=4)
+    srv = AioServer(build, options=[], max_concurrent_rpcs=1, max_streaming_rpcs=1, thread_pool_size=4)
     port = srv.add_insecure_port("127.0.0.1:0")
     srv.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -80,7 +76,7 @@ def test_plain_functions_returning_an_iterator_still_stream(server):
 @pytest.mark.parametrize("stream_request", [False, True])
 def test_refusing_a_plain_stream_function_leaves_the_loop_running(server, stream_request):
     h, channel = server
-    held = channel.unary_unary("/t.S/Hold").future(b"x", timeout=10)
+    held = channel.unary_stream("/t.S/HoldStream")(b"x", timeout=10)  # the one stream place
     assert h.started.wait(5)
     with pytest.raises(grpc.RpcError) as refused:
         if stream_request:
@@ -93,7 +89,7 @@ def test_refusing_a_plain_stream_function_leaves_the_loop_running(server, stream
     check = health.Check(health_pb2.HealthCheckRequest(), timeout=3)
     assert check.status == health_pb2.HealthCheckResponse.SERVING
     h.release.set()
-    assert held.result() == b"done"
+    assert list(held) == [b"done"]
 
 
 def test_an_abandoned_plain_generator_stream_gives_its_place_back(server):
@@ -104,7 +100,7 @@ def test_an_abandoned_plain_generator_stream_gives_its_place_back(server):
     codes = []
     for _ in range(100):  # its place comes back when its call ends, not when the generator does
         try:
-            assert channel.unary_unary("/t.S/Quick")(b"x", timeout=3) == b"quick"
+            assert list(channel.unary_stream("/t.S/Iterator")(b"x", timeout=3)) == [b"a", b"b"]
             break
         except grpc.RpcError as exc:
             codes.append(exc.code())

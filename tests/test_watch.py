@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import grpc
 import pytest
 from conftest import make_request, order_entity
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from toolauthz.approvals import ApprovalDesk
 from toolauthz.errors import ResourceExhaustedError, ToolAuthzError
@@ -24,7 +26,7 @@ from toolauthz.proto.toolauthz.v1 import audit_pb2 as aupb
 from toolauthz.proto.toolauthz.v1 import audit_pb2_grpc as aupb_grpc
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
-from toolauthz.server.build import create_server
+from toolauthz.server.build import build_sidecar, create_server
 from toolauthz.server.config import Settings, load_settings
 from toolauthz.service import watching
 from toolauthz.service.callers import UNAUTHENTICATED
@@ -38,7 +40,8 @@ BOB = TrustedContext("acme", Principal("User", "bob"), "approval-ui")
 
 @pytest.fixture
 def settings(settings):
-    """Room for OPEN watches; each takes one of the max_concurrent_rpcs places."""
+    """Room for OPEN watches; each takes one of the max_streaming_rpcs places (1000), and
+    `max_watches` stays below max_concurrent_rpcs too (the HTTP API's waits count there)."""
     return Settings.model_validate({**settings.model_dump(), "max_concurrent_rpcs": 1024,
                                     "approvals": {"max_watches_per_caller": OPEN + 10, "max_watches": OPEN + 10}})
 
@@ -115,6 +118,40 @@ def test_five_hundred_open_watches_leave_the_sidecar_answering(sidecar, server):
 
     run(scenario())
     assert released(sidecar)
+
+
+def test_open_watches_take_stream_places_and_leave_the_unary_places_to_decisions(settings, clock):
+    """As configured through the sidecar's own server: 3 approval watches and 2 health
+    watches, more streams than the 4 unary places, and Authorize still answers; one stream
+    more is over max_streaming_rpcs."""
+    tight = Settings.model_validate({**settings.model_dump(), "max_concurrent_rpcs": 4, "max_streaming_rpcs": 5,
+                                     "approvals": {"max_watches_per_caller": 3, "max_watches": 3}})
+    car = build_sidecar(tight, clock=clock)
+    srv, port = create_server(car, "127.0.0.1:0")
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            ids = await open_pending(channel, 3)
+            streams = [await opened(channel, approval_id) for approval_id in ids]
+            health: Any = health_pb2_grpc.HealthStub(channel)
+            for _ in range(2):
+                streams.append(health.Watch(health_pb2.HealthCheckRequest(), timeout=GENEROUS))
+                assert (await streams[-1].read()).status == health_pb2.HealthCheckResponse.SERVING
+            stub = pb_grpc.ToolAuthorizerStub(channel)
+            for i in range(4):
+                answer = await stub.Authorize(make_request(call_id=f"toolu_free{i}"), timeout=GENEROUS)
+                assert answer.decision == pb.ALLOW and answer.token
+            error = await refused(health.Watch(health_pb2.HealthCheckRequest(), timeout=GENEROUS))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "too many streams" in error.details()
+            for stream in streams:
+                stream.cancel()
+
+    try:
+        run(scenario())
+    finally:
+        srv.stop(None)
+        car.close()
 
 
 def test_a_decision_made_by_another_process_reaches_the_watch(sidecar, server, monkeypatch):
@@ -263,4 +300,7 @@ def test_watches_must_leave_places_to_the_other_calls(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({"max_concurrent_rpcs": 100, "approvals": {"max_watches": 100}}))
     with pytest.raises(ToolAuthzError, match=r"^invalid config: approvals.max_watches \(100\) must be below "):
+        load_settings(path)
+    path.write_text(json.dumps({"max_streaming_rpcs": 100, "approvals": {"max_watches": 100}}))
+    with pytest.raises(ToolAuthzError, match=r"approvals.max_watches \(100\) must be below max_streaming_rpcs"):
         load_settings(path)

@@ -334,6 +334,7 @@ def _start(settings: Settings, build, names: list[str], listener: ListenerSettin
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     server = AioServer(build_all, options=options, max_concurrent_rpcs=settings.max_concurrent_rpcs,
+                       max_streaming_rpcs=settings.max_streaming_rpcs,
                        thread_pool_size=min(32, settings.max_concurrent_rpcs),
                        # Draining: health watchers and probes hear NOT_SERVING first.
                        before_stop=health_servicer.enter_graceful_shutdown)

@@ -65,7 +65,7 @@ class AioServer:
     loop's thread (an aio server belongs to the loop it was made on)."""
 
     def __init__(self, build: Callable[[grpc.aio.Server], None], *, options: list, max_concurrent_rpcs: int,
-                 thread_pool_size: int, name: str = "grpc-loop",
+                 max_streaming_rpcs: int, thread_pool_size: int, name: str = "grpc-loop",
                  before_stop: Callable[[], Awaitable[None]] | None = None):
         self._loop = _LoopThread(name)
         self._before_stop = before_stop
@@ -81,7 +81,7 @@ class AioServer:
         async def create() -> grpc.aio.Server:
             # The cap is ours, not grpc.aio's: see toolauthz/service/call_limit.py.
             server = grpc.aio.server(migration_thread_pool=self._pool, options=options,
-                                     interceptors=[CallLimit(max_concurrent_rpcs)])
+                                     interceptors=[CallLimit(max_concurrent_rpcs, max_streaming_rpcs)])
             build(server)
             return server
 

@@ -44,8 +44,11 @@ AUDIT_WRITE_SECONDS = Histogram("toolauthz_audit_write_duration_seconds",
 AUDIT_WRITE_FAILURES = Counter("toolauthz_audit_write_failures", "Audit commits that failed (no token was sent)")
 SHED = Counter("toolauthz_shed", "Requests refused RESOURCE_EXHAUSTED before they were decided: the decision "
                "queue's wait would have exceeded max_queue_seconds (no token; audited in aggregate)")
-CALLS_OVER_LIMIT = Counter("toolauthz_calls_over_limit", "Calls refused RESOURCE_EXHAUSTED on arrival because "
-                           "max_concurrent_rpcs calls were in progress (no token, safe to retry)")
+CALLS_OVER_LIMIT = Counter("toolauthz_calls_over_limit", "Unary calls refused RESOURCE_EXHAUSTED on arrival "
+                           "because max_concurrent_rpcs calls were in progress (no token, safe to retry)")
+STREAMING_OVER_LIMIT = Counter("toolauthz_streaming_calls_over_limit", "Streaming calls (health and approval "
+                               "watches, reflection, QueryDecisions) refused RESOURCE_EXHAUSTED on arrival because "
+                               "max_streaming_rpcs were open (safe to retry)")
 STORE_ERRORS = Counter("toolauthz_store_errors", "Requests answered UNAVAILABLE because a store failed")
 FORESEEN = Counter("toolauthz_store_foreseen", "PostgreSQL write transactions whose reads were foreseen (one round "
                    "trip), by result: hit, or miss (another replica wrote a row they read; the batch ran again)",

@@ -41,8 +41,9 @@ class ApprovalSettings(StrictModel):
     """How long an approval waits for a decision before it expires."""
     max_watches_per_caller: int = Field(64, ge=1)
     """Open WatchApproval streams, per caller identity and in the whole process; one over either limit is
-    RESOURCE_EXHAUSTED. Every unauthenticated caller counts as one. A watch takes one of the
-    `max_concurrent_rpcs` places while open, so `max_watches` must leave some of those to the other calls."""
+    RESOURCE_EXHAUSTED. Every unauthenticated caller counts as one. A gRPC watch takes one of the
+    `max_streaming_rpcs` places while open, an HTTP wait one of the HTTP API's `max_concurrent_rpcs`, so
+    `max_watches` must stay below both."""
     max_watches: int = Field(128, ge=1)
     """Open WatchApproval streams in the whole process."""
 

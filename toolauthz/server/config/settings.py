@@ -64,8 +64,14 @@ class Settings(StrictModel):
     reload_poll_seconds: float = Field(1.0, ge=0)
     """Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only."""
     max_concurrent_rpcs: int = Field(256, ge=1)
-    """Calls the server handles at once, over every service; one more is RESOURCE_EXHAUSTED once its request was
-    read, before its handler runs (a health Check never is)."""
+    """Unary calls (Authorize, Verify, ...) the server handles at once, over every service; one more is
+    RESOURCE_EXHAUSTED once its request was read, before its handler runs (a health Check never is). Streaming
+    calls count apart, in `max_streaming_rpcs`."""
+    max_streaming_rpcs: int = Field(1000, ge=1)
+    """Streaming calls open at once (health Watch, reflection, WatchApproval, QueryDecisions), over every service;
+    one more is RESOURCE_EXHAUSTED once its request was read. They count apart from `max_concurrent_rpcs`: a
+    stream stays open as long as its client wants, and idle streams must not refuse the decisions. Not HTTP/2's
+    MAX_CONCURRENT_STREAMS, which is `max_streams_per_connection`."""
     max_queue_seconds: float = Field(0.5, ge=0, le=60)
     """A call that would wait longer than this for its decision, or past its own deadline, is refused at once
     (RESOURCE_EXHAUSTED, no token, safe to retry): the queue is bounded by time and takes the connections' calls
@@ -151,10 +157,15 @@ class Settings(StrictModel):
 
     @model_validator(mode="after")
     def _watches_leave_room(self) -> Settings:
-        if self.approvals.max_watches >= self.max_concurrent_rpcs:
-            raise ValueError(f"approvals.max_watches ({self.approvals.max_watches}) must be below "
-                             f"max_concurrent_rpcs ({self.max_concurrent_rpcs}): open watches take places of "
-                             "max_concurrent_rpcs, and Authorize needs some")
+        watches = self.approvals.max_watches
+        if watches >= self.max_concurrent_rpcs:  # the HTTP API's waits count as its calls
+            raise ValueError(f"approvals.max_watches ({watches}) must be below max_concurrent_rpcs "
+                             f"({self.max_concurrent_rpcs}): open HTTP approval waits take places of "
+                             "max_concurrent_rpcs on the HTTP API, and its decisions need some")
+        if watches >= self.max_streaming_rpcs:
+            raise ValueError(f"approvals.max_watches ({watches}) must be below max_streaming_rpcs "
+                             f"({self.max_streaming_rpcs}): open WatchApproval streams take places of "
+                             "max_streaming_rpcs, and health watches need some")
         return self
 
     @model_validator(mode="after")

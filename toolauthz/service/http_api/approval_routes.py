@@ -15,7 +15,7 @@ A wait is a long poll: it answers as soon as the approval is decided or expires,
 the end of `wait_seconds` with the approval as it is then. It holds one of the watch
 places of service/watching.py (per caller and in the process, shared with gRPC's
 WatchApproval) from before it reads the store, so a flood of waits is refused at once
-with 429 and never reaches the store; `approvals.max_watches` is below the listener's
+with 429 and never reaches the store; `approvals.max_watches` is below the HTTP API's
 `max_concurrent_rpcs`, so open waits always leave places for decisions. A client that
 disconnects ends its wait and frees its place.
 """
