@@ -9,9 +9,9 @@ printed with its target beside the figure:
    half that rate; p50, p99 and p99/p50 (target: at most 5), on SQLite and, with
    `--store postgresql://...`, on PostgreSQL (direct, no proxy).
 3. Goodput at 2.5x: the open loop at 2.5 times the maximum against the default
-   configuration (bench/overload.py's run, on the SQLite server of 2.), goodput over the
-   mean of its maximum measured just before and just after, and the accepted calls' p99,
-   twice: with clients that throttle themselves as the SDKs do by default
+   configuration (bench/goodput.py, as bench/overload.py runs it, on the SQLite server of
+   2.), goodput over the mean of its maximum measured just before and just after, and
+   the accepted calls' p99, twice: with clients that throttle themselves as the SDKs do by default
    (toolauthz.client.throttle; target: at least 0.9), then with raw gRPC clients that
    send every call (no target: refusing in a Python gRPC process costs what a no-op RPC
    costs, docs/performance.md).
@@ -33,16 +33,15 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from bench import bundles, load, overload, servers, stats, timelines
+from bench import bundles, goodput, load, overload, servers, stats, timelines
 from bench.delay_proxy import DelayProxy
+from bench.goodput import CONCURRENCY
 from bench.stores import fresh_schema
 
 TARGET_ROUND_TRIPS = 1.5
 TARGET_TAIL = 5.0
-TARGET_GOODPUT = overload.TARGET_GOODPUT
 FACTOR = 2.5
 DELAY = 0.010  # seconds each way: a database in another zone
-CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -120,11 +119,12 @@ def round_trips(url: str, root: pathlib.Path, plan: Plan) -> dict:
             "target": TARGET_ROUND_TRIPS, "pass": median <= TARGET_ROUND_TRIPS}
 
 
-def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, timeline: bool) -> dict:
-    """Measures 2 and (`goodput`) 3 on one sidecar with the default configuration."""
+def half_load(store: str, root: pathlib.Path, plan: Plan, *, overloaded: bool, timeline: bool) -> dict:
+    """Measures 2 and (`overloaded`) 3 on one sidecar with the default configuration."""
     drop = None
     bundle = bundles.generate_bundle(root / f"bundle-{plan.policies}", plan.policies)
     tools = bundles.tool_count(plan.policies)
+    loops = goodput.Loops(tools, plan.procs, plan.closed_seconds, plan.open_seconds)
     settings = {"bundle": str(bundle), "data_dir": str(root / f"data-{time.monotonic_ns()}"),
                 "listen": "127.0.0.1:0", "tokens": {"lifetime_seconds": 600}}
     if store != "sqlite":
@@ -136,7 +136,7 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     try:
         server = servers.start_sidecar(settings, timelines=timeline)
         try:
-            closed = _closed_loop(server, plan, tools)
+            closed = goodput.closed_loop(server, loops)
             capacity = closed.timed_ok / closed.seconds
             if timeline:
                 server.timelines()  # forget the closed loop's
@@ -154,8 +154,8 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
             row["target"], row["pass"] = TARGET_TAIL, row["p99_over_p50"] <= TARGET_TAIL
             if timeline:
                 row["timeline"] = timelines.summarize(server.timelines(), half.by_call)
-            if goodput:  # bench/overload.py's open loop, at FACTOR x the capacity just measured
-                row["goodput"] = {clients: _goodput(server, plan, tools, throttle=clients == "sdk")
+            if overloaded:  # as bench/overload.py runs it
+                row["goodput"] = {clients: goodput.over_maximum(server, loops, FACTOR, throttle=clients == "sdk")
                                   for clients in ("sdk", "raw")}
         finally:
             server.stop()
@@ -165,40 +165,13 @@ def half_load(store: str, root: pathlib.Path, plan: Plan, *, goodput: bool, time
     return row
 
 
-def _closed_loop(server, plan: Plan, tools: int) -> load.RunResult:
-    """The closed loop that measures the maximum: CONCURRENCY Authorize calls in flight."""
-    return load.closed_loop(server.address, rpc="authorize", concurrency=CONCURRENCY, procs=plan.procs,
-                            duration=plan.closed_seconds, tools=tools, prefix=f"max{time.monotonic_ns() % 10**9}",
-                            max_calls=10**6, cpu=server.cpu_seconds)
-
-
-def _capacity(server, plan: Plan, tools: int) -> float:
-    closed = _closed_loop(server, plan, tools)
-    return closed.timed_ok / closed.seconds
-
-
-def _goodput(server, plan: Plan, tools: int, *, throttle: bool) -> dict:
-    # The capacity just before and just after, and the goodput over their mean: a 2-core
-    # VM's speed drifts by tens of percent within minutes, and a capacity measured a run
-    # earlier would make that drift the figure.
-    before = _capacity(server, plan, tools)
-    over = overload._open(server.address, before * FACTOR, plan.open_seconds, tools, plan.procs,
-                          server.cpu_seconds, throttle=throttle)
-    after = _capacity(server, plan, tools)
-    capacity = (before + after) / 2
-    ratio = over["goodput_per_s"] / capacity
-    return {"factor": FACTOR, "capacity_per_s": capacity, "capacity_before_per_s": before,
-            "capacity_after_per_s": after, **over, "goodput_ratio": ratio,
-            "target": TARGET_GOODPUT, "pass": ratio >= TARGET_GOODPUT}
-
-
 def measure(store: str, root: pathlib.Path, plan: Plan, timeline: bool) -> dict:
     run: dict = {"round_trips": None, "tails": []}
     if store != "sqlite":
         run["round_trips"] = round_trips(store, root, plan)
         print_round_trips(run["round_trips"])
     for each in ["sqlite"] + ([store] if store != "sqlite" else []):
-        row = half_load(each, root, plan, goodput=each == "sqlite", timeline=timeline)
+        row = half_load(each, root, plan, overloaded=each == "sqlite", timeline=timeline)
         run["tails"].append(row)
         print_tail(row)
     run["goodput"] = run["tails"][0].pop("goodput")
