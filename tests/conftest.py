@@ -183,6 +183,27 @@ def stub(channel) -> pb_grpc.ToolAuthorizerStub:
 
 
 @pytest.fixture
+def serve_authorizer():
+    """`serve_authorizer(servicer)`: a fake sidecar (a ToolAuthorizer servicer) on port 0,
+    its address returned; stopped when the test ends."""
+    from concurrent import futures
+
+    started = []
+
+    def start(servicer: pb_grpc.ToolAuthorizerServicer) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_ToolAuthorizerServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        started.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in started:
+        server.stop(None)
+
+
+@pytest.fixture
 def spans():
     """Tracing on, into an in-memory exporter, for the test's duration."""
     from opentelemetry.sdk.trace import TracerProvider

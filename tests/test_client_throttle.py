@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from concurrent import futures
 
 import grpc
 import pytest
@@ -222,23 +221,6 @@ class Answering(Refusing):
         return pb.AuthorizeResponse(decision=pb.ALLOW, decision_id="d")
 
 
-@pytest.fixture
-def serve():
-    started = []
-
-    def start(servicer):
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_ToolAuthorizerServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        started.append(server)
-        return f"127.0.0.1:{port}"
-
-    yield start
-    for server in started:
-        server.stop(None)
-
-
 def _proposed(i: int) -> ProposedCall:
     return ProposedCall.of(f"toolu_{i}", "issue_refund", '{"order_id": "ord_1", "amount_cents": 1}')
 
@@ -254,9 +236,9 @@ def _codes(client: AuthzClient, n: int) -> list:
     return codes
 
 
-def test_a_refusing_sidecar_sees_a_fraction_of_the_calls(serve):
+def test_a_refusing_sidecar_sees_a_fraction_of_the_calls(serve_authorizer):
     servicer = Refusing()
-    with AuthzClient(serve(servicer), retry=NO_RETRY) as client:
+    with AuthzClient(serve_authorizer(servicer), retry=NO_RETRY) as client:
         codes = _codes(client, 300)
         verified = [client.verify("not-a-token", ALICE, _proposed(1)) for _ in range(30)]
     assert all(code is not None and code[1] == RE for code in codes)
@@ -269,24 +251,24 @@ def test_a_refusing_sidecar_sees_a_fraction_of_the_calls(serve):
     assert servicer.seen["Verify"] == 30 and all(not v.valid for v in verified)  # never throttled
 
 
-def test_without_a_throttle_every_call_reaches_the_sidecar(serve):
+def test_without_a_throttle_every_call_reaches_the_sidecar(serve_authorizer):
     servicer = Refusing()
-    with AuthzClient(serve(servicer), retry=NO_RETRY, throttle=None) as client:
+    with AuthzClient(serve_authorizer(servicer), retry=NO_RETRY, throttle=None) as client:
         codes = _codes(client, 100)
     assert servicer.seen["Authorize"] == 100
     assert all(code == (False, RE) for code in codes)
 
 
-def test_a_healthy_sidecar_sees_every_call(serve):
+def test_a_healthy_sidecar_sees_every_call(serve_authorizer):
     servicer = Answering()
-    with AuthzClient(serve(servicer), retry=NO_RETRY) as client:
+    with AuthzClient(serve_authorizer(servicer), retry=NO_RETRY) as client:
         codes = _codes(client, 200)
     assert codes == [None] * 200 and servicer.seen["Authorize"] == 200
 
 
-def test_the_async_client_throttles_the_same_way(serve):
+def test_the_async_client_throttles_the_same_way(serve_authorizer):
     servicer = Refusing()
-    address = serve(servicer)
+    address = serve_authorizer(servicer)
 
     async def scenario() -> list:
         async with AsyncAuthzClient(address, retry=NO_RETRY) as client:

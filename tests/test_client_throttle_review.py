@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from concurrent import futures
 
 import grpc
 import pytest
@@ -62,15 +61,12 @@ class Slow(pb_grpc.ToolAuthorizerServicer):
         return pb.AuthorizeResponse(decision=pb.ALLOW, decision_id="d")
 
 
-def test_a_cancelled_async_call_counts_as_answered_not_as_an_overload():
+def test_a_cancelled_async_call_counts_as_answered_not_as_an_overload(serve_authorizer):
     servicer = Slow()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_ToolAuthorizerServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    address = serve_authorizer(servicer)
 
     async def scenario() -> AdaptiveThrottle:
-        async with AsyncAuthzClient(f"127.0.0.1:{port}", retry=NO_RETRY) as client:
+        async with AsyncAuthzClient(address, retry=NO_RETRY) as client:
             call = ProposedCall.of("toolu_1", "issue_refund", ARGS)
             task = asyncio.ensure_future(client.authorize(ALICE, call))
             while not servicer.started.is_set():
@@ -85,7 +81,6 @@ def test_a_cancelled_async_call_counts_as_answered_not_as_an_overload():
         t = asyncio.run(scenario())
     finally:
         servicer.release.set()
-        server.stop(None)
     assert (sum(t._requests), sum(t._answered), sum(t._refused)) == (1, 1, 0)
 
 
