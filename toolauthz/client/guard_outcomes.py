@@ -31,6 +31,14 @@ log = logging.getLogger("toolauthz.client")
 _DECISIONS = {pb.ALLOW: "ALLOW", pb.DENY: "DENY", pb.APPROVAL_REQUIRED: "APPROVAL_REQUIRED"}
 _NOT_OURS = ("call_id_reused", "call_in_progress")  # DENY codes whose ledger row is another call's
 _SETTLED = (apb.APPROVED, apb.REJECTED, apb.EXPIRED)  # approval states that end a wait
+# An Authorize failed with these is transient (`authorization_unavailable`): the call was
+# not decided, or its answer was lost, and asking again with the same call id is safe.
+# CANCELLED is gRPC's core refusing a call its full backlog cannot hold (or a channel
+# closed under the call); a user's own cancellation never arrives as an RpcError
+# (asyncio: the task's CancelledError; the blocking Guard checks its `cancel` event
+# between steps).
+_UNDECIDED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
 
 
 class Outcomes(CallTable):
@@ -176,6 +184,4 @@ class Outcomes(CallTable):
     def _authorize_failed(call: ProposedCall, exc: grpc.RpcError) -> str:
         code = exc.code()
         log.warning("Authorize of call %s failed: %s %s", call.call_id, code, exc.details())
-        transient = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                             grpc.StatusCode.RESOURCE_EXHAUSTED)
-        return "authorization_unavailable" if transient else "authorization_error"
+        return "authorization_unavailable" if code in _UNDECIDED else "authorization_error"

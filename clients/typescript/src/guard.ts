@@ -44,7 +44,11 @@ const DECISIONS: Record<number, string> = { [pb.Decision.ALLOW]: "ALLOW", [pb.De
   [pb.Decision.APPROVAL_REQUIRED]: "APPROVAL_REQUIRED" };
 const NOT_OURS = ["call_id_reused", "call_in_progress"]; // DENY codes whose ledger row is another call's
 const SETTLED = [apb.ApprovalStatus.APPROVED, apb.ApprovalStatus.REJECTED, apb.ApprovalStatus.EXPIRED];
-const TRANSIENT = ["UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"];
+// An Authorize failed with these is `authorization_unavailable`: undecided (or its answer
+// lost), safe to ask again with the same call id. CANCELLED is gRPC's core refusing a call
+// its full backlog cannot hold (or a client closed under the call); the user's AbortSignal
+// never reaches Authorize or AuthorizeBatch, so it cannot be that.
+const TRANSIENT = ["UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"];
 
 /** The RPCs a Guard makes: an AuthzClient, or a stand-in with the same methods. */
 export type GuardClient = Pick<AuthzClient, "authorize" | "authorizeBatch" | "verify" | "reportOutcome"

@@ -10,8 +10,10 @@ import * as grpc from "@grpc/grpc-js";
 
 import { AuthzClient, RpcError } from "../src/client.js";
 import { Principal, ProposedCall, TrustedContext } from "../src/context.js";
+import { Guard } from "../src/guard.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { RetryPolicy } from "../src/retry.js";
+import { ToolSet } from "../src/tools.js";
 
 const CONTEXT = new TrustedContext("acme", new Principal("User", "alice"), "run-1");
 const CALL = new ProposedCall("c1", "issue_refund", "{}");
@@ -131,6 +133,26 @@ describe("retries", () => {
     const client = fresh({});
     garbage = true;
     await assert.rejects(client.getStatus(), (e: RpcError) => e.code === "INTERNAL");
+    client.close();
+  });
+});
+
+describe("CANCELLED from the sidecar's side (gRPC's core refusing a call its full backlog cannot hold)", () => {
+  test("is not retried, and the Guard fails the call closed as authorization_unavailable", async () => {
+    const client = fresh({ Authorize: [grpc.status.CANCELLED], AuthorizeBatch: [grpc.status.CANCELLED] });
+    let runs = 0;
+    const tools = new ToolSet();
+    tools.register("issue_refund", () => { runs++; return {}; });
+    const guard = new Guard(client, CONTEXT, tools);
+    const one = await guard.run("c1", "issue_refund", "{}");
+    const turn = await guard.runTurn([["t1", "issue_refund", "{}"], ["t2", "issue_refund", "{}"]]);
+    assert.deepEqual([one, ...turn].map((r) => [r.status, r.code, r.executed, r.reported]),
+      Array(3).fill(["failed", "authorization_unavailable", false, "recorded"]));
+    assert.match(one.content, /right now/);
+    assert.equal(runs, 0);
+    assert.equal(attempts.get("Authorize"), 1);
+    assert.equal(attempts.get("AuthorizeBatch"), 1);
+    assert.equal(attempts.get("ReportOutcome"), 3);
     client.close();
   });
 });
