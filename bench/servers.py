@@ -115,13 +115,15 @@ def noop_server_main(conn, options: dict[str, Any]) -> None:
 
     stop = threading.Event()
     _watchdog(stop, options.get("max_seconds", DEFAULT_MAX_SECONDS), options["parent"])
-    max_bytes, max_rpcs = options.get("max_message_bytes", 4 << 20), options.get("max_concurrent_rpcs", 256)
+    defaults = Settings.model_fields
+    max_bytes = options.get("max_message_bytes", 4 << 20)
+    max_rpcs = options.get("max_concurrent_rpcs", defaults["max_concurrent_rpcs"].default)
     server = AioServer(lambda s: pb_grpc.add_ToolAuthorizerServicer_to_server(Noop(), s),
                        options=[("grpc.max_receive_message_length", max_bytes),
                                 ("grpc.max_send_message_length", max_bytes),
                                 ("grpc.so_reuseport", 1 if options.get("reuse_port") else 0)],
                        max_concurrent_rpcs=max_rpcs, thread_pool_size=min(32, max_rpcs), name="noop-loop",
-                       max_streaming_rpcs=Settings.model_fields["max_streaming_rpcs"].default)
+                       max_streaming_rpcs=defaults["max_streaming_rpcs"].default)
     port = server.add_insecure_port(f"{HOST}:{options.get('port', 0)}")
     server.start()
     conn.send({"port": port, "pid": os.getpid()})

@@ -95,6 +95,36 @@ def test_a_request_that_would_wait_too_long_is_refused_at_once_undecided(sidecar
     assert pump.shed == 1 and told == [1] and metrics.SHED._value.get() == shed_before + 1
 
 
+def test_the_running_batch_counts_for_what_is_left_of_it(sidecar, pump, ticks):
+    """A batch that has run for as long as its plans take holds no place in the queue's
+    wait: counted whole until it ends, a long batch would refuse every call arriving while
+    it runs, in a burst."""
+    clock = ticks
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, entered, release = held(clock, 0.1)  # one plan takes 0.1 s, as the pump measures it
+        task = asyncio.ensure_future(pump.answer(first))
+        await loop.run_in_executor(None, entered.wait, 30)
+        release.set()
+        await _settled(task)
+        second, entered, release = held(clock, 0.0)
+        busy = asyncio.ensure_future(pump.answer(second))
+        await loop.run_in_executor(None, entered.wait, 30)
+        clock.now += 0.1  # the running batch has taken what its one plan takes: nothing left of it
+        fits = [asyncio.ensure_future(pump.answer(plan_for(sidecar, f"fits-{n}"))) for n in range(2)]
+        await asyncio.sleep(0)  # 0.1 s and 0.2 s of wait: within 0.25 s (the whole batch: 0.3 s for the second)
+        with pytest.raises(ResourceExhaustedError, match="overloaded"):  # 0.3 s
+            await pump.answer(plan_for(sidecar, "refused"))
+        release.set()
+        await _settled(busy)
+        return await asyncio.gather(*fits)
+
+    answers = asyncio.run(main())
+    assert [answer.decision for answer in answers] == [Decision.ALLOW, Decision.ALLOW]
+    assert pump.shed == 1
+
+
 def test_a_request_that_waited_over_twice_the_bound_is_refused_unplanned(sidecar, pump, ticks):
     clock = ticks
     planned = []

@@ -106,6 +106,7 @@ class DecisionPump:
         self._plan_seconds = 0.0  # what a plan took in the last batches (smoothed)
         self._queued_plans = 0  # plans queued and in the running batch
         self._running_plans = 0
+        self._running_since = 0.0  # when the running batch began, on `clock`
         self._shed = 0
         self.on_shed: Callable[[int], None] | None = None  # refusals to audit in aggregate (their count)
         self._max_batch = max_batch
@@ -232,13 +233,18 @@ class DecisionPump:
         raise refusal
 
     def _refusal(self, peer: str, plans: int, deadline: float | None) -> ResourceExhaustedError | None:
-        """Why `plans` plans of `peer` would be refused now (None: admitted): with the
-        plans of the running batch and those before them in the queue's round robin,
+        """Why `plans` plans of `peer` would be refused now (None: admitted): after what
+        is left of the running batch and the plans before them in the queue's round robin,
         they would wait longer than the bound, or past their deadline."""
         if self._max_queue_seconds is None:
             return None
-        wait = (self._running_plans + self._jobs.position(peer, plans)) * self._plan_seconds
-        if deadline is not None and self._clock() + wait > deadline:
+        now = self._clock()
+        # The running batch counts for what is left of it: counted whole until it ends, a
+        # batch of hundreds would refuse every call arriving while it runs, in a burst that
+        # throttling clients answer by sending too little, and the pump would then idle.
+        left = max(0.0, self._running_plans * self._plan_seconds - (now - self._running_since))
+        wait = left + self._jobs.position(peer, plans) * self._plan_seconds
+        if deadline is not None and now + wait > deadline:
             return ResourceExhaustedError("overloaded: the request cannot be decided before its deadline; "
                                           "retry with a longer deadline or after a short wait")
         if self._queued_plans + plans > self._min_queue and wait > self._max_queue_seconds:
@@ -300,7 +306,7 @@ class DecisionPump:
                     return  # closed and drained
                 batch, plans = self._jobs.take(self._max_batch)  # as many as fit in one transaction
                 self._busy, self._running_plans = True, plans
-            began = self._clock()
+                self._running_since = began = self._clock()
             batch, gone, late = self._unwanted(batch, plans, began)
             if gone or late:
                 self._told_shed(sum(job.plans for job in gone + late))

@@ -63,10 +63,12 @@ class Settings(StrictModel):
     """Development convenience: create the token and audit keys under data_dir if absent."""
     reload_poll_seconds: float = Field(1.0, ge=0)
     """Seconds between looks at the bundle directory for changes; 0 = reload on SIGHUP only."""
-    max_concurrent_rpcs: int = Field(256, ge=1)
+    max_concurrent_rpcs: int = Field(1024, ge=1)
     """Unary calls (Authorize, Verify, ...) the server handles at once, over every service; one more is
     RESOURCE_EXHAUSTED once its request was read, before its handler runs (a health Check never is). Streaming
-    calls count apart, in `max_streaming_rpcs`."""
+    calls count apart, in `max_streaming_rpcs`. A backstop for memory: under load the decision queue's bound
+    in time (`max_queue_seconds`) refuses first, fairly across connections, as long as this stays above the
+    calls a worker decides in that time plus a batch (256)."""
     max_streaming_rpcs: int = Field(1000, ge=1)
     """Streaming calls open at once (health Watch, reflection, WatchApproval, QueryDecisions), over every service;
     one more is RESOURCE_EXHAUSTED once its request was read. They count apart from `max_concurrent_rpcs`: a
