@@ -14,6 +14,7 @@ from conftest import make_request
 
 from toolauthz.errors import InputError, ResourceExhaustedError
 from toolauthz.model import Decision
+from toolauthz.server.admission import batch_limit, waiting_time
 from toolauthz.server.pump import DecisionPump
 from toolauthz.service.common import proposed_call, trusted_context
 from toolauthz.telemetry import metrics
@@ -30,6 +31,14 @@ class Clock:
 def plan_for(car, call_id: str):
     request = make_request(call_id=call_id, request_id=f"run-{call_id}")
     return lambda: car.authorizer.plan_authorize(trusted_context(request.context), proposed_call(request.call))
+
+
+def taking(clock: Clock, seconds: float, make_plan):
+    """`make_plan`, planned in `seconds` on the pump's clock."""
+    def timed():
+        clock.now += seconds
+        return make_plan()
+    return timed
 
 
 def held(clock: Clock, advance: float):
@@ -123,6 +132,48 @@ def test_the_running_batch_counts_for_what_is_left_of_it(sidecar, pump, ticks):
     answers = asyncio.run(main())
     assert [answer.decision for answer in answers] == [Decision.ALLOW, Decision.ALLOW]
     assert pump.shed == 1
+
+
+def test_a_batch_takes_at_most_a_quarter_of_the_bound(sidecar, ticks):
+    """Every call waits for its whole batch: under a bound of 1 s, with plans measured at
+    0.1 s, a batch takes two plans (0.25 s), not the whole queue."""
+    clock = ticks
+    pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=clock, max_queue_seconds=1.0, min_queue=0)
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            first, entered, release = held(clock, 0.1)
+            task = asyncio.ensure_future(pump.answer(first))
+            await loop.run_in_executor(None, entered.wait, 30)
+            release.set()
+            await _settled(task)
+            second, entered, release = held(clock, 0.1)
+            busy = asyncio.ensure_future(pump.answer(second))
+            await loop.run_in_executor(None, entered.wait, 30)
+            queued = [asyncio.ensure_future(pump.answer(taking(clock, 0.1, plan_for(sidecar, f"q-{n}"))))
+                      for n in range(6)]
+            await asyncio.sleep(0)
+            batches = pump.batches
+            release.set()
+            await _settled(busy)
+            answers = await asyncio.gather(*queued)
+            return answers, pump.batches - batches
+
+        answers, batches = asyncio.run(main())
+    finally:
+        pump.close()
+    assert [answer.decision for answer in answers] == [Decision.ALLOW] * 6
+    assert batches == 1 + 3  # the held one, then the six queued calls two by two
+
+
+def test_the_wait_and_the_batch_limit_by_their_numbers():
+    assert waiting_time(200, 0.0, 10, 0.002) == pytest.approx(0.42)  # a batch just begun counts whole
+    assert waiting_time(200, 0.3, 10, 0.002) == pytest.approx(0.12)  # ... and for what is left of it
+    assert waiting_time(200, 1.0, 10, 0.002) == pytest.approx(0.02)  # never less than nothing
+    assert batch_limit(256, None, 0.002) == 256  # no bound: one transaction's worth
+    assert batch_limit(256, 0.5, 0.0) == 256  # nothing measured yet
+    assert batch_limit(256, 0.5, 0.0024) == 52
+    assert batch_limit(256, 0.5, 1.0) == 1  # always at least one
 
 
 def test_a_request_that_waited_over_twice_the_bound_is_refused_unplanned(sidecar, pump, ticks):

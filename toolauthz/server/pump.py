@@ -30,7 +30,9 @@ round robin, or past its own deadline, is refused at once with ResourceExhausted
 before any work is spent on it; under load, one that has waited over twice the bound or
 past its deadline, or whose caller went away, by the time a batch takes it is refused
 then, unplanned. Each refusal is counted (`metrics.SHED`) and handed to `on_shed`
-(outside the pump's lock), where they are audited in aggregate.
+(outside the pump's lock), where they are audited in aggregate. A batch then takes at
+most a quarter of the bound's plans, so an admitted call waits at most about 1.25 times
+the bound: the queue before it, and its own batch.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
@@ -52,7 +54,7 @@ from typing import Any
 
 from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
-from toolauthz.server.admission import FairQueue, unwanted
+from toolauthz.server.admission import FairQueue, batch_limit, unwanted, waiting_time
 from toolauthz.store.group_commit import MAX_BATCH
 from toolauthz.telemetry import metrics, timeline
 
@@ -60,7 +62,7 @@ log = logging.getLogger("toolauthz.pump")
 
 
 _SMOOTHING = 0.2  # weight of the newest batch in the time a plan takes
-MIN_QUEUE = 64  # plans that may always queue: they share the next batch
+MIN_QUEUE = 64  # plans that may always queue: they share the next batches
 
 
 class _Job:
@@ -239,11 +241,8 @@ class DecisionPump:
         if self._max_queue_seconds is None:
             return None
         now = self._clock()
-        # The running batch counts for what is left of it: counted whole until it ends, a
-        # batch of hundreds would refuse every call arriving while it runs, in a burst that
-        # throttling clients answer by sending too little, and the pump would then idle.
-        left = max(0.0, self._running_plans * self._plan_seconds - (now - self._running_since))
-        wait = left + self._jobs.position(peer, plans) * self._plan_seconds
+        wait = waiting_time(self._running_plans, now - self._running_since, self._jobs.position(peer, plans),
+                            self._plan_seconds)
         if deadline is not None and now + wait > deadline:
             return ResourceExhaustedError("overloaded: the request cannot be decided before its deadline; "
                                           "retry with a longer deadline or after a short wait")
@@ -304,7 +303,8 @@ class DecisionPump:
                 self._cond.wait_for(lambda: self._jobs or self._closed)
                 if not self._jobs:
                     return  # closed and drained
-                batch, plans = self._jobs.take(self._max_batch)  # as many as fit in one transaction
+                batch, plans = self._jobs.take(batch_limit(self._max_batch, self._max_queue_seconds,
+                                                           self._plan_seconds))
                 self._busy, self._running_plans = True, plans
                 self._running_since = began = self._clock()
             batch, gone, late = self._unwanted(batch, plans, began)
