@@ -73,6 +73,21 @@ async def _settled(task):
         return exc
 
 
+async def measured(pump, clock: Clock, seconds: float) -> None:
+    """One plan run on the pump in `seconds`: what a plan takes, as the pump measures it."""
+    task, release = await holding(pump, clock, seconds)
+    release.set()
+    await _settled(task)
+
+
+async def holding(pump, clock: Clock, advance: float):
+    """A plan that holds the pump (`held`), once it does: its task and its release."""
+    make_plan, entered, release = held(clock, advance)
+    task = asyncio.ensure_future(pump.answer(make_plan))
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+    return task, release
+
+
 def test_a_request_that_would_wait_too_long_is_refused_at_once_undecided(sidecar, pump, ticks):
     clock = ticks
     shed_before = metrics.SHED._value.get()
@@ -111,15 +126,8 @@ def test_the_running_batch_counts_for_what_is_left_of_it(sidecar, pump, ticks):
     clock = ticks
 
     async def main():
-        loop = asyncio.get_running_loop()
-        first, entered, release = held(clock, 0.1)  # one plan takes 0.1 s, as the pump measures it
-        task = asyncio.ensure_future(pump.answer(first))
-        await loop.run_in_executor(None, entered.wait, 30)
-        release.set()
-        await _settled(task)
-        second, entered, release = held(clock, 0.0)
-        busy = asyncio.ensure_future(pump.answer(second))
-        await loop.run_in_executor(None, entered.wait, 30)
+        await measured(pump, clock, 0.1)  # one plan takes 0.1 s
+        busy, release = await holding(pump, clock, 0.0)
         clock.now += 0.1  # the running batch has taken what its one plan takes: nothing left of it
         fits = [asyncio.ensure_future(pump.answer(plan_for(sidecar, f"fits-{n}"))) for n in range(2)]
         await asyncio.sleep(0)  # 0.1 s and 0.2 s of wait: within 0.25 s (the whole batch: 0.3 s for the second)
@@ -141,15 +149,8 @@ def test_a_batch_takes_at_most_a_quarter_of_the_bound(sidecar, ticks):
     pump = DecisionPump(sidecar.authorizer, inline_after=None, clock=clock, max_queue_seconds=1.0, min_queue=0)
     try:
         async def main():
-            loop = asyncio.get_running_loop()
-            first, entered, release = held(clock, 0.1)
-            task = asyncio.ensure_future(pump.answer(first))
-            await loop.run_in_executor(None, entered.wait, 30)
-            release.set()
-            await _settled(task)
-            second, entered, release = held(clock, 0.1)
-            busy = asyncio.ensure_future(pump.answer(second))
-            await loop.run_in_executor(None, entered.wait, 30)
+            await measured(pump, clock, 0.1)
+            busy, release = await holding(pump, clock, 0.1)
             queued = [asyncio.ensure_future(pump.answer(taking(clock, 0.1, plan_for(sidecar, f"q-{n}"))))
                       for n in range(6)]
             await asyncio.sleep(0)

@@ -77,7 +77,9 @@ class Settings(StrictModel):
     max_queue_seconds: float = Field(0.5, ge=0, le=60)
     """A call that would wait longer than this for its decision, or past its own deadline, is refused at once
     (RESOURCE_EXHAUSTED, no token, safe to retry): the queue is bounded by time and takes the connections' calls
-    in turn (server/pump.py). 0: no bound, and no refusal by deadline either."""
+    in turn (server/pump.py). The estimate starts once the event loop has read the call, so under sustained
+    overload an admitted call waits up to about twice this in all. 0: no bound, and no refusal by deadline
+    either."""
     max_streams_per_connection: int = Field(0, ge=0, le=65536)
     """Calls one client connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS), enforced by gRPC's
     transport before the interpreter sees a call: a client waits to send more, and what it sent over the
