@@ -172,6 +172,7 @@ def test_the_wait_and_the_batch_limit_by_their_numbers():
     assert waiting_time(200, 0.3, 10, 0.002) == pytest.approx(0.12)  # ... and for what is left of it
     assert waiting_time(200, 1.0, 10, 0.002) == pytest.approx(0.02)  # never less than nothing
     assert batch_limit(256, None, 0.002) == 256  # no bound: one transaction's worth
+    assert batch_limit(256, 0.0, 0.002) == 256  # 0 is no bound too, never batches of one
     assert batch_limit(256, 0.5, 0.0) == 256  # nothing measured yet
     assert batch_limit(256, 0.5, 0.0024) == 52
     assert batch_limit(256, 0.5, 1.0) == 1  # always at least one

@@ -133,6 +133,6 @@ def batch_limit(max_batch: int, bound: float | None, plan_seconds: float) -> int
     queue bounded in time, those of a quarter of the bound. Every call waits for its
     whole batch, the plans taken after it included: in batches of 256 plans (0.6 s each
     at 2.5x load), the accepted calls waited over twice the bound."""
-    if bound is None or not plan_seconds:
+    if not bound or not plan_seconds:  # unbounded (None or 0), or nothing measured yet
         return max_batch
     return max(1, min(max_batch, int(bound / BATCH_SHARE / plan_seconds)))
