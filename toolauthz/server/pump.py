@@ -222,10 +222,11 @@ class DecisionPump:
         with self._cond:
             if self._closed and job is not None:
                 raise StoreUnavailable("the decision pump is closed")
-            refusal = self._refusal(peer, plans, deadline)
+            now = self._clock()
+            refusal = self._refusal(peer, plans, deadline, now)
             if refusal is None:
                 if job is not None:
-                    job.queued_at = self._clock()
+                    job.queued_at = now
                     self._queued_plans += job.plans
                     self._jobs.push(job)
                     self._cond.notify_all()
@@ -234,13 +235,12 @@ class DecisionPump:
         self._told_shed(plans)
         raise refusal
 
-    def _refusal(self, peer: str, plans: int, deadline: float | None) -> ResourceExhaustedError | None:
+    def _refusal(self, peer: str, plans: int, deadline: float | None, now: float) -> ResourceExhaustedError | None:
         """Why `plans` plans of `peer` would be refused now (None: admitted): after what
         is left of the running batch and the plans before them in the queue's round robin,
         they would wait longer than the bound, or past their deadline."""
         if self._max_queue_seconds is None:
             return None
-        now = self._clock()
         wait = waiting_time(self._running_plans, now - self._running_since, self._jobs.position(peer, plans),
                             self._plan_seconds)
         if deadline is not None and now + wait > deadline:

@@ -68,7 +68,7 @@ class Settings(StrictModel):
     RESOURCE_EXHAUSTED once its request was read, before its handler runs (a health Check never is). Streaming
     calls count apart, in `max_streaming_rpcs`. A backstop for memory: under load the decision queue's bound
     in time (`max_queue_seconds`) refuses first, fairly across connections, as long as this stays above the
-    calls a worker decides in that time plus a batch (256)."""
+    calls a worker decides in that time plus its running batch (a quarter of that time's)."""
     max_streaming_rpcs: int = Field(1000, ge=1)
     """Streaming calls open at once (health Watch, reflection, WatchApproval, QueryDecisions), over every service;
     one more is RESOURCE_EXHAUSTED once its request was read. They count apart from `max_concurrent_rpcs`: a
