@@ -54,7 +54,11 @@ def open_loop(address: str, rate: float, loops: Loops, cpu=None, throttle: bool 
     refused = sum(n for k, n in result.errors.items() if k.endswith("UNAVAILABLE"))
     other = {k: n for k, n in result.errors.items()
              if not k.endswith(("RESOURCE_EXHAUSTED", "UNAVAILABLE", "THROTTLED"))}
+    seconds = range(max((second for second, _ in result.series), default=-1) + 1)
     return {"offered_per_s": rate, "sent": result.sent, "goodput_per_s": result.timed_ok / loops.open_seconds,
+            # by the second of the schedule they were answered in: the start, the balance, the drain
+            "decided_by_second": [result.series[(second, "ok")] for second in seconds],
+            "shed_by_second": [result.series[(second, "RESOURCE_EXHAUSTED")] for second in seconds],
             "sent_per_s": result.sent / max(result.send_end - result.start, 1e-9),
             "server_cores": result.server_cpu_seconds / max(result.seconds, 1e-9),
             "shed": shed, "throttled_by_clients": throttled, "refused_by_transport": refused, "other_errors": other,

@@ -48,6 +48,9 @@ class RunResult:
     decision_ids: dict = field(default_factory=dict)  # rpc -> decision ids of successful responses
     server_cpu_seconds: float = float("nan")  # server CPU used during the timed phase
     by_call: dict = field(default_factory=dict)  # open loop, `by_call`: call id -> (due, answered) perf_counter_ns
+    # open loop: (whole seconds from the schedule's start, outcome) -> calls answered then;
+    # outcomes "ok", a status code's name, or THROTTLED (refused by the client itself)
+    series: Counter = field(default_factory=Counter)
 
     @property
     def seconds(self) -> float:
@@ -228,6 +231,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     """Process target: `rate` Authorize calls per second for `duration` seconds."""
     import grpc
 
+    from toolauthz.client.throttle import congested
     from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     exit_with_parent(spec["parent"])
@@ -257,16 +261,22 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     lat = array.array("q")
     last_done = [0.0]
 
+    sent_at: dict[int, float] = {}  # each call's probability in its throttle, as the SDKs keep it
+
     def on_done(due_ns: int, future, n: int) -> None:
         nonlocal done_count
         now = time.perf_counter_ns()
+        second = (now - t0) // 1_000_000_000
         refused_here = isinstance(future, _Refused)  # by the client's throttle, never sent
-        if throttles is not None and not refused_here:  # the sidecar's answer
+        if throttles is not None and not refused_here:  # the sidecar's answer, maybe marked congested
             error = future.exception()
-            throttles[n % len(throttles)].answered(None if error is None else error.code())
+            marked = error is None and congested(future.trailing_metadata())
+            throttles[n % len(throttles)].answered(None if error is None else error.code(), congested=marked,
+                                                   sent_at=sent_at.pop(n, None))
         with lock:
             try:
                 good, response = _check_authorize(future.result(), pb)
+                result.series[(second, "ok")] += 1
                 result.ok["authorize"] += 1
                 ids.append(response.decision_id)
                 lat.append(now - due_ns)
@@ -275,7 +285,9 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
                 if not good:
                     result.errors["authorize:not_allowed"] += 1
             except grpc.RpcError as exc:
-                result.errors[f"authorize:{'THROTTLED' if refused_here else exc.code().name}"] += 1
+                outcome = "THROTTLED" if refused_here else exc.code().name
+                result.errors[f"authorize:{outcome}"] += 1
+                result.series[(second, outcome)] += 1
             except Exception as exc:  # noqa: BLE001 - counted, never lost
                 result.errors[f"authorize:{type(exc).__name__}"] += 1
             done_count += 1
@@ -291,7 +303,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
-        refused = None if throttles is None else _refusal(throttles[i % len(throttles)])
+        refused = None if throttles is None else _refusal(throttles[i % len(throttles)], sent_at, i)
         if refused is not None:
             on_done(due, refused, i)
             continue
@@ -316,12 +328,13 @@ def _throttle():
     return AdaptiveThrottle()
 
 
-def _refusal(throttle):
-    """None if the throttle lets the call through, else its refusal as a finished future."""
+def _refusal(throttle, sent_at: dict[int, float], n: int):
+    """None if the throttle lets call `n` through (its probability then kept in
+    `sent_at`), else its refusal as a finished future."""
     from toolauthz.client.throttle import Throttled
 
     try:
-        throttle.admit()
+        sent_at[n] = throttle.admit()
         return None
     except Throttled as refused:
         return _Refused(refused)
@@ -357,6 +370,7 @@ def _merge(parts: list[RunResult]) -> RunResult:
         merged.sent += p.sent
         merged.send_end = max(merged.send_end, p.send_end)
         merged.by_call.update(p.by_call)
+        merged.series.update(p.series)
         for rpc, got in p.decision_ids.items():
             merged.decision_ids.setdefault(rpc, []).extend(got)
     return merged

@@ -62,6 +62,8 @@ def measure(root: pathlib.Path, *, duration: float, open_duration: float, factor
                   f"p99 {over['p99_ms']:.1f} ms, shed {over['shed']}, throttled by the clients "
                   f"{over['throttled_by_clients']}, refused by the transport {over['refused_by_transport']}, server "
                   f"cores {over['server_cores']:.2f}, other errors {over['other_errors']}", flush=True)
+            print(f"  by second: decided {' '.join(map(str, over['decided_by_second']))}; shed "
+                  f"{' '.join(map(str, over['shed_by_second']))}", flush=True)
         over = runs["sdk"]
     finally:
         server.stop()

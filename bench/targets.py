@@ -207,6 +207,8 @@ def print_goodput(both: dict) -> None:
               f"accepted p50 {g['p50_ms']:.1f} ms, p99 {g['p99_ms']:.1f} ms; shed {g['shed']}, throttled by the "
               f"clients {g['throttled_by_clients']}, refused by the transport {g['refused_by_transport']}, other "
               f"errors {g['other_errors']}; server process at {g['server_cores']:.2f} cores", flush=True)
+        print(f"  by second: decided {' '.join(map(str, g['decided_by_second']))}; shed "
+              f"{' '.join(map(str, g['shed_by_second']))}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,14 @@ import grpc.aio
 from toolauthz.client import _convert as cv
 from toolauthz.client.retry import RETRYABLE, RetryPolicy, attempts_for
 from toolauthz.client.sync import _MIN_ATTEMPT, DEFAULT_TIMEOUT, DEFAULT_WATCH_TIMEOUT, OutcomeReport
-from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
+from toolauthz.client.throttle import (
+    DEFAULT_THROTTLE,
+    THROTTLED,
+    AdaptiveThrottle,
+    Answer,
+    ThrottlePolicy,
+    congested,
+)
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_aio_channel
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -81,17 +88,22 @@ class AsyncAuthzClient:
     async def _unary(self, name: str, method, request, timeout: float | None):
         if self.throttle is None or name not in THROTTLED:
             return await self._attempts(name, method, request, timeout)
-        with self.throttle.counted():  # a plain `with`: it only counts, around the await
-            return await self._attempts(name, method, request, timeout)
+        with self.throttle.counted() as answer:  # a plain `with`: it only counts, around the await
+            return await self._attempts(name, method, request, timeout, answer)
 
-    async def _attempts(self, name: str, method, request, timeout: float | None):
+    async def _attempts(self, name: str, method, request, timeout: float | None, answer: Answer | None = None):
+        """`answer`: a throttled call's, told whether the response was marked congested."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         attempts = attempts_for(self.retry, name)
         attempt, metadata = 1, call_metadata(self._declared)
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return await method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
+                call = method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata)
+                response = await call
+                if answer is not None:
+                    answer.congested = congested(await call.trailing_metadata())
+                return response, attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise

@@ -18,7 +18,14 @@ import grpc
 
 from toolauthz.client import _convert as cv
 from toolauthz.client.retry import RETRYABLE, RetryPolicy, attempts_for
-from toolauthz.client.throttle import DEFAULT_THROTTLE, THROTTLED, AdaptiveThrottle, ThrottlePolicy
+from toolauthz.client.throttle import (
+    DEFAULT_THROTTLE,
+    THROTTLED,
+    AdaptiveThrottle,
+    Answer,
+    ThrottlePolicy,
+    congested,
+)
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_channel
 from toolauthz.proto.toolauthz.v1 import approvals_pb2 as apb
@@ -105,17 +112,22 @@ class AuthzClient:
         decision passes the client's throttle first (`toolauthz.client.throttle`)."""
         if self.throttle is None or name not in THROTTLED:
             return self._attempts(name, method, request, timeout)
-        with self.throttle.counted():
-            return self._attempts(name, method, request, timeout)
+        with self.throttle.counted() as answer:
+            return self._attempts(name, method, request, timeout, answer)
 
-    def _attempts(self, name: str, method, request, timeout: float | None):
+    def _attempts(self, name: str, method, request, timeout: float | None, answer: Answer | None = None):
+        """`answer`: a throttled call's, told whether the response was marked congested."""
         deadline = self._deadline(timeout)
         attempts = attempts_for(self.retry, name)
         attempt, metadata = 1, call_metadata(self._declared)
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
+                if answer is None:
+                    return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
+                response, call = method.with_call(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata)
+                answer.congested = congested(call.trailing_metadata())
+                return response, attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:
                     raise

@@ -6,16 +6,23 @@ decision (`python -m bench.overload`). Offered 2.5 times what it can decide, a s
 spends a third of its core refusing. A client that refuses part of its own calls while
 the sidecar is refusing them keeps that work off the sidecar.
 
-How: the client refuses a new call itself with a probability `p` that it steers so that
-the sidecar refuses about `1 - 1/multiplier` of the calls the client still sends (1 in 11
-at 1.1): about `multiplier` times what the sidecar accepts reaches it. Each refusal by the
-sidecar raises `p` by `step * (1 - target)`, each other answer lowers it by
-`step * target`, and `p` halves every `half_life` seconds whatever happens, so a client
-that sends little is never shut out for long. When the sidecar recovers, its accepts and
-the decay bring `p` to 0 within seconds. (The adaptive throttling of Google's SRE book,
-`p = (requests - K * accepts) / (requests + 1)`, reaches the same balance, but there a call
-refused here counts as a request, so with K near 1 the calls let through grow only K-fold
-per window once the sidecar recovers: minutes of refusing calls it would accept.) While
+How: the client refuses a new call itself with a probability `p`. Its signals are the
+sidecar's refusals and its congestion marks: a successful answer with the trailing
+metadata `toolauthz-congested: 1`, which the sidecar puts on a share of its answers while
+its decision queue is long (from none at a tenth of the queue's bound to all at the
+bound), so that clients slow down before it has to refuse. On a signal about a call the
+client sent while refusing `s` of its calls, the share it lets through becomes `backoff`
+times what it was then, `p = 1 - (1 - s) * backoff`, unless `p` is already higher: all
+the answers to the calls sent at one setting describe the queue before the client
+reacted, so together they lower the share once, not once each (TCP reduces its window
+once per round trip for the same reason; counted once each, the marks of a long queue
+shut a client out for seconds and the sidecar idles). Every other answer lowers `p` by
+`recovery`, and `p` halves every `half_life` seconds whatever happens, so a client that
+sends little is never shut out for long and one that the sidecar answers again is back
+to sending everything within seconds. (The adaptive throttling of Google's SRE book,
+`p = (requests - K * accepts) / (requests + 1)`, needs refusals to steer by, each of which
+costs the sidecar what an empty RPC costs, and lets calls through again only K-fold per
+window once the sidecar recovers.) While
 fewer than `min_requests` calls were asked of the client in the last `window` seconds,
 nothing is refused here: a client that sends a few calls a second cannot overload anyone.
 
@@ -37,7 +44,8 @@ from dataclasses import dataclass
 
 import grpc
 
-__all__ = ["ThrottlePolicy", "AdaptiveThrottle", "Throttled", "DEFAULT_THROTTLE", "OVERLOAD_CODES", "THROTTLED"]
+__all__ = ["ThrottlePolicy", "AdaptiveThrottle", "Throttled", "DEFAULT_THROTTLE", "OVERLOAD_CODES", "THROTTLED",
+           "CONGESTED", "congested"]
 
 THROTTLED = frozenset({"Authorize", "AuthorizeBatch"})
 # The sidecar's shedding. Every other answer, a DENY or INVALID_ARGUMENT included, is an
@@ -46,34 +54,35 @@ THROTTLED = frozenset({"Authorize", "AuthorizeBatch"})
 # (a sidecar that cannot decide in time sheds the call itself; a deadline that passed may
 # be the caller's own, too short).
 OVERLOAD_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+CONGESTED = "toolauthz-congested"  # the trailing metadata of a marked answer, value "1"
 _BUCKETS = 10
 _MOST = 0.999  # never refuse every call: the calls let through see the sidecar recover
 
 
+def congested(trailing_metadata) -> bool:
+    """Whether an answer's trailing metadata carries the sidecar's congestion mark."""
+    return any(key == CONGESTED and value == "1" for key, value in trailing_metadata or ())
+
+
 @dataclass(frozen=True)
 class ThrottlePolicy:
-    multiplier: float = 1.1  # calls let through per call the sidecar accepts, while it refuses
+    backoff: float = 0.8  # on a signal, the share let through becomes this times what it was
+    recovery: float = 0.005  # how far each other answer lowers the probability
     window: float = 10.0  # seconds over which calls are counted (min_requests)
     min_requests: int = 20  # below this many requests in the window, nothing is refused here
-    step: float = 0.05  # how far one answer moves the probability
     half_life: float = 5.0  # seconds in which the probability halves by itself
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.multiplier) and self.multiplier >= 1.0):
-            raise ValueError("multiplier must be a finite number >= 1")
+        if not (math.isfinite(self.backoff) and 0 < self.backoff < 1):
+            raise ValueError("backoff must be above 0 and below 1")
+        if not (math.isfinite(self.recovery) and 0 < self.recovery <= 1):
+            raise ValueError("recovery must be above 0 and at most 1")
         if not (math.isfinite(self.window) and 0 < self.window <= 3600):
             raise ValueError("window must be between 0 and 3600 seconds")
         if self.min_requests < 0:
             raise ValueError("min_requests must be >= 0")
-        if not (math.isfinite(self.step) and 0 < self.step <= 1):
-            raise ValueError("step must be above 0 and at most 1")
         if not (math.isfinite(self.half_life) and 0 < self.half_life <= 3600):
             raise ValueError("half_life must be between 0 and 3600 seconds")
-
-    @property
-    def target(self) -> float:
-        """The share of the calls it sends that the client lets the sidecar refuse."""
-        return 1 - 1 / self.multiplier
 
 
 class Throttled(grpc.RpcError):
@@ -81,8 +90,8 @@ class Throttled(grpc.RpcError):
 
     def __init__(self, refused: int, answered: int, window: float):
         super().__init__()
-        self._details = (f"throttled by the client: the sidecar refused {refused} of the {answered} calls it answered "
-                         f"in the last {window:g} s (adaptive throttling); retry later")
+        self._details = (f"throttled by the client: the sidecar refused or marked congested {refused} of the {answered} "
+                         f"calls it answered in the last {window:g} s (adaptive throttling); retry later")
 
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -110,7 +119,7 @@ class AdaptiveThrottle:
         self._clock, self._rand = clock, rand
         self._width = self.policy.window / _BUCKETS
         self._requests = [0] * _BUCKETS  # calls asked of the client, refused here or not
-        self._refused = [0] * _BUCKETS  # ... that the sidecar refused
+        self._refused = [0] * _BUCKETS  # ... that the sidecar refused or marked congested
         self._answered = [0] * _BUCKETS  # ... that the sidecar answered
         now = clock()
         self._epoch = math.floor(now / self._width)  # the newest bucket's number
@@ -142,8 +151,9 @@ class AdaptiveThrottle:
             self._advance()
             return self._probability()
 
-    def admit(self) -> None:
-        """Counts a call the application asked for; `Throttled` if it is refused here."""
+    def admit(self) -> float:
+        """Counts a call the application asked for; `Throttled` if it is refused here, else
+        the probability it passed (its `sent_at` for `answered`)."""
         with self._lock:
             newest = self._advance()
             p = self._probability()  # taken before this call counts
@@ -151,34 +161,47 @@ class AdaptiveThrottle:
             refused, answered = sum(self._refused), sum(self._answered)
         if self._rand() < p:
             raise Throttled(refused, answered, self.policy.window)
+        return p
 
     @contextmanager
-    def counted(self) -> Iterator[None]:
+    def counted(self) -> Iterator[Answer]:
         """One call through the throttle: `admit()`, then its answer counted as the block
-        ends (a response, its status, or none: a call that ended without the sidecar's
-        answer, a closed channel or a cancelled caller, is no overload)."""
-        self.admit()
+        ends (a response, marked congested if the block sets `congested` on what it is
+        given; its status; or none: a call that ended without the sidecar's answer, a
+        closed channel or a cancelled caller, is no overload)."""
+        answer = Answer(self.admit())
         try:
-            yield
+            yield answer
         except grpc.RpcError as exc:
-            self.answered(exc.code())
+            self.answered(exc.code(), sent_at=answer.sent_at)
             raise
         except BaseException:
-            self.answered(grpc.StatusCode.UNKNOWN)
+            self.answered(grpc.StatusCode.UNKNOWN, sent_at=answer.sent_at)
             raise
-        self.answered(None)
+        self.answered(None, congested=answer.congested, sent_at=answer.sent_at)
 
-    def answered(self, code: grpc.StatusCode | None) -> None:
-        """Counts the sidecar's answer to an admitted call (None: a response)."""
+    def answered(self, code: grpc.StatusCode | None, *, congested: bool = False, sent_at: float | None = None) -> None:
+        """Counts the sidecar's answer to an admitted call: None for a response, which
+        `congested` says was marked; `sent_at`, what `admit()` returned for it (None: now)."""
         policy = self.policy
         with self._lock:
             newest = self._advance()
             self._answered[newest] += 1
-            if code in OVERLOAD_CODES:
+            if code in OVERLOAD_CODES or (code is None and congested):
                 self._refused[newest] += 1
-                self._p = min(_MOST, self._p + policy.step * (1 - policy.target))
+                sent = self._p if sent_at is None else sent_at
+                self._p = min(_MOST, max(self._p, 1 - (1 - sent) * policy.backoff))
             else:
-                self._p = max(0.0, self._p - policy.step * policy.target)
+                self._p = max(0.0, self._p - policy.recovery)
+
+
+@dataclass
+class Answer:
+    """What `counted()` knows of its call: the probability it passed, and whether the
+    sidecar's response was marked congested (set by the caller, from its trailing metadata)."""
+
+    sent_at: float
+    congested: bool = False
 
 
 DEFAULT_THROTTLE = ThrottlePolicy()

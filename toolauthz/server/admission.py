@@ -15,7 +15,9 @@ with nothing queued is admitted while the queue is within its bound for one roun
 Under load, `unwanted` sorts out of a batch the jobs no one waits for any more, and
 those that waited too long or past their deadline, before any work is spent on them.
 `waiting_time` is the estimate the pump refuses by, and `batch_limit` keeps each batch
-to a quarter of the bound, since a call's answer waits for its whole batch.
+to a quarter of the bound, since a call's answer waits for its whole batch. Before the
+bound refuses, `congestion` marks a growing share of the answers, telling the clients to
+slow down (their throttle, client/throttle.py).
 
 Not thread-safe: the pump holds its lock around every call of a FairQueue.
 """
@@ -136,3 +138,19 @@ def batch_limit(max_batch: int, bound: float | None, plan_seconds: float) -> int
     if not bound or not plan_seconds:  # unbounded (None or 0), or nothing measured yet
         return max_batch
     return max(1, min(max_batch, int(bound / BATCH_SHARE / plan_seconds)))
+
+
+MARK_FROM = 0.1  # the share of the queue's bound from which answers are marked congested
+
+
+def congestion(queued_seconds: float, bound: float | None) -> float:
+    """The share of answers to mark congested, by the time the queue (the running batch
+    included) takes: none below a tenth of the bound, all at the bound, in proportion
+    between. The clients' throttles slow down on the marks, so the queue settles a little
+    above a tenth of its bound, long enough that the pump never waits for work and short
+    enough that it seldom refuses: a refusal costs the sidecar what an empty RPC costs,
+    a mark nothing (it rides on an answer)."""
+    if not bound:
+        return 0.0
+    low = bound * MARK_FROM
+    return min(1.0, max(0.0, (queued_seconds - low) / (bound - low)))

@@ -2,37 +2,31 @@
 decides a lone call on the event loop itself.
 
 With a thread per request, 32 calls in flight would be 32 threads taking turns on the
-interpreter lock: each woken for its group commit, each handing the lock on, 31-32
-context switches per call against 13 with this pump (docs/performance.md).
+interpreter lock (31-32 context switches per call against 13, docs/performance.md).
 Here the event loop only moves messages. It queues each request and awaits its answer;
 the pump takes everything queued, plans it (validation, the decision's inputs), runs
 all the plans' ledger writes together (`Authorizer.run_many`: Cedar and the token
 signature before the write lock, one transaction, one fsync after the lock), and hands
 the answers back to the loop in one wake-up per batch.
 
-At one call in flight that hand-off is pure cost: two thread wake-ups per call (the
-pump's, then the loop's) and nothing to batch. So a call that is alone (the only one
-its loop has handed over in this loop iteration and still awaits, the pump idle with
-nothing queued, and `inline_after` calls before it alone too) is decided on the event
-loop, in the same `run_many`. The loop is then blocked for one decision, its commit
-included (about what a call queued behind a pump batch waits too); calls arriving
-meanwhile wait in gRPC's core and, once the loop sees two at a time or the pump busy,
-go to the pump again, so the inline path never turns many calls into batches of one.
-An inline decision that was slow (a store waiting on a lock, a stalled disk) sends every
-call to the pump for a while: the loop also answers health checks.
-An inline decision cannot see its client cancel (the loop that would tell it is busy
-deciding), as a pump decision cannot once its token is minted: the deadline is still
+At one call in flight that hand-off is pure cost: two thread wake-ups per call and
+nothing to batch. So a call that is alone (the only one its loop handed over in this
+iteration and still awaits, the pump idle with nothing queued, and `inline_after` calls
+before it alone too) is decided on the event loop, in the same `run_many`, which is then
+blocked for one decision and its commit (what a call queued behind a batch waits too).
+Calls arriving meanwhile wait in gRPC's core and, once the loop sees two at a time or
+the pump busy, go to the pump: the inline path never turns many calls into batches of
+one. An inline decision cannot see its client cancel (the loop that would tell it is
+busy), as a pump decision cannot once its token is minted: the deadline is still
 checked before the token, and a cancelled call's answer reaches no one.
 
-The queue is fair across peers and bounded by time, not by count (server/admission.py):
-a request that would wait longer than `max_queue_seconds` for its turn in the peers'
-round robin, or past its own deadline, is refused at once with ResourceExhaustedError,
-before any work is spent on it; under load, one that has waited over twice the bound or
-past its deadline, or whose caller went away, by the time a batch takes it is refused
-then, unplanned. Each refusal is counted (`metrics.SHED`) and handed to `on_shed`
-(outside the pump's lock), where they are audited in aggregate. A batch then takes at
-most a quarter of the bound's plans, so an admitted call waits at most about 1.25 times
-the bound: the queue before it, and its own batch.
+The queue is fair across peers and bounded by time (server/admission.py): a request that
+would wait longer than `max_queue_seconds`, or past its deadline, is refused at once
+(ResourceExhaustedError) before any work is spent on it; under load, a batch refuses
+unplanned those that waited over twice the bound or past their deadline, and drops those
+whose caller went away. Refusals are counted (`metrics.SHED`) and handed to `on_shed`,
+outside the lock, to be audited in aggregate. Before the bound refuses, `congestion` is
+the share of answers the service marks congested, so that clients slow down.
 
 The pump knows no gRPC: a job is a function that returns a Plan, and its answer is
 whatever the plan's `finish` returns, or the exception it raised (raised again in the
@@ -54,7 +48,7 @@ from typing import Any
 
 from toolauthz.authorizer import Authorizer, Plan
 from toolauthz.errors import ResourceExhaustedError, StoreUnavailable
-from toolauthz.server.admission import FairQueue, batch_limit, unwanted, waiting_time
+from toolauthz.server.admission import FairQueue, batch_limit, congestion, unwanted, waiting_time
 from toolauthz.store.group_commit import MAX_BATCH
 from toolauthz.telemetry import metrics, timeline
 
@@ -190,6 +184,12 @@ class DecisionPump:
     def shed(self) -> int:
         """Requests refused undecided: too long a wait, past their deadline, or their caller gone."""
         return self._shed
+
+    @property
+    def congestion(self) -> float:
+        """The share of answers to mark congested now (admission.congestion); read
+        without the lock, a moment stale at worst."""
+        return congestion(self._queued_plans * self._plan_seconds, self._max_queue_seconds)
 
     @property
     def waiting(self) -> int:

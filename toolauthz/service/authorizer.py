@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -40,6 +41,17 @@ def still_wanted(context, gone: threading.Event):
         return not gone.is_set() and (remaining is None or remaining > 0)
 
     return wanted
+
+
+CONGESTED_METADATA = "toolauthz-congested"  # the SDKs' throttles read it (client/throttle.py)
+
+
+def marked(context, share: float, draw: Callable[[], float] = random.random) -> None:
+    """Marks a decision's answer congested with probability `share`, the pump's
+    `congestion`: trailing metadata `toolauthz-congested: 1` on a successful answer, which
+    the clients' throttles slow down on before the queue's bound refuses."""
+    if share > 0 and draw() < share:
+        context.set_trailing_metadata(((CONGESTED_METADATA, "1"),))
 
 
 def deadline_of(context) -> float | None:
@@ -103,6 +115,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
             seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         response = _authorize_response(result)
+        marked(context, self._pump.congestion)
         timeline.mark(steps, "returned")
         return response
 
@@ -132,6 +145,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                 seen.decided(self._tools(), ctx, item.call, answer, caller=caller)
                 answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
             seen.annotate(calls=len(calls))
+        marked(context, self._pump.congestion)
         return pb.AuthorizeBatchResponse(answers=answers)
 
     @status_mapped
