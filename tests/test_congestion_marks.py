@@ -25,6 +25,7 @@ from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from toolauthz.server.admission import congestion
 from toolauthz.server.pump import DecisionPump
 from toolauthz.service.authorizer import CONGESTED_METADATA, marked
+from toolauthz.telemetry import metrics
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -74,9 +75,10 @@ class Context:
 @pytest.mark.parametrize("share, draw, marks", [(0.0, 0.0, False), (0.3, 0.29, True), (0.3, 0.3, False),
                                                 (1.0, 0.999, True)])
 def test_an_answer_is_marked_with_the_share_as_its_probability(share, draw, marks):
-    context = Context()
+    context, before = Context(), metrics.CONGESTION_MARKS._value.get()
     marked(context, share, lambda: draw)
     assert context.trailing == (((CONGESTED_METADATA, "1"),) if marks else None)
+    assert metrics.CONGESTION_MARKS._value.get() == before + marks  # toolauthz_congestion_marks_total
 
 
 def test_the_sidecar_and_the_sdks_name_the_mark_alike():

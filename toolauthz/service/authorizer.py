@@ -52,6 +52,7 @@ def marked(context, share: float, draw: Callable[[], float] = random.random) -> 
     the clients' throttles slow down on before the queue's bound refuses."""
     if share > 0 and draw() < share:
         context.set_trailing_metadata(((CONGESTED_METADATA, "1"),))
+        metrics.CONGESTION_MARKS.inc()
 
 
 def deadline_of(context) -> float | None:

@@ -44,6 +44,9 @@ AUDIT_WRITE_SECONDS = Histogram("toolauthz_audit_write_duration_seconds",
 AUDIT_WRITE_FAILURES = Counter("toolauthz_audit_write_failures", "Audit commits that failed (no token was sent)")
 SHED = Counter("toolauthz_shed", "Requests refused RESOURCE_EXHAUSTED before they were decided: the decision "
                "queue's wait would have exceeded max_queue_seconds (no token; audited in aggregate)")
+CONGESTION_MARKS = Counter("toolauthz_congestion_marks", "Authorize and AuthorizeBatch answers marked congested "
+                           "(trailing metadata toolauthz-congested: 1) while the decision queue was long: the "
+                           "SDKs' clients slow down on them before the queue's bound refuses")
 CALLS_OVER_LIMIT = Counter("toolauthz_calls_over_limit", "Unary calls refused RESOURCE_EXHAUSTED on arrival "
                            "because max_concurrent_rpcs calls were in progress (no token, safe to retry)")
 STREAMING_OVER_LIMIT = Counter("toolauthz_streaming_calls_over_limit", "Streaming calls (health and approval "
