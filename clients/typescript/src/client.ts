@@ -6,7 +6,8 @@
  * call, retries and backoff included; retries follow ./retry.ts (only UNAVAILABLE;
  * Verify never). Failures reject with `RpcError`, whose `code` is the gRPC status name.
  * Authorize and AuthorizeBatch first pass the client's adaptive throttle (./throttle.ts),
- * once per call, retries not counted again.
+ * once per call, retries not counted again; it learns the call's final answer, and whether
+ * the sidecar marked it congested (trailing metadata CONGESTED_METADATA).
  */
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -19,7 +20,7 @@ import * as apb from "./gen/toolauthz/v1/approvals_pb.js";
 import * as pb from "./gen/toolauthz/v1/authorizer_pb.js";
 import { attemptsFor, RETRYABLE, RetryPolicy } from "./retry.js";
 import { RpcError } from "./rpc-error.js";
-import { AdaptiveThrottle, THROTTLED_METHODS, ThrottlePolicy } from "./throttle.js";
+import { AdaptiveThrottle, CONGESTED_METADATA, THROTTLED_METHODS, ThrottlePolicy } from "./throttle.js";
 import { channelOptions, checkTarget, type ClientTls, credentials } from "./transport.js";
 
 export { RpcError } from "./rpc-error.js";
@@ -66,6 +67,8 @@ const OUTCOMES: Record<OutcomeName, pb.OutcomeStatus> = {
 };
 
 type Context = TrustedContext | pb.TrustedContext;
+/** A successful attempt's response, and whether the sidecar marked it congested. */
+type Answer = { bytes: Uint8Array; congested: boolean };
 type Call = ProposedCall | pb.ToolCall;
 
 /**
@@ -264,21 +267,21 @@ export class AuthzClient {
   private async raw(name: string, methodPath: string, request: Uint8Array, options: CallOptions,
                     onAttempt?: () => void, client: grpc.Client = this.authz): Promise<Uint8Array> {
     const throttle = THROTTLED_METHODS.has(name) ? this.throttle : null;
-    if (throttle === null) return this.attempts(name, methodPath, request, options, onAttempt, client);
-    throttle.admit(); // throws ThrottledError when refused here: no attempt, nothing to count
-    let answer: Uint8Array;
+    if (throttle === null) return (await this.attempts(name, methodPath, request, options, onAttempt, client)).bytes;
+    const sentAt = throttle.admit(); // throws ThrottledError when refused here: no attempt, nothing to count
+    let answer: Answer;
     try {
       answer = await this.attempts(name, methodPath, request, options, onAttempt, client);
     } catch (error) {
-      throttle.answered(RpcError.of(error).code);
+      throttle.answered(RpcError.of(error).code, false, sentAt);
       throw error;
     }
-    throttle.answered(null);
-    return answer;
+    throttle.answered(null, answer.congested, sentAt);
+    return answer.bytes;
   }
 
   private async attempts(name: string, methodPath: string, request: Uint8Array, options: CallOptions,
-                         onAttempt: (() => void) | undefined, client: grpc.Client): Promise<Uint8Array> {
+                         onAttempt: (() => void) | undefined, client: grpc.Client): Promise<Answer> {
     const deadline = Date.now() + (options.timeoutMs ?? this.timeoutMs);
     const attempts = attemptsFor(this.retry, name);
     for (let attempt = 1; ; attempt++) {
@@ -296,17 +299,27 @@ export class AuthzClient {
     }
   }
 
+  /**
+   * One attempt. A response settles on the 'status' event, which grpc-js emits right after
+   * the callback, because only the status carries the trailing metadata (the mark).
+   */
   private once(client: grpc.Client, methodPath: string, request: Uint8Array, deadline: number,
-               signal: AbortSignal | undefined): Promise<Uint8Array> {
+               signal: AbortSignal | undefined): Promise<Answer> {
     if (signal?.aborted) return Promise.reject(new RpcError("CANCELLED", "cancelled by the caller"));
     return new Promise((resolve, reject) => {
+      let response: Buffer | undefined;
       const call = client.makeUnaryRequest(methodPath, (b: Uint8Array) => Buffer.from(b), (b: Buffer) => b,
         request, this.metadata(), { deadline: Math.max(deadline, Date.now() + MIN_ATTEMPT_MS) },
         (error: grpc.ServiceError | null, value?: Buffer) => {
           signal?.removeEventListener("abort", abort);
           if (error !== null || value === undefined) reject(error ?? new RpcError("INTERNAL", "no answer"));
-          else resolve(new Uint8Array(value));
+          else response = value;
         });
+      call.on("status", (status: grpc.StatusObject) => {
+        if (response === undefined) return; // the callback rejected already
+        const congested = status.metadata.get(CONGESTED_METADATA).some((value) => value === "1");
+        resolve({ bytes: new Uint8Array(response), congested });
+      });
       const abort = () => call.cancel();
       signal?.addEventListener("abort", abort, { once: true });
     });

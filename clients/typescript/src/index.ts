@@ -12,8 +12,8 @@ export { InvalidInputError, type JsonValue, parseStrictJson } from "./json.js";
 export { OfflineVerifier, type Verification, type VerificationCode } from "./offline.js";
 export { CallResult, MESSAGES, type Reported, type Status, type ToolResultBlock } from "./results.js";
 export { NO_RETRY, RetryPolicy, type RetryPolicyInit } from "./retry.js";
-export { AdaptiveThrottle, ThrottledError, ThrottlePolicy, type ThrottlePolicyInit, type ThrottleSources }
-  from "./throttle.js";
+export { AdaptiveThrottle, CONGESTED_METADATA, ThrottledError, ThrottlePolicy, type ThrottlePolicyInit,
+  type ThrottleSources } from "./throttle.js";
 export { type ToolFunction, ToolError, type ToolInvocation, type ToolOptions, ToolSet } from "./tools.js";
 export type { ClientTls } from "./transport.js";
 export * as authorizer from "./gen/toolauthz/v1/authorizer_pb.js";

@@ -8,19 +8,23 @@
  * refusing. A client that refuses part of its own calls while the sidecar is refusing them
  * keeps that work off the sidecar.
  *
- * How: the client refuses a new call itself with a probability `p` that it steers so that
- * the sidecar refuses about `target = 1 - 1/multiplier` of the calls the client still sends
- * (1 in 11 at 1.1): about `multiplier` times what the sidecar accepts reaches it. Each
- * refusal by the sidecar raises `p` by `step * (1 - target)`, each other answer lowers it
- * by `step * target`, and `p` halves every `halfLifeSeconds` whatever happens, so a client
- * that sends little is never shut out for long. When the sidecar recovers, its accepts and
- * the decay bring `p` to 0 within seconds. (The adaptive throttling of Google's SRE book,
- * `p = (requests - K * accepts) / (requests + 1)`, reaches the same balance, but there a
- * call refused here counts as a request, so with K near 1 the calls let through grow only
- * K-fold per window once the sidecar recovers: minutes of refusing calls it would accept.)
- * While fewer than `minRequests` calls were asked of the client in the last
- * `windowSeconds`, nothing is refused here: a client that sends a few calls a second
- * cannot overload anyone.
+ * The signal: the sidecar refusing a call (RESOURCE_EXHAUSTED), or marking a successful
+ * answer as congested (trailing metadata `toolauthz-congested: 1`, CONGESTED_METADATA). It
+ * marks a share of its answers that grows with its decision queue, from none at a tenth of
+ * the queue's bound to all at the bound, so a client slows down before the sidecar has to
+ * refuse, as ECN marks tell TCP to.
+ *
+ * How: the client refuses a new call itself with a probability `p`; `1 - p` is the share it
+ * lets through. On a signal, that share becomes `backoff` times what it was when the client
+ * sent the call that got it, unless it is lower already: `p = max(p, 1 - (1 - sentAt) *
+ * backoff)`. The answers to the calls sent at one setting all describe the sidecar before
+ * the client reacted, so together they lower the share once, not once each (TCP reduces its
+ * window once per round trip for the same reason). Each other answer lowers `p` by
+ * `recovery`, and `p` halves every `halfLifeSeconds` whatever happens, so a client that
+ * sends little is never shut out for long, and when the sidecar recovers its answers and
+ * the decay bring `p` to 0 within seconds. While fewer than `minRequests` calls were asked
+ * of the client in the last `windowSeconds`, nothing is refused here (and a call sent then
+ * was sent at 0): a client that sends a few calls a second cannot overload anyone.
  *
  * Only the calls that start a decision are throttled (Authorize, AuthorizeBatch): a Verify
  * or ReportOutcome completes a decision already made, and refusing it would waste that.
@@ -41,32 +45,39 @@ export const THROTTLED_METHODS: ReadonlySet<string> = new Set(["Authorize", "Aut
  */
 export const OVERLOAD_CODES: ReadonlySet<string> = new Set(["RESOURCE_EXHAUSTED"]);
 
+/** The trailing metadata key by which the sidecar marks a successful answer congested (value "1"). */
+export const CONGESTED_METADATA = "toolauthz-congested";
+
 const BUCKETS = 10;
 const MOST = 0.999; // never refuse every call: the calls let through see the sidecar recover
 
 export interface ThrottlePolicyInit {
-  multiplier?: number; // calls let through per call the sidecar accepts, while it refuses (default 1.1)
+  backoff?: number; // on a signal, the share let through becomes this times its share when sent (default 0.8)
+  recovery?: number; // how far each other answer lowers the probability (default 0.005)
   windowSeconds?: number; // seconds over which calls are counted (minRequests) (default 10)
   minRequests?: number; // below this many requests in the window, nothing is refused here (default 20)
-  step?: number; // how far one answer moves the probability (default 0.05)
   halfLifeSeconds?: number; // seconds in which the probability halves by itself (default 5)
 }
 
 export class ThrottlePolicy {
-  readonly multiplier: number;
+  readonly backoff: number;
+  readonly recovery: number;
   readonly windowSeconds: number;
   readonly minRequests: number;
-  readonly step: number;
   readonly halfLifeSeconds: number;
 
   constructor(init: ThrottlePolicyInit = {}) {
-    this.multiplier = init.multiplier ?? 1.1;
+    this.backoff = init.backoff ?? 0.8;
+    this.recovery = init.recovery ?? 0.005;
     this.windowSeconds = init.windowSeconds ?? 10;
     this.minRequests = init.minRequests ?? 20;
-    this.step = init.step ?? 0.05;
     this.halfLifeSeconds = init.halfLifeSeconds ?? 5;
-    if (!(Number.isFinite(this.multiplier) && this.multiplier >= 1)) {
-      throw new RangeError("multiplier must be a finite number >= 1");
+    // 1 would never back off; 0 would shut the client out at the first signal.
+    if (!(Number.isFinite(this.backoff) && this.backoff > 0 && this.backoff < 1)) {
+      throw new RangeError("backoff must be above 0 and below 1");
+    }
+    if (!(Number.isFinite(this.recovery) && this.recovery > 0 && this.recovery <= 1)) {
+      throw new RangeError("recovery must be above 0 and at most 1");
     }
     if (!(Number.isFinite(this.windowSeconds) && this.windowSeconds > 0 && this.windowSeconds <= 3600)) {
       throw new RangeError("windowSeconds must be between 0 and 3600 seconds");
@@ -75,24 +86,16 @@ export class ThrottlePolicy {
     if (!(Number.isInteger(this.minRequests) && this.minRequests >= 0)) {
       throw new RangeError("minRequests must be an integer >= 0");
     }
-    if (!(Number.isFinite(this.step) && this.step > 0 && this.step <= 1)) {
-      throw new RangeError("step must be above 0 and at most 1");
-    }
     if (!(Number.isFinite(this.halfLifeSeconds) && this.halfLifeSeconds > 0 && this.halfLifeSeconds <= 3600)) {
       throw new RangeError("halfLifeSeconds must be between 0 and 3600 seconds");
     }
     Object.freeze(this);
   }
-
-  /** The share of the calls it sends that the client lets the sidecar refuse. */
-  get target(): number {
-    return 1 - 1 / this.multiplier;
-  }
 }
 
 /** A call this client refused itself while the sidecar was refusing calls. */
 export class ThrottledError extends RpcError {
-  /** The sidecar's refusals and answers in the window when the call was refused. */
+  /** The sidecar's signals (refusals and congestion marks) and answers in the window when it was refused. */
   constructor(readonly refused: number, readonly answered: number, readonly windowSeconds: number) {
     super("RESOURCE_EXHAUSTED", `throttled by the client: the sidecar refused ${refused} of the ${answered} calls `
       + `it answered in the last ${formatG(windowSeconds)} s (adaptive throttling); retry later`);
@@ -118,7 +121,7 @@ export class AdaptiveThrottle {
   private readonly random: () => number;
   private readonly widthMs: number;
   private readonly requests = new Array<number>(BUCKETS).fill(0); // calls asked of the client, refused here or not
-  private readonly refused = new Array<number>(BUCKETS).fill(0); // ... that the sidecar refused
+  private readonly signals = new Array<number>(BUCKETS).fill(0); // ... that the sidecar refused or marked
   private readonly answers = new Array<number>(BUCKETS).fill(0); // ... that the sidecar answered
   private epoch: number; // the newest bucket's number (time / bucket width)
   private p = 0; // the refusal probability, decayed to `at`
@@ -141,24 +144,35 @@ export class AdaptiveThrottle {
     return this.probability();
   }
 
-  /** Counts a call the application asked for; throws `ThrottledError` if it is refused here. */
-  admit(): void {
+  /**
+   * Counts a call the application asked for; throws `ThrottledError` if it is refused here.
+   * Returns the probability the call was sent at, for `answered`'s `sentAt`.
+   */
+  admit(): number {
     const newest = this.advance();
     const p = this.probability(); // taken before this call counts
     this.requests[newest]! += 1;
-    if (this.random() < p) throw new ThrottledError(sum(this.refused), sum(this.answers), this.policy.windowSeconds);
+    if (this.random() < p) throw new ThrottledError(sum(this.signals), sum(this.answers), this.policy.windowSeconds);
+    return p;
   }
 
-  /** Counts the sidecar's answer to an admitted call: its gRPC status name, or null for a response. */
-  answered(code: string | null): void {
-    const { step, target } = this.policy;
+  /**
+   * Counts the sidecar's answer to an admitted call: its gRPC status name, or null for a
+   * response; `congested`: the response carried the congestion mark (a mark on a failure
+   * means nothing: the sidecar sets it on responses only); `sentAt`: what `admit` returned
+   * for the call (unknown: the current probability).
+   */
+  answered(code: string | null, congested = false, sentAt?: number): void {
+    // NaN would stick in p and silently turn the throttle off.
+    if (sentAt !== undefined && !(sentAt >= 0 && sentAt <= 1)) throw new RangeError("sentAt must be between 0 and 1");
     const newest = this.advance();
     this.answers[newest]! += 1;
-    if (code !== null && OVERLOAD_CODES.has(code)) {
-      this.refused[newest]! += 1;
-      this.p = Math.min(MOST, this.p + step * (1 - target));
+    if ((code !== null && OVERLOAD_CODES.has(code)) || (code === null && congested)) {
+      this.signals[newest]! += 1;
+      const sent = sentAt ?? this.p;
+      this.p = Math.min(MOST, Math.max(this.p, 1 - (1 - sent) * this.policy.backoff));
     } else {
-      this.p = Math.max(0, this.p - step * target);
+      this.p = Math.max(0, this.p - this.policy.recovery);
     }
   }
 
@@ -179,12 +193,12 @@ export class AdaptiveThrottle {
     const now = Math.floor(nowMs / this.widthMs);
     if (now - this.epoch >= BUCKETS) {
       this.requests.fill(0);
-      this.refused.fill(0);
+      this.signals.fill(0);
       this.answers.fill(0);
     } else {
       for (let epoch = this.epoch + 1; epoch <= now; epoch++) {
         this.requests[slot(epoch)] = 0;
-        this.refused[slot(epoch)] = 0;
+        this.signals[slot(epoch)] = 0;
         this.answers[slot(epoch)] = 0;
       }
     }

@@ -1,6 +1,7 @@
 /**
  * The client's adaptive throttle against a grpc-js server in this process that answers
- * every method as the test says (overloaded, healthy, ...) and counts the calls it got.
+ * every method as the test says (overloaded, healthy, marking its answers congested, ...)
+ * and counts the calls it got.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
@@ -12,7 +13,7 @@ import { AuthzClient, RpcError } from "../src/client.js";
 import { Principal, ProposedCall, TrustedContext } from "../src/context.js";
 import * as pb from "../src/gen/toolauthz/v1/authorizer_pb.js";
 import { RetryPolicy } from "../src/retry.js";
-import { AdaptiveThrottle, ThrottledError, ThrottlePolicy } from "../src/throttle.js";
+import { AdaptiveThrottle, CONGESTED_METADATA, ThrottledError, ThrottlePolicy } from "../src/throttle.js";
 import { seeded } from "./support.js";
 
 const CONTEXT = new TrustedContext("acme", new Principal("User", "alice"), "run-1");
@@ -22,6 +23,8 @@ const RE = grpc.status.RESOURCE_EXHAUSTED;
 
 /** method name, its attempt number for this test (1-based) -> a status to fail with, or null for OK. */
 let answer: (name: string, attempt: number) => grpc.status | null = () => null;
+/** method name -> the value of the congestion mark in its trailing metadata, or null for none. */
+let mark: (name: string) => string | null = () => null;
 const received = new Map<string, number>();
 let server: grpc.Server;
 let target: string;
@@ -39,10 +42,13 @@ before(async () => {
       const attempt = (received.get(name) ?? 0) + 1;
       received.set(name, attempt);
       const status = answer(name, attempt);
-      if (status !== null) return callback({ code: status, details: "scripted" }, null);
+      const trailer = new grpc.Metadata();
+      const value = mark(name);
+      if (value !== null) trailer.set(CONGESTED_METADATA, value);
+      if (status !== null) return callback({ code: status, details: "scripted", metadata: trailer }, null);
       const ok = name === "Verify" ? toBinary(pb.VerifyResponseSchema, create(pb.VerifyResponseSchema, { valid: true }))
         : new Uint8Array(0);
-      callback(null, Buffer.from(ok));
+      callback(null, Buffer.from(ok), trailer);
     };
   }
   server.addService(definition, handlers);
@@ -52,17 +58,23 @@ before(async () => {
 });
 after(() => server.forceShutdown());
 
-/** A server that answers as `how` from now on, with its counts at zero. */
-function serve(how: typeof answer): void {
+/** A server that answers as `how` from now on, marking as `marks` says (default: never), with its counts at zero. */
+function serve(how: typeof answer, marks: typeof mark = () => null): void {
   answer = how;
+  mark = marks;
   received.clear();
 }
 
-/** p after `refusals` sidecar refusals from 0 with a stopped clock: each adds step * (1 - target), up to 0.999. */
-function raised(refusals: number): number {
-  const policy = new ThrottlePolicy();
+/**
+ * p after `signals` calls sent one after another, each answered with a signal, from 0 with a
+ * stopped clock: the first 20 (minRequests) were sent at 0 and set 0.2 once together; each
+ * later one was sent at the p the one before set, so the share let through shrinks 0.8-fold
+ * per call: 1 - 0.8^(n - 19), up to 0.999.
+ */
+function raised(signals: number): number {
+  const { backoff } = new ThrottlePolicy();
   let p = 0;
-  for (let i = 0; i < refusals; i++) p = Math.min(0.999, p + policy.step * (1 - policy.target));
+  for (let i = 1; i <= signals; i++) p = Math.max(p, Math.min(0.999, 1 - (1 - (i <= 20 ? 0 : p)) * backoff));
   return p;
 }
 
@@ -100,14 +112,14 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve((name) => (name === "Verify" ? null : RE));
     const { client, throttle } = throttledClient();
     const { codes, local } = await authorizeMany(client, CALLS);
-    // The first 20 (minRequests) all reach it, and leave p at 20 * 0.0455 = 0.91; with the
-    // clock stopped (no decay) each further refusal adds 0.0455, so after 22 p is at its cap,
-    // 0.999: a handful more reach it, and then about 1 in 1000. Expected ~22.
+    // The first 20 (minRequests) all reach it, sent at 0, and leave p at 0.2; with the clock
+    // stopped (no decay) each further refusal multiplies the share let through by 0.8, so the
+    // k-th one after them takes ~1.25^k calls: 180 calls send about 16 more. Expected ~36.
     const reached = received.get("Authorize") ?? 0;
     assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.equal(local + reached, CALLS);
     assert.deepEqual(new Set(codes), new Set(["RESOURCE_EXHAUSTED"]));
-    assert.equal(throttle.rejectionProbability(), raised(reached)); // one step per refusal, none per local one
+    assert.equal(throttle.rejectionProbability(), raised(reached)); // one back-off per refusal, none per local one
     client.close();
   });
 
@@ -115,11 +127,11 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve(() => RE);
     const client = new AuthzClient(target);
     assert.ok(client.throttle instanceof AdaptiveThrottle);
-    assert.equal(client.throttle.policy.multiplier, 1.1);
+    assert.equal(client.throttle.policy.backoff, 0.8);
     const { codes } = await authorizeMany(client, CALLS);
     const reached = received.get("Authorize") ?? 0;
-    // Expected ~25 (above, and p decays by a few percent in the fraction of a second this
-    // takes); 80 would take dozens of draws against p ~ 0.95 all coming up.
+    // Expected ~36 (above, and p decays by a few percent in the fraction of a second this
+    // takes); 80 would take dozens of draws against p ~ 0.97 all coming up.
     assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.ok(codes.every((code) => code === "RESOURCE_EXHAUSTED"));
     client.close();
@@ -164,13 +176,15 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve(() => RE);
     const { clock, client, throttle } = throttledClient(seeded(7));
     await authorizeMany(client, 50);
+    // The first 20 set 0.2, then about 8 of the other 30 reach it as p climbs: 1 - 0.8^9 = 0.87.
     const shut = throttle.rejectionProbability();
-    assert.ok(shut > 0.9, `p after 50 refused calls: ${shut}`);
+    assert.equal(shut, raised(received.get("Authorize") ?? 0));
+    assert.ok(shut > 0.8, `p after 50 refused calls: ${shut}`);
     serve(() => null);
-    clock.ms = 10_000; // two half-lives: p ~ 0.25, and the window's counts are gone
+    clock.ms = 10_000; // two half-lives: p ~ 0.22, and the window's counts are gone
     near(throttle.rejectionProbability(), 0, 0); // below the floor again
     const { codes, local } = await authorizeMany(client, CALLS);
-    // p from ~0.25 down by 0.0045 per accept (the clock stays at 10 s): 0 after ~55 accepts.
+    // p from ~0.22 down by 0.005 per accept (the clock stays at 10 s): 0 after ~45 accepts.
     assert.ok(local < 30, `${local} calls refused here after the sidecar recovered`);
     assert.equal(received.get("Authorize"), CALLS - local);
     assert.ok(codes.slice(100).every((code) => code === "OK"), codes.slice(100).join());
@@ -193,7 +207,8 @@ describe("retries and the throttle", () => {
     const rest = await authorizeMany(client, 5);
     assert.equal(received.get("Authorize"), 40);
     assert.ok([...first.codes, ...rest.codes].every((code) => code === "RESOURCE_EXHAUSTED"));
-    assert.equal(throttle.rejectionProbability(), raised(20)); // 20 requests, 20 refusals, nothing else
+    // 20 requests, 20 refusals of calls sent at 0: one back-off (counted apart, 1 - 0.8^20).
+    assert.equal(throttle.rejectionProbability(), raised(20));
     client.close();
   });
 
@@ -217,8 +232,7 @@ describe("retries and the throttle", () => {
     const { codes } = await authorizeMany(client, 10);
     assert.equal(received.get("Authorize"), 10); // not retried
     assert.ok(codes.every((code) => code === "DEADLINE_EXCEEDED"));
-    const { step, target } = throttle.policy;
-    near(throttle.rejectionProbability(), raised(20) - 10 * step * target, 1e-12);
+    near(throttle.rejectionProbability(), raised(20) - 10 * throttle.policy.recovery, 1e-12);
     client.close();
   });
 });
@@ -243,6 +257,91 @@ describe("a healthy sidecar", () => {
     assert.equal(local, 0);
     assert.equal(received.get("Authorize"), CALLS);
     assert.equal(received.get("AuthorizeBatch"), 1);
+    client.close();
+  });
+});
+
+describe("a sidecar that marks its answers congested (trailing metadata toolauthz-congested: 1)", () => {
+  const OK = () => null;
+  const MARKED = (name: string) => (name === "Verify" ? null : "1");
+
+  test("every Authorize answered and marked: p rises as with refusals, and the client refuses calls itself", async () => {
+    serve(OK, MARKED);
+    const { client, throttle } = throttledClient();
+    const { codes, local } = await authorizeMany(client, CALLS);
+    const reached = received.get("Authorize") ?? 0;
+    // As for refusals: ~36 reach it (the first 20, then ~16 of 180 as p climbs).
+    assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
+    assert.ok(local > 100, `${local} calls refused here`);
+    assert.equal(local + reached, CALLS);
+    assert.equal(codes.filter((code) => code === "OK").length, reached); // every call sent succeeded
+    assert.equal(throttle.rejectionProbability(), raised(reached)); // one back-off per marked answer
+    client.close();
+  });
+
+  test("the same answers unmarked leave p at 0: every call reaches it", async () => {
+    serve(OK);
+    const { client, throttle } = throttledClient(() => 0); // refuses whenever p > 0
+    const { codes, local } = await authorizeMany(client, CALLS);
+    assert.equal(local, 0);
+    assert.equal(received.get("Authorize"), CALLS);
+    assert.ok(codes.every((code) => code === "OK"));
+    assert.equal(throttle.rejectionProbability(), 0);
+    client.close();
+  });
+
+  test("the key with another value is no mark", async () => {
+    for (const value of ["0", "true", "11"]) {
+      serve(OK, (name) => (name === "Verify" ? null : value));
+      const { client, throttle } = throttledClient(() => 0);
+      const { local } = await authorizeMany(client, 30);
+      assert.equal(local, 0, value);
+      assert.equal(received.get("Authorize"), 30, value);
+      assert.equal(throttle.rejectionProbability(), 0, value);
+      client.close();
+    }
+  });
+
+  test("AuthorizeBatch answers marked count too", async () => {
+    serve(OK, MARKED);
+    const { client, throttle } = throttledClient(() => 1); // nothing refused here: each batch is answered
+    for (let i = 0; i < 25; i++) await client.authorizeBatch(CONTEXT, [CALL]);
+    assert.equal(received.get("AuthorizeBatch"), 25);
+    assert.equal(throttle.rejectionProbability(), raised(25));
+    client.close();
+  });
+
+  test("the mark on the attempt that succeeds after a retry counts", async () => {
+    serve((_name, attempt) => (attempt % 2 === 1 ? grpc.status.UNAVAILABLE : null), MARKED);
+    const { client, throttle } = throttledClient(() => 1);
+    const { codes } = await authorizeMany(client, 25);
+    assert.equal(received.get("Authorize"), 50);
+    assert.ok(codes.every((code) => code === "OK"));
+    assert.equal(throttle.rejectionProbability(), raised(25));
+    client.close();
+  });
+
+  test("a mark on a failure is not read: the failure's code decides", async () => {
+    serve(() => grpc.status.INVALID_ARGUMENT, MARKED);
+    const { client, throttle } = throttledClient(() => 0);
+    const { codes, local } = await authorizeMany(client, 30);
+    assert.equal(local, 0);
+    assert.ok(codes.every((code) => code === "INVALID_ARGUMENT"));
+    assert.equal(throttle.rejectionProbability(), 0);
+    client.close();
+  });
+
+  test("Verify answers are never counted, even marked", async () => {
+    serve(OK); // fill the window past the floor with unmarked Authorize answers
+    const { client, throttle } = throttledClient(() => 0);
+    await authorizeMany(client, 20);
+    serve(OK, (name) => (name === "Verify" ? "1" : null));
+    for (let i = 0; i < 50; i++) assert.equal((await client.verify("token", CONTEXT, CALL)).valid, true);
+    assert.equal(received.get("Verify"), 50);
+    // Had one marked Verify counted, p would be 0.2 or more, and with random 0 every call below refused here.
+    assert.equal(throttle.rejectionProbability(), 0);
+    const { local } = await authorizeMany(client, 10);
+    assert.equal(local, 0);
     client.close();
   });
 });
