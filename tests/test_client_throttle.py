@@ -85,6 +85,14 @@ def test_a_signal_cuts_the_share_let_through_to_backoff_times_what_it_was_when_t
     assert t.rejection_probability() == pytest.approx(1 - 0.32 * 0.8)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), -0.1, 1.5])
+def test_a_call_sent_at_no_probability_is_refused(bad):
+    t, _, _ = throttle(ThrottlePolicy(min_requests=0))
+    with pytest.raises(ValueError, match="sent_at"):
+        t.answered(RE, sent_at=bad)
+    assert t.rejection_probability() == 0.0
+
+
 def test_each_other_answer_lowers_the_probability_by_recovery():
     t, _, _ = throttle(ThrottlePolicy(min_requests=0))
     t.answered(RE, sent_at=0.5)

@@ -183,6 +183,8 @@ class AdaptiveThrottle:
     def answered(self, code: grpc.StatusCode | None, *, congested: bool = False, sent_at: float | None = None) -> None:
         """Counts the sidecar's answer to an admitted call: None for a response, which
         `congested` says was marked; `sent_at`, what `admit()` returned for it (None: now)."""
+        if sent_at is not None and not 0 <= sent_at <= 1:  # a NaN would stick in p and end throttling
+            raise ValueError("sent_at must be between 0 and 1")
         policy = self.policy
         with self._lock:
             newest = self._advance()

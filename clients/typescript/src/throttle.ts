@@ -97,8 +97,8 @@ export class ThrottlePolicy {
 export class ThrottledError extends RpcError {
   /** The sidecar's signals (refusals and congestion marks) and answers in the window when it was refused. */
   constructor(readonly refused: number, readonly answered: number, readonly windowSeconds: number) {
-    super("RESOURCE_EXHAUSTED", `throttled by the client: the sidecar refused ${refused} of the ${answered} calls `
-      + `it answered in the last ${formatG(windowSeconds)} s (adaptive throttling); retry later`);
+    super("RESOURCE_EXHAUSTED", `throttled by the client: the sidecar refused or marked congested ${refused} of the `
+      + `${answered} calls it answered in the last ${formatG(windowSeconds)} s (adaptive throttling); retry later`);
     this.name = "ThrottledError";
   }
 }

@@ -181,7 +181,7 @@ describe("AdaptiveThrottle: the controller", () => {
     assert.equal(throttle.rejectionProbability(), raised(25));
     clock.random = 0;
     assert.throws(() => throttle.admit(), (e: ThrottledError) => e.details === "throttled by the client: the sidecar "
-      + "refused 25 of the 25 calls it answered in the last 10 s (adaptive throttling); retry later");
+      + "refused or marked congested 25 of the 25 calls it answered in the last 10 s (adaptive throttling); retry later");
     const unmarked = counting();
     fill(unmarked.throttle, 25, null, false);
     assert.equal(unmarked.throttle.rejectionProbability(), 0);
@@ -331,8 +331,8 @@ describe("AdaptiveThrottle: the controller", () => {
     assert.throws(() => throttle.admit(), (e: unknown) => {
       assert.ok(e instanceof RpcError && e instanceof ThrottledError);
       assert.equal(e.code, "RESOURCE_EXHAUSTED");
-      assert.equal(e.details, "throttled by the client: the sidecar refused 18 of the 25 calls it answered "
-        + "in the last 10 s (adaptive throttling); retry later");
+      assert.equal(e.details, "throttled by the client: the sidecar refused or marked congested 18 of the 25 "
+        + "calls it answered in the last 10 s (adaptive throttling); retry later");
       assert.deepEqual([e.refused, e.answered, e.windowSeconds], [18, 25, 10]);
       assert.equal(e.message, `RESOURCE_EXHAUSTED: ${e.details}`);
       assert.equal(e.name, "ThrottledError");
@@ -345,7 +345,7 @@ describe("AdaptiveThrottle: the controller", () => {
     fill(throttle, 20, "RESOURCE_EXHAUSTED");
     clock.random = 0;
     assert.throws(() => throttle.admit(), (e: ThrottledError) => e.details === "throttled by the client: the sidecar "
-      + "refused 20 of the 20 calls it answered in the last 2.5 s (adaptive throttling); retry later");
+      + "refused or marked congested 20 of the 20 calls it answered in the last 2.5 s (adaptive throttling); retry later");
     // format(x, "g") in Python, for each x.
     const python: [number, string][] = [[10, "10"], [2.5, "2.5"], [0.1, "0.1"], [3600, "3600"], [0.0001, "0.0001"],
       [0.00001, "1e-05"], [1e-7, "1e-07"], [123456, "123456"], [1234567, "1.23457e+06"], [100000, "100000"],
