@@ -65,24 +65,38 @@ def test_nothing_is_refused_below_min_requests():
     counted(t, 19, 0)  # none refused: fewer than 20 in the window when each was admitted
     assert t.rejection_probability() == 0.0
     t.admit()  # the 20th passes too: the probability is taken before it is counted
-    assert t.rejection_probability() == pytest.approx(1 - 0.8 ** 19)  # each sent at the p of its time
+    assert t.rejection_probability() == pytest.approx(0.999)  # each refusal halved the share sent, to the floor
     with pytest.raises(Throttled):
         t.admit()
 
 
-def test_a_signal_cuts_the_share_let_through_to_backoff_times_what_it_was_when_the_call_was_sent():
+def test_a_refusal_halves_the_share_let_through_against_what_it_was_when_the_call_was_sent():
     t, _, _ = throttle(ThrottlePolicy(min_requests=0))
     t.answered(RE, sent_at=0.5)
-    assert t.rejection_probability() == pytest.approx(0.6)  # 1 - 0.5 * 0.8
+    assert t.rejection_probability() == pytest.approx(0.75)  # 1 - 0.5 * 0.5
     for _ in range(20):  # the other answers to calls sent at 0.5: the same news, no further cut
         t.answered(RE, sent_at=0.5)
-    assert t.rejection_probability() == pytest.approx(0.6)
+    assert t.rejection_probability() == pytest.approx(0.75)
     t.answered(RE, sent_at=0.0)  # a call sent before the cut never undoes it
-    assert t.rejection_probability() == pytest.approx(0.6)
-    t.answered(RE, sent_at=0.6)  # one sent after it: the next cut
-    assert t.rejection_probability() == pytest.approx(0.68)
+    assert t.rejection_probability() == pytest.approx(0.75)
+    t.answered(RE, sent_at=0.75)  # one sent after it: the next cut
+    assert t.rejection_probability() == pytest.approx(0.875)
     t.answered(RE)  # sent at an unknown probability: as if at the present one
-    assert t.rejection_probability() == pytest.approx(1 - 0.32 * 0.8)
+    assert t.rejection_probability() == pytest.approx(1 - 0.125 * 0.5)
+
+
+def test_a_mark_cuts_the_share_by_a_fifth_and_means_nothing_on_a_failure():
+    t, _, _ = throttle(ThrottlePolicy(min_requests=0))
+    t.answered(None, congested=True, sent_at=0.5)
+    assert t.rejection_probability() == pytest.approx(0.6)  # 1 - 0.5 * 0.8: gentler than a refusal
+    t.answered(None, congested=True, sent_at=0.5)
+    assert t.rejection_probability() == pytest.approx(0.6)
+    t.answered(grpc.StatusCode.INVALID_ARGUMENT, congested=True, sent_at=0.6)  # an answer like any other
+    assert t.rejection_probability() == pytest.approx(0.6 - 0.005)
+    with t.counted() as answer:  # what a client does with a marked response's trailing metadata
+        answer.congested = True
+    assert answer.sent_at == pytest.approx(0.595)  # the probability it passed (the draw, 1.0, lets all through)
+    assert t.rejection_probability() == pytest.approx(1 - 0.405 * 0.8)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), -0.1, 1.5])
@@ -95,7 +109,7 @@ def test_a_call_sent_at_no_probability_is_refused(bad):
 
 def test_each_other_answer_lowers_the_probability_by_recovery():
     t, _, _ = throttle(ThrottlePolicy(min_requests=0))
-    t.answered(RE, sent_at=0.5)
+    t.answered(None, congested=True, sent_at=0.5)
     counted(t, 3, 3)
     assert t.rejection_probability() == pytest.approx(0.6 - 3 * 0.005)
     counted(t, 1000, 1000)
@@ -182,7 +196,7 @@ def test_under_overload_about_1_05_times_what_is_accepted_is_sent_and_it_recover
     t = AdaptiveThrottle(ThrottlePolicy(), clock=clock, rand=random.Random(3).random)
     _simulate(t, clock, 10, rate=1000, capacity=400)  # 2.5 times the capacity
     sent, accepted = _simulate(t, clock, 10, rate=1000, capacity=400)
-    # A refusal cuts the share sent by a fifth (p about 0.6: +0.08), an accept adds 0.005: 1 in 17.
+    # A refusal halves the share sent (p about 0.6: +0.2), an accept lowers p by 0.005: 1 in 40.
     assert 1.0 <= sent / accepted <= 1.1 and accepted >= 0.9 * 4000
     _simulate(t, clock, 3, rate=1000, capacity=None)  # the overload ends
     assert t.rejection_probability() < 0.01
@@ -197,7 +211,8 @@ def test_after_the_sidecar_refused_everything_for_30_s_the_client_recovers_in_se
     assert t.rejection_probability() < 0.01
 
 
-@pytest.mark.parametrize("bad", [dict(backoff=0), dict(backoff=1), dict(backoff=float("nan")), dict(window=0),
+@pytest.mark.parametrize("bad", [dict(mark_backoff=0), dict(mark_backoff=1), dict(mark_backoff=float("nan")),
+                                 dict(refusal_backoff=0), dict(refusal_backoff=1.5), dict(window=0),
                                  dict(window=float("inf")), dict(min_requests=-1), dict(recovery=0),
                                  dict(recovery=1.5), dict(recovery=float("inf")),
                                  dict(half_life=0), dict(half_life=float("nan"))])

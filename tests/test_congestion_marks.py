@@ -213,4 +213,4 @@ def test_clients_that_slow_down_on_marks_keep_the_sidecar_busy_and_seldom_refuse
     assert 0.05 <= with_marks["median_wait"] <= 0.25
     # Steered by refusals alone, the queue sits at its bound and refuses to steer.
     assert without["busy"] >= 0.98
-    assert without["refused_per_decision"] >= 0.03 and without["median_wait"] >= 0.4
+    assert without["refused_per_decision"] >= 0.02 and without["median_wait"] >= 0.4

@@ -11,8 +11,10 @@ sidecar's refusals and its congestion marks: a successful answer with the traili
 metadata `toolauthz-congested: 1`, which the sidecar puts on a share of its answers while
 its decision queue is long (from none at a tenth of the queue's bound to all at the
 bound), so that clients slow down before it has to refuse. On a signal about a call the
-client sent while refusing `s` of its calls, the share it lets through becomes `backoff`
-times what it was then, `p = 1 - (1 - s) * backoff`, unless `p` is already higher: all
+client sent while refusing `s` of its calls, the share it lets through becomes a fraction
+of what it was then, `p = 1 - (1 - s) * backoff`, unless `p` is already higher: `backoff`
+is 0.8 for a mark and 0.5 for a refusal, which says the queue is at its bound (TCP backs
+off less on an ECN mark than on a loss for the same reason, RFC 8511). All
 the answers to the calls sent at one setting describe the queue before the client
 reacted, so together they lower the share once, not once each (TCP reduces its window
 once per round trip for the same reason; counted once each, the marks of a long queue
@@ -66,15 +68,17 @@ def congested(trailing_metadata) -> bool:
 
 @dataclass(frozen=True)
 class ThrottlePolicy:
-    backoff: float = 0.8  # on a signal, the share let through becomes this times what it was
+    mark_backoff: float = 0.8  # on a mark, the share let through becomes this times what it was
+    refusal_backoff: float = 0.5  # ... on a refusal
     recovery: float = 0.005  # how far each other answer lowers the probability
     window: float = 10.0  # seconds over which calls are counted (min_requests)
     min_requests: int = 20  # below this many requests in the window, nothing is refused here
     half_life: float = 5.0  # seconds in which the probability halves by itself
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.backoff) and 0 < self.backoff < 1):
-            raise ValueError("backoff must be above 0 and below 1")
+        for name in ("mark_backoff", "refusal_backoff"):
+            if not (math.isfinite(getattr(self, name)) and 0 < getattr(self, name) < 1):
+                raise ValueError(f"{name} must be above 0 and below 1")
         if not (math.isfinite(self.recovery) and 0 < self.recovery <= 1):
             raise ValueError("recovery must be above 0 and at most 1")
         if not (math.isfinite(self.window) and 0 < self.window <= 3600):
@@ -192,7 +196,8 @@ class AdaptiveThrottle:
             if code in OVERLOAD_CODES or (code is None and congested):
                 self._refused[newest] += 1
                 sent = self._p if sent_at is None else sent_at
-                self._p = min(_MOST, max(self._p, 1 - (1 - sent) * policy.backoff))
+                backoff = policy.mark_backoff if code is None else policy.refusal_backoff
+                self._p = min(_MOST, max(self._p, 1 - (1 - sent) * backoff))
             else:
                 self._p = max(0.0, self._p - policy.recovery)
 
