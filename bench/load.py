@@ -241,7 +241,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     calls = [ch.unary_unary(AUTHORIZE) for ch in channels]
     # `throttle`: each connection's calls pass its own throttle, as each of as many
     # AuthzClients' would (toolauthz.client.throttle, the SDKs' default).
-    throttles = [_throttle() for _ in channels] if spec.get("throttle") else None
+    throttles = [_throttle(spec["throttle"]) for _ in channels] if spec.get("throttle") else None
     make = _request_maker(spec)
     result = RunResult()
     ids: list[str] = []
@@ -322,10 +322,11 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     out_q.put(result)
 
 
-def _throttle():
-    from toolauthz.client.throttle import AdaptiveThrottle
+def _throttle(policy):
+    """The SDKs' default throttle (`policy` True), or one with these ThrottlePolicy fields."""
+    from toolauthz.client.throttle import AdaptiveThrottle, ThrottlePolicy
 
-    return AdaptiveThrottle()
+    return AdaptiveThrottle(ThrottlePolicy(**policy) if isinstance(policy, dict) else None)
 
 
 def _refusal(throttle, sent_at: dict[int, float], n: int):
@@ -441,10 +442,10 @@ def closed_loop(address: str, *, rpc: str, concurrency: int, procs: int, duratio
 
 
 def open_loop(address: str, *, rate: float, duration: float, procs: int, tools: int, prefix: str,
-              warmup: int = 5, cpu=None, by_call: bool = False, throttle: bool = False) -> RunResult:
+              warmup: int = 5, cpu=None, by_call: bool = False, throttle: bool | dict = False) -> RunResult:
     """`by_call`: also each successful call's due and answer times, by call id. `throttle`:
-    the clients throttle themselves as the SDKs do by default (a refused call is counted
-    as `authorize:THROTTLED`, never sent)."""
+    the clients throttle themselves as the SDKs do by default, or (a dict) with these
+    ThrottlePolicy fields; a call refused so is counted as `authorize:THROTTLED`, never sent."""
     specs = [{"address": address, "rate": rate / procs, "duration": duration, "warmup": warmup,
               "tools": tools, "prefix": f"{prefix}p{i}", "by_call": by_call, "throttle": throttle}
              for i in range(procs)]

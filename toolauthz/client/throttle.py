@@ -70,7 +70,7 @@ def congested(trailing_metadata) -> bool:
 class ThrottlePolicy:
     mark_backoff: float = 0.8  # on a mark, the share let through becomes this times what it was
     refusal_backoff: float = 0.5  # ... on a refusal
-    recovery: float = 0.005  # how far each other answer lowers the probability
+    recovery: float = 0.01  # how far each other answer lowers the probability
     window: float = 10.0  # seconds over which calls are counted (min_requests)
     min_requests: int = 20  # below this many requests in the window, nothing is refused here
     half_life: float = 5.0  # seconds in which the probability halves by itself

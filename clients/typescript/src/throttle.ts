@@ -17,7 +17,9 @@
  * How: the client refuses a new call itself with a probability `p`; `1 - p` is the share it
  * lets through. On a signal, that share becomes `backoff` times what it was when the client
  * sent the call that got it, unless it is lower already: `p = max(p, 1 - (1 - sentAt) *
- * backoff)`. The answers to the calls sent at one setting all describe the sidecar before
+ * backoff)`, where `backoff` is `markBackoff` (0.8) for a mark and `refusalBackoff` (0.5)
+ * for a refusal, which says the queue is at its bound (TCP backs off less on an ECN mark
+ * than on a loss for the same reason, RFC 8511). The answers to the calls sent at one setting all describe the sidecar before
  * the client reacted, so together they lower the share once, not once each (TCP reduces its
  * window once per round trip for the same reason). Each other answer lowers `p` by
  * `recovery`, and `p` halves every `halfLifeSeconds` whatever happens, so a client that
@@ -52,29 +54,34 @@ const BUCKETS = 10;
 const MOST = 0.999; // never refuse every call: the calls let through see the sidecar recover
 
 export interface ThrottlePolicyInit {
-  backoff?: number; // on a signal, the share let through becomes this times its share when sent (default 0.8)
-  recovery?: number; // how far each other answer lowers the probability (default 0.005)
+  markBackoff?: number; // on a mark, the share let through becomes this times its share when sent (default 0.8)
+  refusalBackoff?: number; // ... on a refusal (default 0.5)
+  recovery?: number; // how far each other answer lowers the probability (default 0.01)
   windowSeconds?: number; // seconds over which calls are counted (minRequests) (default 10)
   minRequests?: number; // below this many requests in the window, nothing is refused here (default 20)
   halfLifeSeconds?: number; // seconds in which the probability halves by itself (default 5)
 }
 
 export class ThrottlePolicy {
-  readonly backoff: number;
+  readonly markBackoff: number;
+  readonly refusalBackoff: number;
   readonly recovery: number;
   readonly windowSeconds: number;
   readonly minRequests: number;
   readonly halfLifeSeconds: number;
 
   constructor(init: ThrottlePolicyInit = {}) {
-    this.backoff = init.backoff ?? 0.8;
-    this.recovery = init.recovery ?? 0.005;
+    this.markBackoff = init.markBackoff ?? 0.8;
+    this.refusalBackoff = init.refusalBackoff ?? 0.5;
+    this.recovery = init.recovery ?? 0.01;
     this.windowSeconds = init.windowSeconds ?? 10;
     this.minRequests = init.minRequests ?? 20;
     this.halfLifeSeconds = init.halfLifeSeconds ?? 5;
     // 1 would never back off; 0 would shut the client out at the first signal.
-    if (!(Number.isFinite(this.backoff) && this.backoff > 0 && this.backoff < 1)) {
-      throw new RangeError("backoff must be above 0 and below 1");
+    for (const [name, backoff] of [["markBackoff", this.markBackoff], ["refusalBackoff", this.refusalBackoff]] as const) {
+      if (!(Number.isFinite(backoff) && backoff > 0 && backoff < 1)) {
+        throw new RangeError(`${name} must be above 0 and below 1`);
+      }
     }
     if (!(Number.isFinite(this.recovery) && this.recovery > 0 && this.recovery <= 1)) {
       throw new RangeError("recovery must be above 0 and at most 1");
@@ -170,7 +177,8 @@ export class AdaptiveThrottle {
     if ((code !== null && OVERLOAD_CODES.has(code)) || (code === null && congested)) {
       this.signals[newest]! += 1;
       const sent = sentAt ?? this.p;
-      this.p = Math.min(MOST, Math.max(this.p, 1 - (1 - sent) * this.policy.backoff));
+      const backoff = code === null ? this.policy.markBackoff : this.policy.refusalBackoff;
+      this.p = Math.min(MOST, Math.max(this.p, 1 - (1 - sent) * backoff));
     } else {
       this.p = Math.max(0, this.p - this.policy.recovery);
     }

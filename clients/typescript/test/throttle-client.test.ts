@@ -66,13 +66,15 @@ function serve(how: typeof answer, marks: typeof mark = () => null): void {
 }
 
 /**
- * p after `signals` calls sent one after another, each answered with a signal, from 0 with a
- * stopped clock: the first 20 (minRequests) were sent at 0 and set 0.2 once together; each
- * later one was sent at the p the one before set, so the share let through shrinks 0.8-fold
- * per call: 1 - 0.8^(n - 19), up to 0.999.
+ * p after `signals` calls sent one after another, each answered with a signal (a refusal, or
+ * with `mark` a marked answer), from 0 with a stopped clock: the first 20 (minRequests) were
+ * sent at 0 and set 1 - backoff once together; each later one was sent at the p the one
+ * before set, so the share let through shrinks backoff-fold per call (0.5 for a refusal, 0.8
+ * for a mark): 1 - backoff^(n - 19), up to 0.999.
  */
-function raised(signals: number): number {
-  const { backoff } = new ThrottlePolicy();
+function raised(signals: number, mark = false): number {
+  const { markBackoff, refusalBackoff } = new ThrottlePolicy();
+  const backoff = mark ? markBackoff : refusalBackoff;
   let p = 0;
   for (let i = 1; i <= signals; i++) p = Math.max(p, Math.min(0.999, 1 - (1 - (i <= 20 ? 0 : p)) * backoff));
   return p;
@@ -112,9 +114,10 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve((name) => (name === "Verify" ? null : RE));
     const { client, throttle } = throttledClient();
     const { codes, local } = await authorizeMany(client, CALLS);
-    // The first 20 (minRequests) all reach it, sent at 0, and leave p at 0.2; with the clock
-    // stopped (no decay) each further refusal multiplies the share let through by 0.8, so the
-    // k-th one after them takes ~1.25^k calls: 180 calls send about 16 more. Expected ~36.
+    // The first 20 (minRequests) all reach it, sent at 0, and leave p at 0.5; with the clock
+    // stopped (no decay) each further refusal halves the share let through, so the k-th one
+    // after them takes ~2^k calls: 180 calls send about 8 more (p then at the 0.999 cap, one
+    // in 1000 still goes through). Expected ~28.
     const reached = received.get("Authorize") ?? 0;
     assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.equal(local + reached, CALLS);
@@ -127,7 +130,7 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve(() => RE);
     const client = new AuthzClient(target);
     assert.ok(client.throttle instanceof AdaptiveThrottle);
-    assert.equal(client.throttle.policy.backoff, 0.8);
+    assert.equal(client.throttle.policy.refusalBackoff, 0.5);
     const { codes } = await authorizeMany(client, CALLS);
     const reached = received.get("Authorize") ?? 0;
     // Expected ~36 (above, and p decays by a few percent in the fraction of a second this
@@ -176,15 +179,15 @@ describe("a sidecar that refuses every Authorize (RESOURCE_EXHAUSTED)", () => {
     serve(() => RE);
     const { clock, client, throttle } = throttledClient(seeded(7));
     await authorizeMany(client, 50);
-    // The first 20 set 0.2, then about 8 of the other 30 reach it as p climbs: 1 - 0.8^9 = 0.87.
+    // The first 20 set 0.5, then about 4 of the other 30 reach it as p climbs: 1 - 0.5^5 = 0.97.
     const shut = throttle.rejectionProbability();
     assert.equal(shut, raised(received.get("Authorize") ?? 0));
     assert.ok(shut > 0.8, `p after 50 refused calls: ${shut}`);
     serve(() => null);
-    clock.ms = 10_000; // two half-lives: p ~ 0.22, and the window's counts are gone
+    clock.ms = 10_000; // two half-lives: p ~ 0.24, and the window's counts are gone
     near(throttle.rejectionProbability(), 0, 0); // below the floor again
     const { codes, local } = await authorizeMany(client, CALLS);
-    // p from ~0.22 down by 0.005 per accept (the clock stays at 10 s): 0 after ~45 accepts.
+    // p from ~0.24 down by 0.01 per accept (the clock stays at 10 s): 0 after ~24 accepts.
     assert.ok(local < 30, `${local} calls refused here after the sidecar recovered`);
     assert.equal(received.get("Authorize"), CALLS - local);
     assert.ok(codes.slice(100).every((code) => code === "OK"), codes.slice(100).join());
@@ -207,7 +210,7 @@ describe("retries and the throttle", () => {
     const rest = await authorizeMany(client, 5);
     assert.equal(received.get("Authorize"), 40);
     assert.ok([...first.codes, ...rest.codes].every((code) => code === "RESOURCE_EXHAUSTED"));
-    // 20 requests, 20 refusals of calls sent at 0: one back-off (counted apart, 1 - 0.8^20).
+    // 20 requests, 20 refusals of calls sent at 0: one back-off, to 0.5 (counted apart, 1 - 0.5^20).
     assert.equal(throttle.rejectionProbability(), raised(20));
     client.close();
   });
@@ -265,17 +268,18 @@ describe("a sidecar that marks its answers congested (trailing metadata toolauth
   const OK = () => null;
   const MARKED = (name: string) => (name === "Verify" ? null : "1");
 
-  test("every Authorize answered and marked: p rises as with refusals, and the client refuses calls itself", async () => {
+  test("every Authorize answered and marked: p rises, more gently than with refusals, and the client refuses calls itself", async () => {
     serve(OK, MARKED);
     const { client, throttle } = throttledClient();
     const { codes, local } = await authorizeMany(client, CALLS);
     const reached = received.get("Authorize") ?? 0;
-    // As for refusals: ~36 reach it (the first 20, then ~16 of 180 as p climbs).
+    // The first 20 set 0.2, then each marked answer cuts the share sent by a fifth: ~16 of the
+    // other 180 reach it as p climbs (refusals, halving it, let fewer through).
     assert.ok(reached >= 20 && reached < 80, `the sidecar received ${reached} of ${CALLS}`);
     assert.ok(local > 100, `${local} calls refused here`);
     assert.equal(local + reached, CALLS);
     assert.equal(codes.filter((code) => code === "OK").length, reached); // every call sent succeeded
-    assert.equal(throttle.rejectionProbability(), raised(reached)); // one back-off per marked answer
+    assert.equal(throttle.rejectionProbability(), raised(reached, true)); // one back-off per marked answer
     client.close();
   });
 
@@ -307,7 +311,7 @@ describe("a sidecar that marks its answers congested (trailing metadata toolauth
     const { client, throttle } = throttledClient(() => 1); // nothing refused here: each batch is answered
     for (let i = 0; i < 25; i++) await client.authorizeBatch(CONTEXT, [CALL]);
     assert.equal(received.get("AuthorizeBatch"), 25);
-    assert.equal(throttle.rejectionProbability(), raised(25));
+    assert.equal(throttle.rejectionProbability(), raised(25, true));
     client.close();
   });
 
@@ -317,7 +321,7 @@ describe("a sidecar that marks its answers congested (trailing metadata toolauth
     const { codes } = await authorizeMany(client, 25);
     assert.equal(received.get("Authorize"), 50);
     assert.ok(codes.every((code) => code === "OK"));
-    assert.equal(throttle.rejectionProbability(), raised(25));
+    assert.equal(throttle.rejectionProbability(), raised(25, true));
     client.close();
   });
 

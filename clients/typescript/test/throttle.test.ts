@@ -10,8 +10,9 @@ import { RpcError } from "../src/client.js";
 import { AdaptiveThrottle, formatG, ThrottledError, ThrottlePolicy } from "../src/throttle.js";
 import { seeded } from "./support.js";
 
-const BACKOFF = 0.8; // on a signal, the share let through becomes 0.8 times its share when the call was sent
-const RECOVERY = 0.005; // each other answer lowers p by this
+const MARK = 0.8; // on a mark, the share let through becomes 0.8 times its share when the call was sent
+const REFUSAL = 0.5; // on a refusal, half of it
+const RECOVERY = 0.01; // each other answer lowers p by this
 
 /** A throttle whose clock is `clock.ms` and whose random source is `clock.random` (1: never refuses). */
 function counting(init: ConstructorParameters<typeof ThrottlePolicy>[0] = {}) {
@@ -29,19 +30,20 @@ function fill(throttle: AdaptiveThrottle, count: number, code: string | null, co
   }
 }
 
-/** The p a signal sets for a call sent at `sentAt`, from a p that is lower. */
-function backedOff(sentAt: number): number {
-  return Math.min(0.999, 1 - (1 - sentAt) * BACKOFF);
+/** The p a signal (a refusal unless told) sets for a call sent at `sentAt`, from a p that is lower. */
+function backedOff(sentAt: number, backoff = REFUSAL): number {
+  return Math.min(0.999, 1 - (1 - sentAt) * backoff);
 }
 
 /**
- * p after `signals` calls answered at once with a signal, from 0 with a frozen clock: the
- * first 20 (minRequests) were sent at 0 and set 0.2 once together; each later one is sent at
- * the p the one before set, so they compound: 1 - 0.8^(n - 19), up to 0.999.
+ * p after `signals` calls answered at once with a signal (refusals unless told), from 0 with a
+ * frozen clock: the first 20 (minRequests) were sent at 0 and set 1 - backoff once together;
+ * each later one is sent at the p the one before set, so they compound: 1 - backoff^(n - 19),
+ * up to 0.999.
  */
-function raised(signals: number): number {
+function raised(signals: number, backoff = REFUSAL): number {
   let p = 0;
-  for (let i = 1; i <= signals; i++) p = Math.max(p, backedOff(i <= 20 ? 0 : p));
+  for (let i = 1; i <= signals; i++) p = Math.max(p, backedOff(i <= 20 ? 0 : p, backoff));
   return p;
 }
 
@@ -52,20 +54,24 @@ function near(actual: number, expected: number, tolerance: number, message?: str
 describe("ThrottlePolicy", () => {
   test("the defaults are the Python SDK's", () => {
     const policy = new ThrottlePolicy();
-    assert.equal(policy.backoff, 0.8);
-    assert.equal(policy.recovery, 0.005);
+    assert.equal(policy.markBackoff, 0.8);
+    assert.equal(policy.refusalBackoff, 0.5);
+    assert.equal(policy.recovery, 0.01);
     assert.equal(policy.windowSeconds, 10);
     assert.equal(policy.minRequests, 20);
     assert.equal(policy.halfLifeSeconds, 5);
-    assert.deepEqual(Object.keys(policy).sort(), ["backoff", "halfLifeSeconds", "minRequests", "recovery",
-      "windowSeconds"]);
+    assert.deepEqual(Object.keys(policy).sort(), ["halfLifeSeconds", "markBackoff", "minRequests", "recovery",
+      "refusalBackoff", "windowSeconds"]);
     assert.ok(Object.isFrozen(policy));
   });
 
   test("bad values throw; the edges of the ranges are allowed", () => {
     for (const backoff of [0, 1, -0.5, 1.5, NaN, Infinity]) {
-      assert.throws(() => new ThrottlePolicy({ backoff }), /backoff must be above 0 and below 1/, `backoff ${backoff}`);
-      assert.throws(() => new ThrottlePolicy({ backoff }), RangeError);
+      assert.throws(() => new ThrottlePolicy({ markBackoff: backoff }), /markBackoff must be above 0 and below 1/,
+        `markBackoff ${backoff}`);
+      assert.throws(() => new ThrottlePolicy({ refusalBackoff: backoff }), /refusalBackoff must be above 0 and below 1/,
+        `refusalBackoff ${backoff}`);
+      assert.throws(() => new ThrottlePolicy({ markBackoff: backoff }), RangeError);
     }
     for (const recovery of [0, -0.005, 1.01, NaN, Infinity]) {
       assert.throws(() => new ThrottlePolicy({ recovery }), /recovery must be above 0 and at most 1/,
@@ -83,13 +89,14 @@ describe("ThrottlePolicy", () => {
         `halfLifeSeconds ${halfLifeSeconds}`);
       assert.throws(() => new ThrottlePolicy({ halfLifeSeconds }), RangeError);
     }
-    const edges = new ThrottlePolicy({ backoff: 0.999, recovery: 1, windowSeconds: 3600, minRequests: 0,
+    const edges = new ThrottlePolicy({ markBackoff: 0.999, refusalBackoff: 0.999, recovery: 1, windowSeconds: 3600, minRequests: 0,
       halfLifeSeconds: 3600 });
-    assert.deepEqual([edges.backoff, edges.recovery, edges.windowSeconds, edges.minRequests, edges.halfLifeSeconds],
-      [0.999, 1, 3600, 0, 3600]);
-    const small = new ThrottlePolicy({ backoff: 1e-9, recovery: 1e-9, halfLifeSeconds: 1e-9 });
-    assert.deepEqual([small.backoff, small.recovery, small.halfLifeSeconds], [1e-9, 1e-9, 1e-9]);
-    assert.throws(() => new AdaptiveThrottle({ backoff: 0.8, recovery: 0.005, windowSeconds: 1, minRequests: 0,
+    assert.deepEqual([edges.markBackoff, edges.refusalBackoff, edges.recovery, edges.windowSeconds, edges.minRequests,
+      edges.halfLifeSeconds], [0.999, 0.999, 1, 3600, 0, 3600]);
+    const small = new ThrottlePolicy({ markBackoff: 1e-9, refusalBackoff: 1e-9, recovery: 1e-9, halfLifeSeconds: 1e-9 });
+    assert.deepEqual([small.markBackoff, small.refusalBackoff, small.recovery, small.halfLifeSeconds],
+      [1e-9, 1e-9, 1e-9, 1e-9]);
+    assert.throws(() => new AdaptiveThrottle({ markBackoff: 0.8, refusalBackoff: 0.5, recovery: 0.005, windowSeconds: 1, minRequests: 0,
       halfLifeSeconds: 5 } as ThrottlePolicy), TypeError);
   });
 });
@@ -120,12 +127,19 @@ describe("AdaptiveThrottle: the controller", () => {
     for (const [sentAt, expected] of [[0, 0.2], [0.2, 0.36], [0.5, 0.6], [0.9, 0.92], [0.99, 0.992], [0.999, 0.999],
       [1, 0.999]] as const) {
       const { throttle } = counting({ minRequests: 0 });
-      throttle.answered("RESOURCE_EXHAUSTED", false, sentAt);
-      near(throttle.rejectionProbability(), expected, 1e-12, `sent at ${sentAt}`);
+      throttle.answered(null, true, sentAt); // a mark: 0.8
+      near(throttle.rejectionProbability(), expected, 1e-12, `marked, sent at ${sentAt}`);
     }
-    const { throttle } = counting({ minRequests: 0, backoff: 0.5 });
-    throttle.answered("RESOURCE_EXHAUSTED", false, 0.2);
-    near(throttle.rejectionProbability(), 0.6, 1e-12, "the policy's backoff"); // 1 - 0.8 * 0.5
+    for (const [sentAt, expected] of [[0, 0.5], [0.2, 0.6], [0.5, 0.75], [0.999, 0.999]] as const) {
+      const { throttle } = counting({ minRequests: 0 });
+      throttle.answered("RESOURCE_EXHAUSTED", false, sentAt); // a refusal: 0.5, the queue at its bound
+      near(throttle.rejectionProbability(), expected, 1e-12, `refused, sent at ${sentAt}`);
+    }
+    const { throttle } = counting({ minRequests: 0, markBackoff: 0.5, refusalBackoff: 0.25 });
+    throttle.answered(null, true, 0.2);
+    near(throttle.rejectionProbability(), 0.6, 1e-12, "the policy's markBackoff"); // 1 - 0.8 * 0.5
+    throttle.answered("RESOURCE_EXHAUSTED", false, 0.6);
+    near(throttle.rejectionProbability(), 0.9, 1e-12, "the policy's refusalBackoff"); // 1 - 0.4 * 0.25
   });
 
   test("signals for calls sent at one setting raise p once, not once each", () => {
@@ -133,31 +147,31 @@ describe("AdaptiveThrottle: the controller", () => {
     const first = Array.from({ length: 10 }, () => throttle.admit()); // 10 calls in flight, sent at 0
     assert.deepEqual(new Set(first), new Set([0]));
     for (const sentAt of first) throttle.answered("RESOURCE_EXHAUSTED", false, sentAt);
-    near(throttle.rejectionProbability(), 0.2, 1e-12); // once: 0.2, not 1 - 0.8^10 = 0.89
-    const second = Array.from({ length: 10 }, () => throttle.admit()); // sent at 0.2 (random 1: all let through)
+    near(throttle.rejectionProbability(), 0.5, 1e-12); // once: 0.5, not 1 - 0.5^10
+    const second = Array.from({ length: 10 }, () => throttle.admit()); // sent at 0.5 (random 1: all let through)
     for (const sentAt of second) throttle.answered(null, true, sentAt);
-    near(throttle.rejectionProbability(), 0.36, 1e-12); // the next round: once more
+    near(throttle.rejectionProbability(), 0.6, 1e-12); // the next round, marked: once more, 1 - 0.5 * 0.8
   });
 
   test("a signal for a call sent at a lower p than the current one does not lower p", () => {
     const { throttle } = counting({ minRequests: 0 });
-    throttle.answered("RESOURCE_EXHAUSTED", false, 0.5); // p = 0.6
+    throttle.answered("RESOURCE_EXHAUSTED", false, 0.5); // p = 0.75
     for (const sentAt of [0, 0.1, 0.4, 0.5]) {
-      throttle.answered("RESOURCE_EXHAUSTED", false, sentAt); // 0.2, 0.28, 0.52, 0.6: none above 0.6
-      near(throttle.rejectionProbability(), 0.6, 1e-12, `sent at ${sentAt}`);
+      throttle.answered("RESOURCE_EXHAUSTED", false, sentAt); // 0.5, 0.55, 0.7, 0.75: none above 0.75
+      near(throttle.rejectionProbability(), 0.75, 1e-12, `sent at ${sentAt}`);
     }
-    throttle.answered("RESOURCE_EXHAUSTED", false, 0.55); // 0.64: above, so it counts
-    near(throttle.rejectionProbability(), 0.64, 1e-12);
+    throttle.answered("RESOURCE_EXHAUSTED", false, 0.55); // 0.775: above, so it counts
+    near(throttle.rejectionProbability(), 0.775, 1e-12);
   });
 
   test("sentAt unknown: the signal backs off from the current, decayed p, so each one compounds", () => {
     const { clock, throttle } = counting({ minRequests: 0 });
-    for (let n = 1; n <= 10; n++) {
+    for (let n = 1; n <= 8; n++) { // 1 - 0.5^8 = 0.996, under the 0.999 cap
       throttle.answered("RESOURCE_EXHAUSTED");
-      near(throttle.rejectionProbability(), 1 - BACKOFF ** n, 1e-12, `${n} signals`);
+      near(throttle.rejectionProbability(), 1 - REFUSAL ** n, 1e-12, `${n} signals`);
     }
     clock.ms = 5_000; // p halves
-    const decayed = (1 - BACKOFF ** 10) / 2;
+    const decayed = (1 - REFUSAL ** 8) / 2;
     near(throttle.rejectionProbability(), decayed, 1e-9);
     throttle.answered("RESOURCE_EXHAUSTED");
     near(throttle.rejectionProbability(), backedOff(decayed), 1e-9);
@@ -175,10 +189,10 @@ describe("AdaptiveThrottle: the controller", () => {
     assert.throws(() => throttle.admit(), (e: ThrottledError) => e.refused === 1 && e.answered === 1); // none counted
   });
 
-  test("a congestion mark on a response raises p as a refusal does, and counts as one", () => {
+  test("a congestion mark on a response raises p, more gently than a refusal, and counts as a signal", () => {
     const { clock, throttle } = counting();
     fill(throttle, 25, null, true); // responses, every one marked
-    assert.equal(throttle.rejectionProbability(), raised(25));
+    assert.equal(throttle.rejectionProbability(), raised(25, MARK));
     clock.random = 0;
     assert.throws(() => throttle.admit(), (e: ThrottledError) => e.details === "throttled by the client: the sidecar "
       + "refused or marked congested 25 of the 25 calls it answered in the last 10 s (adaptive throttling); retry later");
@@ -214,7 +228,7 @@ describe("AdaptiveThrottle: the controller", () => {
     fill(throttle, 1000, null); // far more than enough to reach 0
     assert.equal(throttle.rejectionProbability(), 0);
     throttle.answered("RESOURCE_EXHAUSTED"); // from 0, not from below it
-    near(throttle.rejectionProbability(), 0.2, 1e-15);
+    near(throttle.rejectionProbability(), 0.5, 1e-15);
     const custom = counting({ recovery: 0.1 });
     fill(custom.throttle, 30, "RESOURCE_EXHAUSTED");
     fill(custom.throttle, 3, null);
@@ -279,9 +293,9 @@ describe("AdaptiveThrottle: the controller", () => {
   test("the random source decides against p", () => {
     const { clock, throttle } = counting();
     fill(throttle, 10, "RESOURCE_EXHAUSTED");
-    fill(throttle, 10, null); // 20 requests, all sent at 0: p = 0.2 - 10 * RECOVERY
+    fill(throttle, 10, null); // 20 requests, all sent at 0: p = 0.5 - 10 * RECOVERY
     const p = throttle.rejectionProbability();
-    near(p, 0.2 - 10 * RECOVERY, 1e-12);
+    near(p, 0.5 - 10 * RECOVERY, 1e-12);
     clock.random = p - 1e-9; // below p: refused
     assert.throws(() => throttle.admit(), ThrottledError);
     assert.equal(throttle.rejectionProbability(), p); // a refusal here does not move p
@@ -303,7 +317,7 @@ describe("AdaptiveThrottle: the controller", () => {
 
   test("only the buckets older than the window expire", () => {
     const { clock, throttle } = counting({ halfLifeSeconds: 3600 }); // next to no decay
-    fill(throttle, 15, "RESOURCE_EXHAUSTED"); // at 0 s, all sent at 0: p = 0.2
+    fill(throttle, 15, "RESOURCE_EXHAUSTED"); // at 0 s, all sent at 0: p = 0.5
     clock.ms = 5_000;
     fill(throttle, 10, null); // at 5 s: 25 requests in the window
     assert.ok(throttle.rejectionProbability() > 0);
@@ -311,7 +325,7 @@ describe("AdaptiveThrottle: the controller", () => {
     assert.equal(throttle.rejectionProbability(), 0);
     fill(throttle, 10, null); // 20 again, p still what the controller made of it
     const decay = (seconds: number) => 0.5 ** (seconds / 3600);
-    near(throttle.rejectionProbability(), ((0.2 * decay(5)) - 10 * RECOVERY) * decay(5.5) - 10 * RECOVERY, 1e-12);
+    near(throttle.rejectionProbability(), ((0.5 * decay(5)) - 10 * RECOVERY) * decay(5.5) - 10 * RECOVERY, 1e-12);
   });
 
   test("a long quiet spell clears the buckets and p", () => {
@@ -409,11 +423,11 @@ function simulated(seed: number) {
 describe("AdaptiveThrottle: dynamics against a simulated sidecar", () => {
   for (const seed of [1, 2, 3]) {
     test(`1000 calls/s, a sidecar that accepts 400/s: at most about 1.1 times that is sent; then it recovers within 1.5 s (seed ${seed})`, () => {
-      // Expected, per second: p starts near 0.97 (the share let through, x, near 0.03); each
-      // accept adds 0.005 to x, so x grows as e^(5 t) and is 1 after ~0.7 s and ~194 accepts;
-      // the other ~206 follow at full rate. Then each refusal multiplies x by 0.8: over the
-      // last ~0.1 s, dx/dt = -0.2 x^2 per ms sends 5 ln(1 + 0.2 * 100) = ~15 calls that are
-      // refused, a few more with the decay: about 418 sent per 400 accepted, 1.045.
+      // Expected, per second: p starts high (the share let through, x, small); each accept
+      // adds 0.01 to x, so x grows as e^(10 t) and is 1 within ~0.4 s; the other accepts
+      // follow at full rate. Then each refusal halves x: over the rest of the second,
+      // dx/dt = -0.5 x^2 per ms sends 2 ln(1 + 0.5 * 600) = ~11 calls that are refused, a few
+      // more with the decay: about 1.03 sent per accepted.
       const { clock, throttle } = simulated(seed);
       let sent = 0;
       let accepted = 0;
@@ -447,10 +461,10 @@ describe("AdaptiveThrottle: dynamics against a simulated sidecar", () => {
 
   for (const seed of [1, 2, 3]) {
     test(`a sidecar that refuses everything for 30 s, then accepts all, 100 calls/s: back within 5 s (seed ${seed})`, () => {
-      // Expected: the first 20 calls, sent at 0, set p to 0.2 once; after that each call that
-      // reaches the sidecar multiplies x by 0.8 (dx/dt = -20 x^2 per s at 100 calls/s) while
-      // the decay gives back ln(2)/5 (1 - x) per s: x settles near sqrt(0.139 / 20) = 0.083,
-      // p near 0.92, 8.3 calls/s: ~270 calls reach the sidecar in 30 s.
+      // Expected: the first 20 calls, sent at 0, set p to 0.5 once; after that each call that
+      // reaches the sidecar halves x (dx/dt = -50 x^2 per s at 100 calls/s) while the decay
+      // gives back ln(2)/5 (1 - x) per s: x settles near sqrt(0.139 / 50) = 0.053, p near
+      // 0.95, 5.3 calls/s: ~180 calls reach the sidecar in 30 s.
       const { clock, throttle } = simulated(seed);
       let reached = 0;
       simulate(throttle, clock, 100, 0, 30_000, () => 0, (_ms, outcome) => {
@@ -459,7 +473,7 @@ describe("AdaptiveThrottle: dynamics against a simulated sidecar", () => {
       const shut = throttle.rejectionProbability();
       assert.ok(shut > 0.8, `p after 30 s of refusals: ${shut}`);
       assert.ok(reached > 150 && reached < 400, `${reached} of 3000 calls reached a sidecar that refused them all`);
-      // Then dp/dt = -(ln(2)/5) p - 100 * 0.005 (1 - p): from 0.92, below 0.01 after ~3.0 s.
+      // Then dp/dt = -(ln(2)/5) p - 100 * 0.01 (1 - p): from 0.95, below 0.01 after ~2 s.
       let recovered = Infinity;
       let at5s = NaN;
       let throttledAfter5s = 0;
