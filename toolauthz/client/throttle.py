@@ -94,8 +94,8 @@ class Throttled(grpc.RpcError):
 
     def __init__(self, refused: int, answered: int, window: float):
         super().__init__()
-        self._details = (f"throttled by the client: the sidecar refused or marked congested {refused} of the {answered} "
-                         f"calls it answered in the last {window:g} s (adaptive throttling); retry later")
+        self._details = (f"throttled by the client: the sidecar refused or marked congested {refused} of the "
+                         f"{answered} calls it answered in the last {window:g} s (adaptive throttling); retry later")
 
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
