@@ -169,6 +169,10 @@ class _InlinePump:
     async def answer(self, make_plan, **_request):
         return decide_inline(self._authorizer, make_plan)
 
+    def congestion(self, peer: str = "") -> float:
+        """Nothing queues here: no answer is marked congested."""
+        return 0.0
+
 
 def decide_inline(authorizer, make_plan):
     return authorizer.run(make_plan())

@@ -46,6 +46,16 @@ class AsyncApprovalStream(Protocol):
     def cancel(self) -> bool: ...
 
 
+
+async def _marked(call) -> bool:
+    """Whether a finished call's answer was marked; metadata that cannot be read is no
+    mark (the answer and its token stand)."""
+    try:
+        return congested(await call.trailing_metadata())
+    except Exception:  # noqa: BLE001 - a mark is advice, never a reason to lose an answer
+        return False
+
+
 class AsyncAuthzClient:
     """AuthzClient's twin for asyncio, with the same arguments (`transport_label` too)."""
 
@@ -102,7 +112,7 @@ class AsyncAuthzClient:
                 call = method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata)
                 response = await call
                 if answer is not None:
-                    answer.congested = congested(await call.trailing_metadata())
+                    answer.congested = await _marked(call)
                 return response, attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:

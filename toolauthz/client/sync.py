@@ -24,7 +24,7 @@ from toolauthz.client.throttle import (
     AdaptiveThrottle,
     Answer,
     ThrottlePolicy,
-    congested,
+    marked,
 )
 from toolauthz.client.tracing import call_metadata, transport_metadata
 from toolauthz.client.transport import ClientTls, open_channel
@@ -126,7 +126,7 @@ class AuthzClient:
                 if answer is None:
                     return method(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata), attempt
                 response, call = method.with_call(request, timeout=max(remaining, _MIN_ATTEMPT), metadata=metadata)
-                answer.congested = congested(call.trailing_metadata())
+                answer.congested = marked(call)
                 return response, attempt
             except grpc.RpcError as exc:
                 if attempt >= attempts or exc.code() not in RETRYABLE:

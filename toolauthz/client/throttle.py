@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import grpc
 
 __all__ = ["ThrottlePolicy", "AdaptiveThrottle", "Throttled", "DEFAULT_THROTTLE", "OVERLOAD_CODES", "THROTTLED",
-           "CONGESTED", "congested"]
+           "CONGESTED", "congested", "marked"]
 
 THROTTLED = frozenset({"Authorize", "AuthorizeBatch"})
 # The sidecar's shedding. Every other answer, a DENY or INVALID_ARGUMENT included, is an
@@ -64,6 +64,15 @@ _MOST = 0.999  # never refuse every call: the calls let through see the sidecar 
 def congested(trailing_metadata) -> bool:
     """Whether an answer's trailing metadata carries the sidecar's congestion mark."""
     return any(key == CONGESTED and value == "1" for key, value in trailing_metadata or ())
+
+
+def marked(call) -> bool:
+    """Whether a finished sync call's answer was marked; metadata that cannot be read is
+    no mark (the answer and its token stand)."""
+    try:
+        return congested(call.trailing_metadata())
+    except Exception:  # noqa: BLE001 - a mark is advice, never a reason to lose an answer
+        return False
 
 
 @dataclass(frozen=True)

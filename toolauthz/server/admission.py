@@ -143,14 +143,14 @@ def batch_limit(max_batch: int, bound: float | None, plan_seconds: float) -> int
 MARK_FROM = 0.1  # the share of the queue's bound from which answers are marked congested
 
 
-def congestion(queued_seconds: float, bound: float | None) -> float:
-    """The share of answers to mark congested, by the time the queue (the running batch
-    included) takes: none below a tenth of the bound, all at the bound, in proportion
-    between. The clients' throttles slow down on the marks, so the queue settles a little
-    above a tenth of its bound, long enough that the pump never waits for work and short
-    enough that it seldom refuses: a refusal costs the sidecar what an empty RPC costs,
-    a mark nothing (it rides on an answer)."""
+def congestion(wait: float, bound: float | None) -> float:
+    """The share of a connection's answers to mark congested, by the wait a new call of
+    its own would have (`waiting_time`): none below a tenth of the bound, all at the
+    bound, in proportion between. The clients' throttles slow down on the marks, so the
+    queue settles between a tenth and half of its bound, long enough that the pump never
+    waits for work and short enough that it seldom refuses: a refusal costs the sidecar
+    what an empty RPC costs, a mark nothing (it rides on an answer)."""
     if not bound:
         return 0.0
     low = bound * MARK_FROM
-    return min(1.0, max(0.0, (queued_seconds - low) / (bound - low)))
+    return min(1.0, max(0.0, (wait - low) / (bound - low)))

@@ -185,11 +185,18 @@ class DecisionPump:
         """Requests refused undecided: too long a wait, past their deadline, or their caller gone."""
         return self._shed
 
-    @property
-    def congestion(self) -> float:
-        """The share of answers to mark congested now (admission.congestion); read
-        without the lock, a moment stale at worst."""
-        return congestion(self._queued_plans * self._plan_seconds, self._max_queue_seconds)
+    def congestion(self, peer: str = "") -> float:
+        """The share of `peer`'s answers to mark congested now (admission.congestion), by
+        the wait a new call of its own would have, as `_refusal` estimates it: a light
+        connection is not marked for a heavy one's queue. None within `min_queue`."""
+        if not self._max_queue_seconds:
+            return 0.0
+        with self._cond:
+            if self._queued_plans <= self._min_queue:
+                return 0.0
+            wait = waiting_time(self._running_plans, self._clock() - self._running_since,
+                                self._jobs.position(peer, 1), self._plan_seconds)
+        return congestion(wait, self._max_queue_seconds)
 
     @property
     def waiting(self) -> int:

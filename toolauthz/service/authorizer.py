@@ -116,7 +116,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
             tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
             seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
         response = _authorize_response(result)
-        marked(context, self._pump.congestion)
+        marked(context, self._pump.congestion(peer))
         timeline.mark(steps, "returned")
         return response
 
@@ -146,7 +146,7 @@ class ToolAuthorizerService(pb_grpc.ToolAuthorizerServicer):
                 seen.decided(self._tools(), ctx, item.call, answer, caller=caller)
                 answers.append(pb.BatchAnswer(response=_authorize_response(answer)))
             seen.annotate(calls=len(calls))
-        marked(context, self._pump.congestion)
+        marked(context, self._pump.congestion(peer))
         return pb.AuthorizeBatchResponse(answers=answers)
 
     @status_mapped

@@ -266,6 +266,10 @@ describe("a healthy sidecar", () => {
 
 describe("a sidecar that marks its answers congested (trailing metadata toolauthz-congested: 1)", () => {
   const OK = () => null;
+
+  test("the mark's name is the sidecar's, as on the wire", () => {
+    assert.equal(CONGESTED_METADATA, "toolauthz-congested"); // toolauthz/service/authorizer.py, CONGESTED_METADATA
+  });
   const MARKED = (name: string) => (name === "Verify" ? null : "1");
 
   test("every Authorize answered and marked: p rises, more gently than with refusals, and the client refuses calls itself", async () => {
