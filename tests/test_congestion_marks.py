@@ -25,7 +25,8 @@ from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 from toolauthz.proto.toolauthz.v1 import authorizer_pb2_grpc as pb_grpc
 from toolauthz.server.admission import congestion
 from toolauthz.server.pump import DecisionPump
-from toolauthz.service.authorizer import CONGESTED_METADATA, marked
+from toolauthz.service.authorizer import marked
+from toolauthz.service.congestion import CONGESTED_METADATA
 from toolauthz.telemetry import metrics
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -333,3 +333,31 @@ def test_a_refused_batch_over_http_is_400_and_decides_nothing(http, sidecar):
         http._schemas.check_response("POST", "/v1/authorize-batch", status, answer)
         assert (status, answer["error"]["code"]) == (400, "INVALID_ARGUMENT"), (body, answer)
     assert calls_audited(sidecar) == []
+
+
+# -- congestion marks ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_http_answers_carry_the_congestion_mark_as_a_header_while_the_pump_is_congested(http, monkeypatch, share):
+    """As gRPC's trailing metadata (tests/test_congestion_marks.py): `toolauthz-congested: 1`
+    on a share of the successful Authorize and AuthorizeBatch answers; never on an error."""
+    from toolauthz.server.pump import DecisionPump
+
+    monkeypatch.setattr(DecisionPump, "congestion", lambda self, peer="": share)
+    bodies = {"/v1/authorize": _body(ctx=ALICE, call=Call(f"toolu_m{share}", REFUND.name, REFUND.input)),
+              "/v1/authorize-batch": _batch_body(Context(), (Call(f"toolu_b{share}", REFUND.name, REFUND.input),
+                                                             [order_entity("ord_1", "alice")])),
+              "/v1/authorize?bad": b'{"context": 7}'}
+    for path, body in bodies.items():
+        connection = http_client.HTTPConnection("127.0.0.1", http.port, timeout=30)
+        try:
+            connection.request("POST", path.split("?")[0], body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            status, mark = response.status, response.getheader("toolauthz-congested")
+        finally:
+            connection.close()
+        if path.endswith("?bad"):
+            assert (status, mark) == (400, None)  # an error is never marked
+        else:
+            assert (status, mark) == (200, "1" if share == 1.0 else None), path

@@ -20,6 +20,7 @@ from toolauthz.server.pump import DecisionPump
 from toolauthz.service.access import About, Gate
 from toolauthz.service.batching import settle_batch
 from toolauthz.service.common import batch_call, proposed_call, status_mapped, timestamp, trusted_context
+from toolauthz.service.congestion import CONGESTED_METADATA, drawn
 from toolauthz.service.failures import Failure
 from toolauthz.service.observe import Observation, grpc_transport, observed
 from toolauthz.service.status import SidecarStatus, WorkerStatus
@@ -43,16 +44,12 @@ def still_wanted(context, gone: threading.Event):
     return wanted
 
 
-CONGESTED_METADATA = "toolauthz-congested"  # the SDKs' throttles read it (client/throttle.py)
-
-
 def marked(context, share: float, draw: Callable[[], float] = random.random) -> None:
-    """Marks a decision's answer congested with probability `share`, the pump's
-    `congestion`: trailing metadata `toolauthz-congested: 1` on a successful answer, which
-    the clients' throttles slow down on before the queue's bound refuses."""
-    if share > 0 and draw() < share:
+    """Marks a decision's gRPC answer congested with probability `share`: trailing
+    metadata `toolauthz-congested: 1` on a successful answer, which the clients' throttles
+    slow down on before the queue's bound refuses."""
+    if drawn(share, draw):
         context.set_trailing_metadata(((CONGESTED_METADATA, "1"),))
-        metrics.CONGESTION_MARKS.inc()
 
 
 def deadline_of(context) -> float | None:

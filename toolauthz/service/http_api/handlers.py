@@ -19,6 +19,7 @@ from toolauthz.errors import RequestError
 from toolauthz.server.pump import DecisionPump
 from toolauthz.service.access import Gate
 from toolauthz.service.batching import settle_batch
+from toolauthz.service.congestion import CONGESTED_METADATA, drawn
 from toolauthz.service.failures import Failure
 from toolauthz.service.http_api.answers import authorize_json
 from toolauthz.service.http_api.envelope import (
@@ -58,6 +59,11 @@ class HttpHandlers:
     def _tools(self) -> Collection[str]:
         return self._authorizer.bundles.current.tools
 
+    def _congestion(self, request: Request) -> dict[str, str]:
+        """The header `toolauthz-congested: 1` on a share of the connection's answers while
+        its calls queue long, as gRPC's trailing metadata (service/authorizer.py `marked`)."""
+        return {CONGESTED_METADATA: "1"} if drawn(self._pump.congestion(_peer(request))) else {}
+
     async def authorize(self, request: Request, body: Body, seen: Observation) -> Response:
         ctx, call = context_of(body.get("context")), proposed_call(body.get("call"))
         caller = (await self._gate.admit_async(request, "Authorize", about(ctx, call.call_id))).caller.id
@@ -69,7 +75,7 @@ class HttpHandlers:
                 lambda: self._authorizer.plan_authorize(ctx, call, wanted, caller=caller)), peer=_peer(request))
         tool, outcome = seen.decided(self._tools(), ctx, call, result, caller=caller)
         seen.annotate(decision_id=result.decision_id, tool=tool, result=outcome, replayed=result.replayed)
-        return JSONResponse(authorize_json(result))
+        return JSONResponse(authorize_json(result), headers=self._congestion(request))
 
     async def authorize_batch(self, request: Request, body: Body, seen: Observation) -> Response:
         ctx, limits = context_of(body.get("context")), self.batch_limits
@@ -90,7 +96,7 @@ class HttpHandlers:
             seen.decided(self._tools(), ctx, item.call, answer, caller=caller)
             shown.append({"response": authorize_json(answer)})
         seen.annotate(calls=len(calls))
-        return JSONResponse({"answers": shown})
+        return JSONResponse({"answers": shown}, headers=self._congestion(request))
 
     async def verify(self, request: Request, body: Body, seen: Observation) -> Response:
         token, ctx, call = (required_string(body, "token", ""), context_of(body.get("context")),
