@@ -231,7 +231,7 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
     """Process target: `rate` Authorize calls per second for `duration` seconds."""
     import grpc
 
-    from toolauthz.client.throttle import congested
+    from toolauthz.client.throttle import marked
     from toolauthz.proto.toolauthz.v1 import authorizer_pb2 as pb
 
     exit_with_parent(spec["parent"])
@@ -270,8 +270,8 @@ def open_loop_main(spec: dict, sync, out_q) -> None:
         refused_here = isinstance(future, _Refused)  # by the client's throttle, never sent
         if throttles is not None and not refused_here:  # the sidecar's answer, maybe marked congested
             error = future.exception()
-            marked = error is None and congested(future.trailing_metadata())
-            throttles[n % len(throttles)].answered(None if error is None else error.code(), congested=marked,
+            throttles[n % len(throttles)].answered(None if error is None else error.code(),
+                                                   congested=error is None and marked(future),
                                                    sent_at=sent_at.pop(n, None))
         with lock:
             try:

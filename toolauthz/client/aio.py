@@ -46,7 +46,6 @@ class AsyncApprovalStream(Protocol):
     def cancel(self) -> bool: ...
 
 
-
 async def _marked(call) -> bool:
     """Whether a finished call's answer was marked; metadata that cannot be read is no
     mark (the answer and its token stand)."""

@@ -189,13 +189,10 @@ class DecisionPump:
         """The share of `peer`'s answers to mark congested now (admission.congestion), by
         the wait a new call of its own would have, as `_refusal` estimates it: a light
         connection is not marked for a heavy one's queue. None within `min_queue`."""
-        if not self._max_queue_seconds:
-            return 0.0
+        if not self._max_queue_seconds or self._queued_plans <= self._min_queue:
+            return 0.0  # read without the lock: the usual answer costs no lock, a stale read one mark
         with self._cond:
-            if self._queued_plans <= self._min_queue:
-                return 0.0
-            wait = waiting_time(self._running_plans, self._clock() - self._running_since,
-                                self._jobs.position(peer, 1), self._plan_seconds)
+            wait = self._wait(peer, 1, self._clock())
         return congestion(wait, self._max_queue_seconds)
 
     @property
@@ -248,14 +245,18 @@ class DecisionPump:
         they would wait longer than the bound, or past their deadline."""
         if self._max_queue_seconds is None:
             return None
-        wait = waiting_time(self._running_plans, now - self._running_since, self._jobs.position(peer, plans),
-                            self._plan_seconds)
+        wait = self._wait(peer, plans, now)
         if deadline is not None and now + wait > deadline:
             return ResourceExhaustedError("overloaded: the request cannot be decided before its deadline; "
                                           "retry with a longer deadline or after a short wait")
         if self._queued_plans + plans > self._min_queue and wait > self._max_queue_seconds:
             return _overloaded()
         return None
+
+    def _wait(self, peer: str, plans: int, now: float) -> float:
+        """What `plans` new plans of `peer` would wait (admission.waiting_time); under the lock."""
+        return waiting_time(self._running_plans, now - self._running_since, self._jobs.position(peer, plans),
+                            self._plan_seconds)
 
     def _told_shed(self, count: int) -> None:
         """Called without the pump's lock: `on_shed` may write the audit trail."""
